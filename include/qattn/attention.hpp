@@ -1,0 +1,54 @@
+// Attention kinds and their options, exactly as SPEC-attention.md names them.
+// The model never looks inside: it hands (q, k, v) per (batch, head) to the
+// backend's attention, which dispatches on AttentionConfig::kind.
+#pragma once
+#include <optional>
+#include <string>
+
+namespace qattn {
+
+enum class AttentionKind { fpa, sage, kinterval };
+enum class Calibration { minmax, fwm };      // SPEC §4: grid from [min, max] or [max - W, max]
+enum class Rounding { nearest, lerp };       // SPEC §4: forward weights
+enum class Ste { weight, prob };             // SPEC §4: surrogate gradient for nearest
+enum class Precision { int8, bf16 };         // SPEC §3: operand precision of one matmul
+enum class BwdGranularity { rowcol, tile };  // SPEC §3: scales of P and dS in the backward
+
+struct KIntervalOptions {
+  int K = 4;                                   // intervals; K + 1 grid values
+  Calibration calibration = Calibration::minmax;
+  double window = 8.0;                         // fwm window W in nats
+  Rounding rounding = Rounding::lerp;
+  Ste ste = Ste::prob;                         // used by rounding "nearest" only
+  bool ste_window_mask = false;                // weight-STE: zero entries below the fwm window
+  bool detach_extrema = false;                 // drop every derivative through m and l
+};
+
+// Operand precision of the seven attention matmuls (qk covers forward + recompute).
+struct SagePrecision {
+  Precision qk = Precision::int8, pv = Precision::int8, dv = Precision::int8;
+  Precision dp = Precision::bf16, dq = Precision::int8, dk = Precision::int8;
+};
+
+struct SageOptions {
+  int block_q = 64, block_k = 64;              // quantisation block sizes (rows)
+  bool smooth_k = true, smooth_q = false;
+  SagePrecision precision;
+  BwdGranularity bwd_granularity = BwdGranularity::rowcol;
+  std::optional<KIntervalOptions> softmax;     // composition: quantised softmax inside sage
+};
+
+struct AttentionConfig {
+  AttentionKind kind = AttentionKind::fpa;
+  SageOptions sage;                            // used when kind == sage
+  KIntervalOptions kinterval;                  // used when kind == kinterval
+};
+
+std::string to_string(AttentionKind);
+std::string to_string(Calibration);
+std::string to_string(Rounding);
+std::string to_string(Ste);
+std::string to_string(Precision);
+std::string to_string(BwdGranularity);
+
+}  // namespace qattn

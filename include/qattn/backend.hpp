@@ -1,0 +1,69 @@
+// The backend interface: one GPT-2 with its optimizer state on one device.
+// The trainer (src/train/) drives it; the CPU backend (src/cpu/) is the fp32
+// reference, the CUDA backend (src/cuda/) the fast path. Parameters cross the
+// interface in the canonical fp32 ParamLayout order.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "qattn/config.hpp"
+#include "qattn/model.hpp"
+
+namespace qattn {
+
+struct AdamWHyper {
+  float lr, beta1, beta2, eps, weight_decay;
+};
+
+// SPEC §5: one row per layer of diag.csv.
+struct LayerDiag {
+  int layer = 0;
+  double q_rms = 0, k_rms = 0, max_abs_score = 0;
+  bool compared = false;  // quantised kinds: the fields below are filled
+  // cosine similarity and relative L2 error vs FPA on the same inputs
+  double cos_o = 0, cos_p = 0, cos_ds = 0, cos_dq = 0, cos_dk = 0, cos_dv = 0;
+  double rel_o = 0, rel_p = 0, rel_ds = 0, rel_dq = 0, rel_dk = 0, rel_dv = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;             // "cpu" or "cuda:0 (NVIDIA H200)"
+  virtual const ParamLayout& layout() const = 0;
+
+  virtual void get_params(std::vector<float>& out) = 0;   // fp32 master weights
+  virtual void set_params(const std::vector<float>& in) = 0;
+  virtual void get_grads(std::vector<float>& out) = 0;    // accumulated gradients
+  virtual void get_adam_state(std::vector<float>& m, std::vector<float>& v) = 0;
+  virtual void set_adam_state(const std::vector<float>& m, const std::vector<float>& v) = 0;
+
+  virtual void zero_grad() = 0;
+  // Forward and backward of one micro-batch (B, T) of token ids; gradients
+  // accumulate, scaled by grad_scale (1 / grad_accum). Returns the mean loss.
+  virtual float forward_backward(const int32_t* inputs, const int32_t* targets, int B, int T,
+                                 float grad_scale) = 0;
+  // Forward only; returns the mean loss.
+  virtual float forward_loss(const int32_t* inputs, const int32_t* targets, int B, int T) = 0;
+  // Global L2 norm of the accumulated gradients (deterministic).
+  virtual float grad_norm() = 0;
+  // AdamW on every parameter; grads are multiplied by grad_mult first (clipping).
+  // t is the 1-based step for bias correction.
+  virtual void adamw_step(const AdamWHyper& h, float grad_mult, int64_t t) = 0;
+  // SPEC §5 diagnostics on a probe batch (forward + backward, no update).
+  virtual std::vector<LayerDiag> diagnostics(const int32_t* inputs, const int32_t* targets, int B,
+                                             int T) = 0;
+  // Peak device memory the backend reserved, bytes (0 when not applicable).
+  virtual size_t memory_bytes() const { return 0; }
+};
+
+std::unique_ptr<Backend> make_cpu_backend(const Config& cfg);
+#ifdef QATTN_HAVE_CUDA
+std::unique_ptr<Backend> make_cuda_backend(const Config& cfg);
+#endif
+// Resolves train.device ("auto" -> cuda when a GPU is present) and builds it.
+// Throws std::runtime_error with a clear message when cuda is asked for but absent.
+std::unique_ptr<Backend> make_backend(const Config& cfg);
+
+}  // namespace qattn

@@ -1,0 +1,100 @@
+// The run configuration: JSON sections model, attention, data, train, eval,
+// log, dist. Every key is validated; errors name the JSON path, the value and
+// what is allowed (DESIGN.md § Config).
+#pragma once
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "qattn/attention.hpp"
+
+namespace qattn {
+
+struct ModelConfig {
+  int vocab = 50257;       // real vocabulary size (tokens in the data are < vocab)
+  int layers = 12;
+  int heads = 12;
+  int dim = 768;           // channels C; head_dim = dim / heads
+  int seq_len = 1024;      // T
+  bool qk_norm = false;    // SPEC §2
+  int head_dim() const { return dim / heads; }
+};
+
+struct DataConfig {
+  std::string train;       // glob of llm.c shards
+  std::string val;         // glob of llm.c shards
+};
+
+enum class Schedule { cosine, linear, constant, wsd };
+
+struct TrainConfig {
+  int64_t tokens_per_step = 0;   // global tokens per optimizer step
+  int micro_batch = 0;           // sequences per forward/backward
+  int64_t steps = 0;             // optimizer steps (derived from tokens when tokens is given)
+  int64_t tokens = 0;            // alternative to steps: total training tokens
+  double lr = 6e-4;
+  int64_t warmup = 0;            // steps of linear warmup
+  Schedule schedule = Schedule::cosine;
+  double final_lr_frac = 0.1;    // lr at the end as a fraction of lr
+  double wsd_decay_frac = 0.2;   // wsd: fraction of steps in the final decay
+  double weight_decay = 0.1;
+  double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
+  double grad_clip = 1.0;        // 0 disables clipping
+  uint64_t seed = 1337;
+  std::string device = "auto";   // cuda | cpu | auto
+  int64_t checkpoint_every = 0;  // 0: only at the end
+  int keep_checkpoints = 2;
+  double spike_zscore = 0.0;     // 0 disables the loss-spike rule
+  int grad_accum = 1;            // derived: tokens_per_step / (micro_batch * seq_len * world)
+};
+
+struct EvalConfig {
+  int64_t every = 100;     // steps between evaluations (0: only at the end)
+  int batches = 10;        // micro-batches per evaluation
+};
+
+struct LogConfig {
+  int64_t every = 1;       // steps between console lines
+  std::string out = "runs";// parent folder of the run directory
+  std::string name;        // run name (default: config file stem)
+  int64_t diag_every = 0;  // steps between SPEC §5 diagnostics (0: off)
+};
+
+struct DistConfig {
+  int zero_stage = 1;      // 0: all-reduce, 1: optimizer state sharded
+};
+
+struct Config {
+  ModelConfig model;
+  AttentionConfig attention;
+  DataConfig data;
+  TrainConfig train;
+  EvalConfig eval;
+  LogConfig log;
+  DistConfig dist;
+  nlohmann::json effective;   // the validated config with every default filled in
+  std::string source;         // file it came from ("" when built in code)
+};
+
+// All problems found in one config, one per line ("path: message").
+struct ConfigError : std::runtime_error {
+  std::vector<std::string> errors;
+  explicit ConfigError(std::vector<std::string> errs);
+};
+
+// Parses and validates. `overrides` are "json.path=value" strings (value parsed
+// as JSON, else taken as a string), applied before validation. world_size enters
+// the grad_accum derivation. Throws ConfigError.
+Config load_config(const std::string& path, const std::vector<std::string>& overrides = {},
+                   int world_size = 1);
+Config config_from_json(const nlohmann::json& j, const std::string& source = "",
+                        int world_size = 1);
+// Applies one "a.b.c=value" override to j (creating objects as needed).
+void apply_override(nlohmann::json& j, const std::string& assignment);
+
+// Warnings found while validating (e.g. "attention.kinterval.ste: unused with lerp").
+std::vector<std::string> config_warnings(const nlohmann::json& j);
+
+}  // namespace qattn

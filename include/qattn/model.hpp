@@ -1,0 +1,54 @@
+// GPT-2 parameter layout shared by every backend, checkpoints and llm.c export.
+// All parameters live in one flat buffer, tensors in the order below (llm.c's
+// order, with the QK-norm gains appended when model.qk_norm is on).
+#pragma once
+#include <array>
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "qattn/config.hpp"
+
+namespace qattn {
+
+enum ParamTensor {
+  P_WTE,       // (V, C)     token embedding, tied with the head
+  P_WPE,       // (T, C)     position embedding
+  P_LN1W,      // (L, C)
+  P_LN1B,      // (L, C)
+  P_QKVW,      // (L, 3C, C) fused QKV projection, rows are outputs
+  P_QKVB,      // (L, 3C)
+  P_ATTPROJW,  // (L, C, C)
+  P_ATTPROJB,  // (L, C)
+  P_LN2W,      // (L, C)
+  P_LN2B,      // (L, C)
+  P_FCW,       // (L, 4C, C)
+  P_FCB,       // (L, 4C)
+  P_FCPROJW,   // (L, C, 4C)
+  P_FCPROJB,   // (L, C)
+  P_LNFW,      // (C)
+  P_LNFB,      // (C)
+  P_QGAMMA,    // (L, hd)    QK-norm gain of q (size 0 without qk_norm)
+  P_KGAMMA,    // (L, hd)    QK-norm gain of k (size 0 without qk_norm)
+  P_COUNT
+};
+
+struct ParamLayout {
+  std::array<size_t, P_COUNT> size{};
+  std::array<size_t, P_COUNT> offset{};
+  size_t total = 0;
+  explicit ParamLayout(const ModelConfig& m);
+  // True for the 2-D weight matrices that get weight decay (and wte, wpe).
+  static bool decayed(int tensor);
+  static const char* name(int tensor);
+};
+
+// GPT-2 init: N(0, 0.02), residual projections / sqrt(2L), LayerNorm weights 1,
+// biases 0, QK-norm gains 1. Deterministic in the seed.
+void init_params(const ModelConfig& m, uint64_t seed, std::vector<float>& params);
+
+// FLOPs per token for MFU (llm.c's formula): 6 N + 6 L C T.
+double flops_per_token(const ModelConfig& m);
+size_t num_parameters(const ModelConfig& m);
+
+}  // namespace qattn

@@ -1,0 +1,36 @@
+// CUDA attention: one entry point per direction, dispatching on the kind.
+// Layouts avoid permutes: q, k, v are read in place from the fused QKV
+// activation (B, T, 3, H, d) = (B, T, 3C); o is written as (B, T, H, d) = (B, T, C);
+// dqkv is written as (B, T, 3C). Per-row softmax statistics are fp32 (B, H, T, n).
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+
+#include "qattn/attention.hpp"
+
+namespace qattn::cuda {
+
+struct AttentionShape {
+  int B, H, T, d;  // d in {64, 128}
+};
+
+// Floats saved per (b, h, row) by the forward for the backward (FPA: 1, the LSE).
+int attention_row_stats(const AttentionConfig& cfg);
+// Bytes of scratch the kind needs for one call (quantised copies, fp32 accumulators).
+size_t attention_workspace_bytes(const AttentionConfig& cfg, const AttentionShape& s);
+
+// qkv (B, T, 3C) bf16 -> o (B, T, C) bf16, stats (B, H, T, attention_row_stats) fp32.
+void attention_forward(const AttentionConfig& cfg, const AttentionShape& s,
+                       const __nv_bfloat16* qkv, __nv_bfloat16* o, float* stats, void* workspace,
+                       cudaStream_t stream);
+
+// dout (B, T, C) -> dqkv (B, T, 3C) (overwritten). Deterministic: no atomics
+// whose order changes the result.
+void attention_backward(const AttentionConfig& cfg, const AttentionShape& s,
+                        const __nv_bfloat16* qkv, const __nv_bfloat16* o,
+                        const __nv_bfloat16* dout, const float* stats, __nv_bfloat16* dqkv,
+                        void* workspace, cudaStream_t stream);
+
+}  // namespace qattn::cuda
