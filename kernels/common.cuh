@@ -25,6 +25,20 @@ inline void cuda_check(cudaError_t err, const char* what, const char* file, int 
 
 inline int ceil_div(long long a, long long b) { return static_cast<int>((a + b - 1) / b); }
 
+// The number of multiprocessors of the current device, read once.
+inline int num_sms() {
+  static const int n = [] {
+    int dev = 0, count = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, dev));
+    return count;
+  }();
+  return n;
+}
+
+// Device helpers below; host files (tests, launcher users) see only the above.
+#ifdef __CUDACC__
+
 // Eight bf16 in one 16-byte load/store: the unit of every elementwise kernel.
 struct alignas(16) Bf16x8 {
   bf16 v[8];
@@ -72,15 +86,6 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
   return warp_sum(v);
 }
 
-// The number of multiprocessors of the current device, read once.
-inline int num_sms() {
-  static const int n = [] {
-    int dev = 0, count = 0;
-    CUDA_CHECK(cudaGetDevice(&dev));
-    CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, dev));
-    return count;
-  }();
-  return n;
-}
+#endif  // __CUDACC__
 
 }  // namespace qattn::cuda
