@@ -1,0 +1,18 @@
+// Fused softmax + cross-entropy (+ its gradient) over padded logits, in place:
+// the probabilities are never stored.
+#pragma once
+#include <cstdint>
+
+#include "common.cuh"
+
+namespace qattn::cuda {
+
+// logits (N, Vp) bf16, of which columns [0, V) are real (Vp % 8 == 0).
+// losses (N) fp32 = logsumexp(row) - row[target]. When write_grad, the logits
+// are overwritten with dlogits = (softmax - onehot(target)) * dloss, and the
+// padded columns with 0.
+void classifier_forward_backward(bf16* logits, float* losses, const int32_t* targets, int N,
+                                 int V, int Vp, float dloss, bool write_grad,
+                                 cudaStream_t stream);
+
+}  // namespace qattn::cuda
