@@ -56,14 +56,19 @@ class Backend {
                                              int T) = 0;
   // Peak device memory the backend reserved, bytes (0 when not applicable).
   virtual size_t memory_bytes() const { return 0; }
+  // Dense bf16 peak of the device in FLOP/s for MFU (0: unknown, MFU not reported).
+  virtual double peak_flops() const { return 0.0; }
 };
 
 std::unique_ptr<Backend> make_cpu_backend(const Config& cfg);
+
+// SPEC §5 statistics of one layer from its attention inputs q, k, v and the
+// gradient dout reaching its output, all (B, H, T, hd) fp32 on the host. Shared
+// by the backends (the CUDA one copies these to the host first).
+LayerDiag diagnose_layer(const AttentionConfig& a, int layer, int B, int H, int T, int hd,
+                         const float* q, const float* k, const float* v, const float* dout);
 #ifdef QATTN_HAVE_CUDA
 std::unique_ptr<Backend> make_cuda_backend(const Config& cfg);
 #endif
-// Resolves train.device ("auto" -> cuda when a GPU is present) and builds it.
-// Throws std::runtime_error with a clear message when cuda is asked for but absent.
-std::unique_ptr<Backend> make_backend(const Config& cfg);
 
 }  // namespace qattn

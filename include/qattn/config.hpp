@@ -76,6 +76,7 @@ struct Config {
   DistConfig dist;
   nlohmann::json effective;   // the validated config with every default filled in
   std::string source;         // file it came from ("" when built in code)
+  std::vector<std::string> warnings;  // legal but suspicious settings ("path: why")
 };
 
 // All problems found in one config, one per line ("path: message").
@@ -93,8 +94,5 @@ Config config_from_json(const nlohmann::json& j, const std::string& source = "",
                         int world_size = 1);
 // Applies one "a.b.c=value" override to j (creating objects as needed).
 void apply_override(nlohmann::json& j, const std::string& assignment);
-
-// Warnings found while validating (e.g. "attention.kinterval.ste: unused with lerp").
-std::vector<std::string> config_warnings(const nlohmann::json& j);
 
 }  // namespace qattn

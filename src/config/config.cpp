@@ -1,0 +1,259 @@
+// Config: JSON -> validated structs + the effective JSON (defaults filled in).
+#include "qattn/config.hpp"
+
+#include <filesystem>
+#include <fstream>
+#include <limits>
+
+#include "reader.hpp"
+
+namespace qattn {
+
+using nlohmann::json;
+constexpr int64_t kMaxI = std::numeric_limits<int32_t>::max();
+constexpr int64_t kMaxI64 = std::numeric_limits<int64_t>::max();
+constexpr double kInf = std::numeric_limits<double>::max();
+
+ConfigError::ConfigError(std::vector<std::string> errs)
+    : std::runtime_error([&] {
+        std::string s = "invalid config:";
+        for (const auto& e : errs) s += "\n  " + e;
+        return s;
+      }()),
+      errors(std::move(errs)) {}
+
+namespace {
+
+void read_model(ObjectReader r, ModelConfig& m) {
+  r.integer("vocab", m.vocab, 2, 65536);  // tokens are uint16 in the shards
+  r.integer("layers", m.layers, 1, 1024);
+  r.integer("heads", m.heads, 1, 1024);
+  r.integer("dim", m.dim, 1, 1 << 16);
+  r.integer("seq_len", m.seq_len, 1, 1 << 20);
+  r.boolean("qk_norm", m.qk_norm);
+  if (m.heads > 0 && m.dim % m.heads != 0)
+    r.error("dim", std::to_string(m.dim) + " is not divisible by model.heads = " +
+                       std::to_string(m.heads) + "; allowed: a multiple of heads");
+  r.finish();
+}
+
+void read_kinterval(ObjectReader r, KIntervalOptions& k) {
+  r.integer("K", k.K, 1, 65535);
+  r.choice("calibration", k.calibration,
+           {{"minmax", Calibration::minmax}, {"fwm", Calibration::fwm}});
+  r.number("window", k.window, 0.0, kInf, /*lo_open=*/true);
+  r.choice("rounding", k.rounding, {{"nearest", Rounding::nearest}, {"lerp", Rounding::lerp}});
+  r.choice("ste", k.ste, {{"weight", Ste::weight}, {"prob", Ste::prob}});
+  r.boolean("ste_window_mask", k.ste_window_mask);
+  r.boolean("detach_extrema", k.detach_extrema);
+  r.finish();
+}
+
+void read_sage(ObjectReader r, SageOptions& s) {
+  r.integer("block_q", s.block_q, 16, 128);
+  r.integer("block_k", s.block_k, 16, 128);
+  for (const char* key : {"block_q", "block_k"}) {
+    const int v = std::string(key) == "block_q" ? s.block_q : s.block_k;
+    if (v != 16 && v != 32 && v != 64 && v != 128)
+      r.error(key, std::to_string(v) + " is not allowed; allowed: 16 | 32 | 64 | 128 "
+                                       "(must divide the kernel tile)");
+  }
+  r.boolean("smooth_k", s.smooth_k);
+  r.boolean("smooth_q", s.smooth_q);
+  r.choice("bwd_granularity", s.bwd_granularity,
+           {{"rowcol", BwdGranularity::rowcol}, {"tile", BwdGranularity::tile}});
+  {
+    ObjectReader p = r.object("precision");
+    const std::vector<std::pair<std::string, Precision>> prec = {{"int8", Precision::int8},
+                                                                 {"bf16", Precision::bf16}};
+    p.choice("qk", s.precision.qk, prec);
+    p.choice("pv", s.precision.pv, prec);
+    p.choice("dv", s.precision.dv, prec);
+    p.choice("dp", s.precision.dp, prec);
+    p.choice("dq", s.precision.dq, prec);
+    p.choice("dk", s.precision.dk, prec);
+    p.finish();
+  }
+  if (r.has("softmax")) {
+    ObjectReader sm = r.object("softmax");
+    std::string kind = "kinterval";
+    sm.string("kind", kind);
+    if (kind != "kinterval")
+      sm.error("kind", "\"" + kind + "\" is not allowed; allowed: \"kinterval\"");
+    // The remaining keys are the kinterval options; read them from the same object.
+    KIntervalOptions k;
+    read_kinterval(std::move(sm), k);  // "kind" was asked above, so it is not unknown
+    s.softmax = k;
+  }
+  r.finish();
+}
+
+void read_attention(ObjectReader r, AttentionConfig& a, std::vector<std::string>& warnings) {
+  r.choice("kind", a.kind, {{"fpa", AttentionKind::fpa},
+                            {"sage", AttentionKind::sage},
+                            {"kinterval", AttentionKind::kinterval}});
+  const bool ste_given = r.raw("kinterval") && r.raw("kinterval")->is_object() &&
+                         r.raw("kinterval")->contains("ste");
+  read_sage(r.object("sage"), a.sage);
+  read_kinterval(r.object("kinterval"), a.kinterval);
+  if (ste_given && a.kinterval.rounding == Rounding::lerp)
+    warnings.push_back("attention.kinterval.ste: unused with rounding \"lerp\" (lerp has an exact gradient)");
+  if (a.kind != AttentionKind::sage && r.has("sage"))
+    warnings.push_back("attention.sage: ignored, attention.kind is \"" + to_string(a.kind) + "\"");
+  if (a.kind != AttentionKind::kinterval && r.has("kinterval"))
+    warnings.push_back("attention.kinterval: ignored, attention.kind is \"" + to_string(a.kind) + "\"");
+  r.finish();
+}
+
+void read_train(ObjectReader r, TrainConfig& t) {
+  r.integer("tokens_per_step", t.tokens_per_step, 1, kMaxI64);
+  r.integer("micro_batch", t.micro_batch, 1, kMaxI);
+  r.integer("steps", t.steps, 0, kMaxI64);
+  r.integer("tokens", t.tokens, 0, kMaxI64);
+  r.number("lr", t.lr, 0.0, 10.0, /*lo_open=*/true);
+  r.integer("warmup", t.warmup, 0, kMaxI64);
+  r.choice("schedule", t.schedule, {{"cosine", Schedule::cosine}, {"linear", Schedule::linear},
+                                    {"constant", Schedule::constant}, {"wsd", Schedule::wsd}});
+  r.number("final_lr_frac", t.final_lr_frac, 0.0, 1.0);
+  r.number("wsd_decay_frac", t.wsd_decay_frac, 0.0, 1.0);
+  r.number("weight_decay", t.weight_decay, 0.0, 10.0);
+  r.number("beta1", t.beta1, 0.0, 1.0);
+  r.number("beta2", t.beta2, 0.0, 1.0);
+  r.number("eps", t.eps, 0.0, 1.0, /*lo_open=*/true);
+  r.number("grad_clip", t.grad_clip, 0.0, kInf);
+  int64_t seed = static_cast<int64_t>(t.seed);
+  r.integer("seed", seed, 0, kMaxI64);
+  t.seed = static_cast<uint64_t>(seed);
+  std::string device = t.device;
+  r.string("device", device);
+  if (device != "auto" && device != "cpu" && device != "cuda")
+    r.error("device", "\"" + device + "\" is not allowed; allowed: \"auto\" | \"cpu\" | \"cuda\"");
+  t.device = device;
+  r.integer("checkpoint_every", t.checkpoint_every, 0, kMaxI64);
+  r.integer("keep_checkpoints", t.keep_checkpoints, 1, 1000);
+  r.number("spike_zscore", t.spike_zscore, 0.0, kInf);
+  if (!r.has("tokens_per_step")) r.error("tokens_per_step", "required (global tokens per optimizer step)");
+  if (!r.has("micro_batch")) r.error("micro_batch", "required (sequences per forward/backward)");
+  if (r.has("steps") == r.has("tokens"))
+    r.error("steps", "give exactly one of train.steps and train.tokens");
+  r.finish();
+}
+
+// Cross-section rules and derived values.
+void derive(Config& c, int world_size, std::vector<std::string>& errors) {
+  TrainConfig& t = c.train;
+  if (t.micro_batch <= 0 || t.tokens_per_step <= 0) return;  // already reported
+  const int64_t per_micro = static_cast<int64_t>(t.micro_batch) * c.model.seq_len * world_size;
+  if (t.tokens_per_step % per_micro != 0) {
+    errors.push_back("train.tokens_per_step: " + std::to_string(t.tokens_per_step) +
+                     " is not divisible by micro_batch * seq_len * world_size = " +
+                     std::to_string(t.micro_batch) + " * " + std::to_string(c.model.seq_len) +
+                     " * " + std::to_string(world_size) + " = " + std::to_string(per_micro) +
+                     "; allowed: a multiple of " + std::to_string(per_micro));
+    return;
+  }
+  t.grad_accum = static_cast<int>(t.tokens_per_step / per_micro);
+  if (t.tokens > 0) {
+    if (t.tokens < t.tokens_per_step) {
+      errors.push_back("train.tokens: " + std::to_string(t.tokens) +
+                       " is less than one step of tokens_per_step = " + std::to_string(t.tokens_per_step));
+      return;
+    }
+    t.steps = t.tokens / t.tokens_per_step;
+  }
+  if (t.steps < 1 && t.tokens == 0) errors.push_back("train.steps: 0 is out of range; allowed: >= 1");
+  if (t.warmup > t.steps)
+    errors.push_back("train.warmup: " + std::to_string(t.warmup) + " exceeds train.steps = " +
+                     std::to_string(t.steps));
+  c.effective["train"]["grad_accum"] = t.grad_accum;
+  c.effective["train"]["steps"] = t.steps;
+}
+
+}  // namespace
+
+Config config_from_json(const json& j, const std::string& source, int world_size) {
+  Config c;
+  c.source = source;
+  std::vector<std::string> errors;
+  ObjectReader root(&j, c.effective, "", errors);
+  read_model(root.object("model"), c.model);
+  read_attention(root.object("attention"), c.attention, c.warnings);
+  {
+    ObjectReader d = root.object("data");
+    d.string("train", c.data.train);
+    d.string("val", c.data.val);
+    if (c.data.train.empty()) d.error("train", "required (a glob of llm.c token shards)");
+    if (c.data.val.empty()) d.error("val", "required (a glob of llm.c token shards)");
+    d.finish();
+  }
+  read_train(root.object("train"), c.train);
+  {
+    ObjectReader e = root.object("eval");
+    e.integer("every", c.eval.every, 0, kMaxI64);
+    e.integer("batches", c.eval.batches, 1, kMaxI);
+    e.finish();
+  }
+  {
+    ObjectReader l = root.object("log");
+    l.integer("every", c.log.every, 1, kMaxI64);
+    l.string("out", c.log.out);
+    if (c.log.name.empty() && !source.empty()) c.log.name = std::filesystem::path(source).stem();
+    l.string("name", c.log.name);
+    l.integer("diag_every", c.log.diag_every, 0, kMaxI64);
+    if (c.log.name.empty()) l.error("name", "required when the config does not come from a file");
+    l.finish();
+  }
+  {
+    ObjectReader d = root.object("dist");
+    d.integer("zero_stage", c.dist.zero_stage, 0, 1);
+    d.finish();
+  }
+  root.finish();
+  if (errors.empty()) derive(c, world_size, errors);
+  if (!errors.empty()) throw ConfigError(errors);
+  return c;
+}
+
+void apply_override(json& j, const std::string& assignment) {
+  const auto eq = assignment.find('=');
+  if (eq == std::string::npos || eq == 0)
+    throw ConfigError({"--set " + assignment + ": expected json.path=value (e.g. train.lr=3e-4)"});
+  const std::string path = assignment.substr(0, eq), text = assignment.substr(eq + 1);
+  json value;
+  try {
+    value = json::parse(text);
+  } catch (const json::parse_error&) {
+    value = text;  // a bare word is a string: attention.kind=sage
+  }
+  json* node = &j;
+  size_t start = 0;
+  while (true) {
+    const auto dot = path.find('.', start);
+    const std::string key = path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+    if (key.empty()) throw ConfigError({"--set " + assignment + ": empty key in path '" + path + "'"});
+    if (!node->is_object()) throw ConfigError({"--set " + assignment + ": '" + path + "' goes through a non-object"});
+    if (dot == std::string::npos) {
+      (*node)[key] = value;
+      return;
+    }
+    node = &(*node)[key];
+    if (node->is_null()) *node = json::object();
+    start = dot + 1;
+  }
+}
+
+Config load_config(const std::string& path, const std::vector<std::string>& overrides,
+                   int world_size) {
+  std::ifstream f(path);
+  if (!f) throw ConfigError({path + ": cannot open config file"});
+  json j;
+  try {
+    j = json::parse(f, nullptr, true, /*ignore_comments=*/true);
+  } catch (const json::parse_error& e) {
+    throw ConfigError({path + ": not valid JSON: " + e.what()});
+  }
+  for (const auto& o : overrides) apply_override(j, o);
+  return config_from_json(j, path, world_size);
+}
+
+}  // namespace qattn

@@ -1,0 +1,253 @@
+// CPU reference ops of GPT-2 (see include/qattn/cpu/ops.hpp). Plain loops;
+// OpenMP over independent rows; `omp simd` reductions keep a fixed order, so
+// results are deterministic for a given build and thread count.
+#include "qattn/cpu/ops.hpp"
+
+#include <cmath>
+
+namespace qattn::cpu {
+
+template <typename F>
+void encoder_forward(F* out, const int32_t* inp, const F* wte, const F* wpe, int B, int T, int C) {
+#pragma omp parallel for collapse(2)
+  for (int b = 0; b < B; ++b)
+    for (int t = 0; t < T; ++t) {
+      F* o = out + (static_cast<size_t>(b) * T + t) * C;       // (C)
+      const F* e = wte + static_cast<size_t>(inp[b * T + t]) * C;
+      const F* p = wpe + static_cast<size_t>(t) * C;
+      for (int c = 0; c < C; ++c) o[c] = e[c] + p[c];
+    }
+}
+
+template <typename F>
+void encoder_backward(F* dwte, F* dwpe, const F* dout, const int32_t* inp, int B, int T, int C) {
+  // Serial over tokens: two positions may share a token id.
+  for (int b = 0; b < B; ++b)
+    for (int t = 0; t < T; ++t) {
+      const F* d = dout + (static_cast<size_t>(b) * T + t) * C;
+      F* e = dwte + static_cast<size_t>(inp[b * T + t]) * C;
+      F* p = dwpe + static_cast<size_t>(t) * C;
+      for (int c = 0; c < C; ++c) {
+        e[c] += d[c];
+        p[c] += d[c];
+      }
+    }
+}
+
+template <typename F>
+void layernorm_forward(F* out, F* mean, F* rstd, const F* inp, const F* w, const F* b, int N, int C) {
+  const F eps = F(1e-5);
+#pragma omp parallel for
+  for (int n = 0; n < N; ++n) {
+    const F* x = inp + static_cast<size_t>(n) * C;
+    F m = 0;
+    for (int c = 0; c < C; ++c) m += x[c];
+    m /= C;
+    F v = 0;
+    for (int c = 0; c < C; ++c) v += (x[c] - m) * (x[c] - m);
+    v /= C;
+    const F s = F(1) / std::sqrt(v + eps);
+    F* o = out + static_cast<size_t>(n) * C;
+    for (int c = 0; c < C; ++c) o[c] = (x[c] - m) * s * w[c] + b[c];
+    mean[n] = m;
+    rstd[n] = s;
+  }
+}
+
+template <typename F>
+void layernorm_backward(F* dinp, F* dw, F* db, const F* dout, const F* inp, const F* w,
+                        const F* mean, const F* rstd, int N, int C) {
+#pragma omp parallel for
+  for (int n = 0; n < N; ++n) {  // dinp: rows are independent
+    const F* d = dout + static_cast<size_t>(n) * C;
+    const F* x = inp + static_cast<size_t>(n) * C;
+    F dnorm_mean = 0, dnorm_norm_mean = 0;
+    for (int c = 0; c < C; ++c) {
+      const F xhat = (x[c] - mean[n]) * rstd[n];
+      const F dnorm = w[c] * d[c];
+      dnorm_mean += dnorm;
+      dnorm_norm_mean += dnorm * xhat;
+    }
+    dnorm_mean /= C;
+    dnorm_norm_mean /= C;
+    F* di = dinp + static_cast<size_t>(n) * C;
+    for (int c = 0; c < C; ++c) {
+      const F xhat = (x[c] - mean[n]) * rstd[n];
+      di[c] += (w[c] * d[c] - dnorm_mean - xhat * dnorm_norm_mean) * rstd[n];
+    }
+  }
+#pragma omp parallel for
+  for (int c = 0; c < C; ++c) {  // dw, db: reduce over rows, per channel
+    F sw = 0, sb = 0;
+    for (int n = 0; n < N; ++n) {
+      const size_t i = static_cast<size_t>(n) * C + c;
+      sw += (inp[i] - mean[n]) * rstd[n] * dout[i];
+      sb += dout[i];
+    }
+    dw[c] += sw;
+    db[c] += sb;
+  }
+}
+
+template <typename F>
+void matmul_forward(F* out, const F* inp, const F* w, const F* bias, int N, int IC, int OC) {
+#pragma omp parallel for
+  for (int n = 0; n < N; ++n) {
+    const F* x = inp + static_cast<size_t>(n) * IC;   // (IC)
+    F* o = out + static_cast<size_t>(n) * OC;         // (OC)
+    for (int oc = 0; oc < OC; ++oc) {
+      const F* wr = w + static_cast<size_t>(oc) * IC;
+      F acc = bias ? bias[oc] : F(0);
+#pragma omp simd reduction(+ : acc)
+      for (int i = 0; i < IC; ++i) acc += x[i] * wr[i];
+      o[oc] = acc;
+    }
+  }
+}
+
+template <typename F>
+void matmul_backward(F* dinp, F* dw, F* dbias, const F* dout, const F* inp, const F* w, int N,
+                     int IC, int OC) {
+#pragma omp parallel for
+  for (int n = 0; n < N; ++n) {  // dinp (N, IC) += dout (N, OC) . w (OC, IC)
+    const F* d = dout + static_cast<size_t>(n) * OC;
+    F* di = dinp + static_cast<size_t>(n) * IC;
+    for (int oc = 0; oc < OC; ++oc) {
+      const F g = d[oc];
+      const F* wr = w + static_cast<size_t>(oc) * IC;
+#pragma omp simd
+      for (int i = 0; i < IC; ++i) di[i] += g * wr[i];
+    }
+  }
+#pragma omp parallel for
+  for (int oc = 0; oc < OC; ++oc) {  // dw (OC, IC) += dout^T (OC, N) . inp (N, IC)
+    F* dwr = dw + static_cast<size_t>(oc) * IC;
+    F db = 0;
+    for (int n = 0; n < N; ++n) {
+      const F g = dout[static_cast<size_t>(n) * OC + oc];
+      db += g;
+      const F* x = inp + static_cast<size_t>(n) * IC;
+#pragma omp simd
+      for (int i = 0; i < IC; ++i) dwr[i] += g * x[i];
+    }
+    if (dbias) dbias[oc] += db;
+  }
+}
+
+// GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+template <typename F>
+void gelu_forward(F* out, const F* inp, size_t n) {
+  const F s = std::sqrt(F(2) / F(M_PI));
+#pragma omp parallel for
+  for (size_t i = 0; i < n; ++i) {
+    const F x = inp[i];
+    out[i] = F(0.5) * x * (F(1) + std::tanh(s * (x + F(0.044715) * x * x * x)));
+  }
+}
+
+template <typename F>
+void gelu_backward(F* dinp, const F* inp, const F* dout, size_t n) {
+  const F s = std::sqrt(F(2) / F(M_PI));
+#pragma omp parallel for
+  for (size_t i = 0; i < n; ++i) {
+    const F x = inp[i];
+    const F u = s * (x + F(0.044715) * x * x * x);
+    const F th = std::tanh(u);
+    const F sech2 = F(1) - th * th;
+    const F grad = F(0.5) * (F(1) + th) + F(0.5) * x * sech2 * s * (F(1) + F(3 * 0.044715) * x * x);
+    dinp[i] += grad * dout[i];
+  }
+}
+
+template <typename F>
+void residual_forward(F* out, const F* a, const F* b, size_t n) {
+#pragma omp parallel for
+  for (size_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+}
+
+template <typename F>
+void qk_norm_forward(F* out, F* rrms, const F* inp, const F* gamma, int rows, int d) {
+  const F eps = F(1e-6);
+#pragma omp parallel for
+  for (int r = 0; r < rows; ++r) {
+    const F* x = inp + static_cast<size_t>(r) * d;
+    F ms = 0;
+    for (int i = 0; i < d; ++i) ms += x[i] * x[i];
+    const F s = F(1) / std::sqrt(ms / d + eps);
+    F* o = out + static_cast<size_t>(r) * d;
+    for (int i = 0; i < d; ++i) o[i] = gamma[i] * x[i] * s;
+    rrms[r] = s;
+  }
+}
+
+template <typename F>
+void qk_norm_backward(F* dinp, F* dgamma, const F* dout, const F* inp, const F* gamma,
+                      const F* rrms, int rows, int d) {
+  // y = g x s, s = (mean(x^2) + eps)^(-1/2): dx = s (g dy) - x s^3 <g dy, x> / d.
+#pragma omp parallel for
+  for (int r = 0; r < rows; ++r) {
+    const F* x = inp + static_cast<size_t>(r) * d;
+    const F* dy = dout + static_cast<size_t>(r) * d;
+    const F s = rrms[r];
+    F dot = 0;
+    for (int i = 0; i < d; ++i) dot += gamma[i] * dy[i] * x[i];
+    F* dx = dinp + static_cast<size_t>(r) * d;
+    for (int i = 0; i < d; ++i) dx[i] += s * gamma[i] * dy[i] - x[i] * s * s * s * dot / d;
+  }
+  for (int r = 0; r < rows; ++r)  // serial: every row adds into the same d gains
+    for (int i = 0; i < d; ++i) {
+      const size_t k = static_cast<size_t>(r) * d + i;
+      dgamma[i] += dout[k] * inp[k] * rrms[r];
+    }
+}
+
+template <typename F>
+F crossentropy_forward(F* losses, const F* logits, const int32_t* targets, int N, int V) {
+#pragma omp parallel for
+  for (int n = 0; n < N; ++n) {
+    const F* z = logits + static_cast<size_t>(n) * V;
+    F m = z[0];
+    for (int v = 1; v < V; ++v) m = z[v] > m ? z[v] : m;
+    F sum = 0;
+    for (int v = 0; v < V; ++v) sum += std::exp(z[v] - m);
+    losses[n] = std::log(sum) + m - z[targets[n]];
+  }
+  F total = 0;
+  for (int n = 0; n < N; ++n) total += losses[n];
+  return total / N;
+}
+
+template <typename F>
+void crossentropy_backward(F* dlogits, const F* logits, const int32_t* targets, F dloss, int N, int V) {
+#pragma omp parallel for
+  for (int n = 0; n < N; ++n) {
+    const F* z = logits + static_cast<size_t>(n) * V;
+    F* dz = dlogits + static_cast<size_t>(n) * V;
+    F m = z[0];
+    for (int v = 1; v < V; ++v) m = z[v] > m ? z[v] : m;
+    F sum = 0;
+    for (int v = 0; v < V; ++v) sum += std::exp(z[v] - m);
+    for (int v = 0; v < V; ++v) dz[v] = (std::exp(z[v] - m) / sum - (v == targets[n] ? F(1) : F(0))) * dloss;
+  }
+}
+
+#define QATTN_INSTANTIATE_OPS(F)                                                                 \
+  template void encoder_forward<F>(F*, const int32_t*, const F*, const F*, int, int, int);       \
+  template void encoder_backward<F>(F*, F*, const F*, const int32_t*, int, int, int);            \
+  template void layernorm_forward<F>(F*, F*, F*, const F*, const F*, const F*, int, int);        \
+  template void layernorm_backward<F>(F*, F*, F*, const F*, const F*, const F*, const F*,        \
+                                      const F*, int, int);                                       \
+  template void matmul_forward<F>(F*, const F*, const F*, const F*, int, int, int);              \
+  template void matmul_backward<F>(F*, F*, F*, const F*, const F*, const F*, int, int, int);     \
+  template void gelu_forward<F>(F*, const F*, size_t);                                           \
+  template void gelu_backward<F>(F*, const F*, const F*, size_t);                                \
+  template void residual_forward<F>(F*, const F*, const F*, size_t);                             \
+  template void qk_norm_forward<F>(F*, F*, const F*, const F*, int, int);                        \
+  template void qk_norm_backward<F>(F*, F*, const F*, const F*, const F*, const F*, int, int);   \
+  template F crossentropy_forward<F>(F*, const F*, const int32_t*, int, int);                    \
+  template void crossentropy_backward<F>(F*, const F*, const int32_t*, F, int, int);
+
+QATTN_INSTANTIATE_OPS(float)
+QATTN_INSTANTIATE_OPS(double)
+
+}  // namespace qattn::cpu

@@ -1,0 +1,54 @@
+// GPT-2 parameter layout, init and FLOP count, shared by every backend.
+#include <cmath>
+#include <random>
+
+#include "qattn/model.hpp"
+
+namespace qattn {
+
+ParamLayout::ParamLayout(const ModelConfig& m) {
+  const size_t V = m.vocab, T = m.seq_len, L = m.layers, C = m.dim, hd = m.head_dim();
+  const size_t qk = m.qk_norm ? L * hd : 0;
+  size = {V * C, T * C, L * C, L * C, L * 3 * C * C, L * 3 * C, L * C * C, L * C,
+          L * C, L * C, L * 4 * C * C, L * 4 * C, L * C * 4 * C, L * C, C, C, qk, qk};
+  for (int i = 0; i < P_COUNT; ++i) {
+    offset[i] = total;
+    total += size[i];
+  }
+}
+
+bool ParamLayout::decayed(int t) {
+  return t == P_WTE || t == P_WPE || t == P_QKVW || t == P_ATTPROJW || t == P_FCW || t == P_FCPROJW;
+}
+
+const char* ParamLayout::name(int t) {
+  static const char* names[P_COUNT] = {"wte",  "wpe",     "ln1w",    "ln1b", "qkvw",   "qkvb",
+                                       "attprojw", "attprojb", "ln2w", "ln2b", "fcw",    "fcb",
+                                       "fcprojw",  "fcprojb",  "lnfw", "lnfb", "qgamma", "kgamma"};
+  return names[t];
+}
+
+void init_params(const ModelConfig& m, uint64_t seed, std::vector<float>& params) {
+  const ParamLayout lay(m);
+  params.assign(lay.total, 0.0f);
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 0.02f);
+  const float residual_scale = 1.0f / std::sqrt(2.0f * static_cast<float>(m.layers));
+  for (int t = 0; t < P_COUNT; ++t) {
+    float* p = params.data() + lay.offset[t];
+    const size_t n = lay.size[t];
+    const bool ones = t == P_LN1W || t == P_LN2W || t == P_LNFW || t == P_QGAMMA || t == P_KGAMMA;
+    const bool matrix = ParamLayout::decayed(t);
+    const float scale = (t == P_ATTPROJW || t == P_FCPROJW) ? residual_scale : 1.0f;
+    for (size_t i = 0; i < n; ++i) p[i] = ones ? 1.0f : matrix ? normal(rng) * scale : 0.0f;
+  }
+}
+
+size_t num_parameters(const ModelConfig& m) { return ParamLayout(m).total; }
+
+double flops_per_token(const ModelConfig& m) {
+  return 6.0 * static_cast<double>(num_parameters(m)) +
+         6.0 * m.layers * static_cast<double>(m.dim) * m.seq_len;
+}
+
+}  // namespace qattn
