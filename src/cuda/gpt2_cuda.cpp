@@ -1,0 +1,575 @@
+// The CUDA backend: GPT-2 on one GPU, llm.c style. bf16 parameters and
+// activations, fp32 master weights, gradients and AdamW state (DESIGN.md §
+// Numerics). The vocabulary is padded to a multiple of 128 inside the backend
+// (padded rows of wte are zero and never trained); parameters cross the
+// Backend interface in the canonical unpadded ParamLayout. Every activation
+// lives in one arena sized for the largest micro-batch seen (the config's at
+// start). Loss and grad norm are summed in a fixed order: runs are repeatable.
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <numeric>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "adamw.cuh"
+#include "attention/attention.cuh"
+#include "classifier.cuh"
+#include "column_sum.cuh"
+#include "common.cuh"
+#include "cublaslt.hpp"
+#include "encoder.cuh"
+#include "global_norm.cuh"
+#include "layernorm.cuh"
+#include "qattn/backend.hpp"
+#include "qk_norm.cuh"
+
+namespace qattn {
+
+namespace {
+
+using cuda::bf16;
+
+constexpr int kVocabMultiple = 128;  // padded vocab: full tensor-core tiles for the head
+constexpr size_t kTensorAlign = 128; // elements: every tensor starts 256-byte aligned (bf16)
+
+size_t round_up(size_t x, size_t m) { return (x + m - 1) / m * m; }
+
+// Where each canonical tensor lives on the device: same order, wte with Vp
+// rows, each tensor aligned so cuBLASLt gets its fastest algorithms.
+struct DeviceLayout {
+  std::array<size_t, P_COUNT> offset{};
+  size_t total = 0;
+  DeviceLayout(const ParamLayout& canonical, size_t padded_wte) {
+    for (int t = 0; t < P_COUNT; ++t) {
+      offset[t] = total;
+      total += round_up(t == P_WTE ? padded_wte : canonical.size[t], kTensorAlign);
+    }
+  }
+};
+
+// Bump allocator over one device allocation. Run once with no base to measure,
+// then again over the allocation to hand out the pointers.
+class Arena {
+ public:
+  explicit Arena(char* base = nullptr) : base_(base) {}
+  template <typename T>
+  T* take(size_t count) {
+    const size_t at = used_;
+    used_ = round_up(used_ + count * sizeof(T), 256);
+    return base_ ? reinterpret_cast<T*>(base_ + at) : nullptr;
+  }
+  size_t used() const { return used_; }
+
+ private:
+  char* base_;
+  size_t used_ = 0;
+};
+
+struct LayerActivations {
+  bf16* ln1;          // (N, C)
+  float* ln1_mean;    // (N)
+  float* ln1_rstd;    // (N)
+  bf16* qkv;          // (N, 3C) q and k normalised in place when qk_norm
+  bf16* qk_raw;       // (N, 2C) q, k before QK-norm (qk_norm only)
+  float* qk_rrms;     // (N, 2H) (qk_norm only)
+  bf16* atty;         // (N, C) attention output
+  float* att_stats;   // (B, H, T, row_stats) softmax statistics
+  bf16* residual2;    // (N, C) residual + attention projection
+  bf16* ln2;          // (N, C)
+  float* ln2_mean;    // (N)
+  float* ln2_rstd;    // (N)
+  bf16* fch;          // (N, 4C) pre-GELU
+  bf16* fch_gelu;     // (N, 4C)
+  bf16* residual3;    // (N, C) residual2 + MLP projection: the layer's output
+};
+
+struct Activations {
+  bf16* encoded;      // (N, C)
+  std::vector<LayerActivations> layers;
+  bf16* lnf;          // (N, C)
+  float* lnf_mean;    // (N)
+  float* lnf_rstd;    // (N)
+  bf16* logits;       // (N, Vp) then dlogits, in place
+  float* losses;      // (N)
+  // Backward scratch, reused by every layer.
+  bf16* dres;         // (N, C) gradient of the residual stream
+  bf16* dln;          // (N, C) gradient of a LayerNorm output
+  bf16* datty;        // (N, C) gradient of the attention output
+  bf16* dbig;         // (N, 4C) d(pre-GELU), then d(qkv) (N, 3C)
+  float* partials;    // deterministic partial sums (bias, LayerNorm, QK-norm, norm)
+  void* attention_workspace;
+  int32_t* inputs;    // (N)
+  int32_t* targets;   // (N)
+  int32_t* bucket_token;     // (N) encoder backward buckets, see TokenBuckets
+  int32_t* bucket_start;     // (N + 1)
+  int32_t* bucket_position;  // (N)
+  float* norm;        // (1) squared grad norm
+
+  void carve(Arena& a, const ModelConfig& m, const AttentionConfig& att, int Vp, int B, int T) {
+    const size_t N = static_cast<size_t>(B) * T, C = m.dim, L = m.layers, H = m.heads;
+    const size_t qk = m.qk_norm ? 1 : 0;
+    encoded = a.take<bf16>(N * C);
+    layers.resize(L);
+    for (auto& l : layers) {
+      l.ln1 = a.take<bf16>(N * C);
+      l.ln1_mean = a.take<float>(N);
+      l.ln1_rstd = a.take<float>(N);
+      l.qkv = a.take<bf16>(N * 3 * C);
+      l.qk_raw = a.take<bf16>(qk * N * 2 * C);
+      l.qk_rrms = a.take<float>(qk * N * 2 * H);
+      l.atty = a.take<bf16>(N * C);
+      l.att_stats = a.take<float>(N * H * cuda::attention_row_stats(att));
+      l.residual2 = a.take<bf16>(N * C);
+      l.ln2 = a.take<bf16>(N * C);
+      l.ln2_mean = a.take<float>(N);
+      l.ln2_rstd = a.take<float>(N);
+      l.fch = a.take<bf16>(N * 4 * C);
+      l.fch_gelu = a.take<bf16>(N * 4 * C);
+      l.residual3 = a.take<bf16>(N * C);
+    }
+    lnf = a.take<bf16>(N * C);
+    lnf_mean = a.take<float>(N);
+    lnf_rstd = a.take<float>(N);
+    logits = a.take<bf16>(N * Vp);
+    losses = a.take<float>(N);
+    dres = a.take<bf16>(N * C);
+    dln = a.take<bf16>(N * C);
+    datty = a.take<bf16>(N * C);
+    dbig = a.take<bf16>(N * 4 * C);
+    const int iN = static_cast<int>(N);
+    partials = a.take<float>(std::max({cuda::bias_backward_scratch_floats(iN, 4 * m.dim),
+                                       cuda::layernorm_backward_scratch_floats(iN, m.dim),
+                                       cuda::qk_norm_backward_scratch_floats(iN, m.heads, m.head_dim()),
+                                       cuda::global_norm_scratch_floats()}));
+    attention_workspace =
+        a.take<char>(cuda::attention_workspace_bytes(att, {B, m.heads, T, m.head_dim()}));
+    inputs = a.take<int32_t>(N);
+    targets = a.take<int32_t>(N);
+    bucket_token = a.take<int32_t>(N);
+    bucket_start = a.take<int32_t>(N + 1);
+    bucket_position = a.take<int32_t>(N);
+    norm = a.take<float>(1);
+  }
+};
+
+// Pinned host mirror of the per-call inputs, so copies run asynchronously.
+struct HostStaging {
+  int32_t* inputs = nullptr;           // (N)
+  int32_t* targets = nullptr;          // (N)
+  int32_t* bucket_token = nullptr;     // (N)
+  int32_t* bucket_start = nullptr;     // (N + 1)
+  int32_t* bucket_position = nullptr;  // (N)
+  float* losses = nullptr;             // (N)
+  void* block = nullptr;
+  void allocate(size_t N) {
+    release();
+    CUDA_CHECK(cudaMallocHost(&block, (5 * N + 1) * sizeof(int32_t) + N * sizeof(float)));
+    auto* p = static_cast<int32_t*>(block);
+    inputs = p;
+    targets = p + N;
+    bucket_token = p + 2 * N;
+    bucket_start = p + 3 * N;
+    bucket_position = p + 4 * N + 1;
+    losses = reinterpret_cast<float*>(p + 5 * N + 1);
+  }
+  void release() {
+    if (block) cudaFreeHost(block);
+    block = nullptr;
+  }
+};
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(const Config& cfg)
+      : cfg_(cfg), m_(cfg.model), layout_(cfg.model),
+        Vp_(static_cast<int>(round_up(cfg.model.vocab, kVocabMultiple))),
+        dev_layout_(layout_, static_cast<size_t>(Vp_) * cfg.model.dim) {
+    const int hd = m_.head_dim();
+    if (m_.dim % m_.heads != 0 || (hd != 64 && hd != 128)) {
+      throw std::runtime_error("model.dim / model.heads = " + std::to_string(m_.dim) + " / " +
+                               std::to_string(m_.heads) +
+                               ": the CUDA backend needs a head dimension of 64 or 128");
+    }
+    CUDA_CHECK(cudaGetDevice(&device_));
+    cudaDeviceProp prop{};
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
+    name_ = "cuda:" + std::to_string(device_) + " (" + prop.name + ")";
+    // Dense bf16 tensor-core peaks (datasheet): Hopper SXM 989, A100 312 TFLOP/s.
+    peak_flops_ = prop.major == 9 ? 989e12 : (prop.major == 8 && prop.minor == 0) ? 312e12 : 0.0;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaEventCreateWithFlags(&losses_ready_, cudaEventDisableTiming));
+    matmuls_ = std::make_unique<cuda::Matmuls>(stream_);
+
+    // Parameters: bf16 copy, then fp32 master, gradients, m, v.
+    const size_t P = dev_layout_.total;
+    const size_t params_bytes = round_up(P * sizeof(bf16), 256);
+    state_bytes_ = params_bytes + 4 * P * sizeof(float);
+    CUDA_CHECK(cudaMalloc(&state_, state_bytes_));
+    CUDA_CHECK(cudaMemset(state_, 0, state_bytes_));
+    params_ = static_cast<bf16*>(state_);
+    master_ = reinterpret_cast<float*>(static_cast<char*>(state_) + params_bytes);
+    grads_ = master_ + P;
+    adam_m_ = grads_ + P;
+    adam_v_ = adam_m_ + P;
+    std::vector<float> init;
+    init_params(m_, cfg.train.seed, init);
+    set_params(init);
+    if (cfg.train.micro_batch > 0) ensure_capacity(cfg.train.micro_batch, m_.seq_len);
+  }
+
+  ~CudaBackend() override {
+    staging_.release();
+    if (arena_) cudaFree(arena_);
+    matmuls_.reset();
+    cudaFree(state_);
+    cudaEventDestroy(losses_ready_);
+    cudaStreamDestroy(stream_);
+  }
+
+  std::string name() const override { return name_; }
+  const ParamLayout& layout() const override { return layout_; }
+  size_t memory_bytes() const override { return state_bytes_ + arena_bytes_; }
+  double peak_flops() const override { return peak_flops_; }
+
+  void get_params(std::vector<float>& out) override { download(master_, out); }
+  void set_params(const std::vector<float>& in) override {
+    upload(master_, in);
+    cuda::copy_master_to_params(params_, master_, dev_layout_.total, stream_);
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+  void get_grads(std::vector<float>& out) override { download(grads_, out); }
+  void get_adam_state(std::vector<float>& m, std::vector<float>& v) override {
+    download(adam_m_, m);
+    download(adam_v_, v);
+  }
+  void set_adam_state(const std::vector<float>& m, const std::vector<float>& v) override {
+    upload(adam_m_, m);
+    upload(adam_v_, v);
+  }
+
+  void zero_grad() override {
+    CUDA_CHECK(cudaMemsetAsync(grads_, 0, dev_layout_.total * sizeof(float), stream_));
+  }
+
+  float forward_backward(const int32_t* inputs, const int32_t* targets, int B, int T,
+                         float grad_scale) override {
+    stage(inputs, targets, B, T, true);
+    forward(B, T, grad_scale / (static_cast<float>(B) * T), true);
+    fetch_losses(B * T);
+    backward(B, T, nullptr);
+    // Only the losses are waited for: the backward keeps the GPU busy while the
+    // caller prepares the next micro-batch.
+    return mean_loss(B * T);
+  }
+
+  float forward_loss(const int32_t* inputs, const int32_t* targets, int B, int T) override {
+    stage(inputs, targets, B, T, false);
+    forward(B, T, 0.0f, false);
+    fetch_losses(B * T);
+    return mean_loss(B * T);
+  }
+
+  float grad_norm() override {
+    cuda::global_norm_squared(acts_.norm, grads_, dev_layout_.total, acts_.partials, stream_);
+    float sq = 0.0f;
+    CUDA_CHECK(cudaMemcpyAsync(&sq, acts_.norm, sizeof(float), cudaMemcpyDeviceToHost, stream_));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    return std::sqrt(sq);
+  }
+
+  void adamw_step(const AdamWHyper& h, float grad_mult, int64_t t) override {
+    cuda::AdamWArgs a{h.lr, h.beta1, h.beta2, h.eps, 0.0f, grad_mult,
+                      1.0f - std::pow(h.beta1, static_cast<float>(t)),
+                      1.0f - std::pow(h.beta2, static_cast<float>(t))};
+    for (int p = 0; p < P_COUNT; ++p) {
+      a.weight_decay = ParamLayout::decayed(p) ? h.weight_decay : 0.0f;
+      const size_t o = dev_layout_.offset[p];
+      // Canonical size: the padded vocabulary rows of wte stay zero.
+      cuda::adamw_update(params_ + o, master_ + o, adam_m_ + o, adam_v_ + o, grads_ + o,
+                         layout_.size[p], a, stream_);
+    }
+  }
+
+  std::vector<LayerDiag> diagnostics(const int32_t* inputs, const int32_t* targets, int B,
+                                     int T) override {
+    // The probe's backward must not touch the training gradients: keep a copy.
+    const size_t grad_bytes = dev_layout_.total * sizeof(float);
+    float* saved = nullptr;
+    CUDA_CHECK(cudaMalloc(&saved, grad_bytes));
+    CUDA_CHECK(cudaMemcpyAsync(saved, grads_, grad_bytes, cudaMemcpyDeviceToDevice, stream_));
+    stage(inputs, targets, B, T, true);
+    forward(B, T, 1.0f / (static_cast<float>(B) * T), true);
+    std::vector<std::vector<bf16>> dout(m_.layers);
+    backward(B, T, &dout);
+    CUDA_CHECK(cudaMemcpyAsync(grads_, saved, grad_bytes, cudaMemcpyDeviceToDevice, stream_));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    CUDA_CHECK(cudaFree(saved));
+
+    const int H = m_.heads, hd = m_.head_dim(), C = m_.dim;
+    const size_t N = static_cast<size_t>(B) * T;
+    std::vector<bf16> qkv(N * 3 * C);
+    std::vector<float> q(N * C), k(N * C), v(N * C), dO(N * C);
+    std::vector<LayerDiag> out;
+    for (int l = 0; l < m_.layers; ++l) {
+      CUDA_CHECK(cudaMemcpy(qkv.data(), acts_.layers[l].qkv, qkv.size() * sizeof(bf16),
+                            cudaMemcpyDeviceToHost));
+      // (B, T, 3, H, hd) and (B, T, H, hd) -> (B, H, T, hd) fp32.
+      for (int b = 0; b < B; ++b)
+        for (int h = 0; h < H; ++h)
+          for (int t = 0; t < T; ++t)
+            for (int i = 0; i < hd; ++i) {
+              const size_t bht = ((static_cast<size_t>(b) * H + h) * T + t) * hd + i;
+              const size_t row = static_cast<size_t>(b) * T + t, col = static_cast<size_t>(h) * hd + i;
+              q[bht] = __bfloat162float(qkv[row * 3 * C + col]);
+              k[bht] = __bfloat162float(qkv[row * 3 * C + C + col]);
+              v[bht] = __bfloat162float(qkv[row * 3 * C + 2 * C + col]);
+              dO[bht] = __bfloat162float(dout[l][row * C + col]);
+            }
+      out.push_back(diagnose_layer(cfg_.attention, l, B, H, T, hd, q.data(), k.data(), v.data(),
+                                   dO.data()));
+    }
+    return out;
+  }
+
+ private:
+  // Per-layer slice of a stacked (L, ...) tensor; whole tensors for the rest.
+  template <typename X>
+  X* tensor(X* base, int t, int layer = 0) const {
+    const bool layered = (t >= P_LN1W && t <= P_FCPROJB) || t == P_QGAMMA || t == P_KGAMMA;
+    const size_t per_layer = layered ? layout_.size[t] / m_.layers : 0;
+    return base + dev_layout_.offset[t] + layer * per_layer;
+  }
+  const bf16* param(int t, int layer = 0) const { return tensor(params_, t, layer); }
+  float* grad(int t, int layer = 0) const { return tensor(grads_, t, layer); }
+
+  // Tensor by tensor between the canonical host layout and the device layout.
+  void download(const float* dev, std::vector<float>& out) {
+    out.resize(layout_.total);
+    for (int t = 0; t < P_COUNT; ++t) {
+      CUDA_CHECK(cudaMemcpyAsync(out.data() + layout_.offset[t], dev + dev_layout_.offset[t],
+                                 layout_.size[t] * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+    }
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+  void upload(float* dev, const std::vector<float>& in) {
+    if (in.size() != layout_.total) {
+      throw std::runtime_error("cuda backend: parameter vector of " + std::to_string(in.size()) +
+                               " floats, the model has " + std::to_string(layout_.total));
+    }
+    for (int t = 0; t < P_COUNT; ++t) {
+      CUDA_CHECK(cudaMemcpyAsync(dev + dev_layout_.offset[t], in.data() + layout_.offset[t],
+                                 layout_.size[t] * sizeof(float), cudaMemcpyHostToDevice, stream_));
+    }
+    CUDA_CHECK(cudaStreamSynchronize(stream_));  // `in` may go away after return
+  }
+
+  // Lays the activations out for B x T tokens, growing the arena (and the
+  // pinned staging) when the shape needs more than is there.
+  void ensure_capacity(int B, int T) {
+    if (T > m_.seq_len) {
+      throw std::runtime_error("cuda backend: sequence length " + std::to_string(T) +
+                               " exceeds model.seq_len " + std::to_string(m_.seq_len));
+    }
+    const size_t N = static_cast<size_t>(B) * T;
+    Arena measure;
+    acts_.carve(measure, m_, cfg_.attention, Vp_, B, T);
+    if (measure.used() > arena_bytes_ || N > staging_tokens_) {
+      CUDA_CHECK(cudaStreamSynchronize(stream_));  // nothing in flight uses the old buffers
+    }
+    if (measure.used() > arena_bytes_) {
+      if (arena_) CUDA_CHECK(cudaFree(arena_));
+      arena_bytes_ = measure.used();
+      CUDA_CHECK(cudaMalloc(&arena_, arena_bytes_));
+      spdlog::info("{}: parameters and optimizer {:.2f} GiB, activations {:.2f} GiB (B={}, T={})",
+                   name_, state_bytes_ / 1073741824.0, arena_bytes_ / 1073741824.0, B, T);
+    }
+    if (N > staging_tokens_) {
+      staging_.allocate(N);
+      staging_tokens_ = N;
+    }
+    Arena arena(static_cast<char*>(arena_));
+    acts_.carve(arena, m_, cfg_.attention, Vp_, B, T);
+  }
+
+  // Copies the batch to the device; for a backward, also the encoder's token
+  // buckets (a counting sort by token id, positions ascending in each bucket).
+  void stage(const int32_t* inputs, const int32_t* targets, int B, int T, bool with_buckets) {
+    ensure_capacity(B, T);
+    const int N = B * T, V = m_.vocab;
+    for (int i = 0; i < N; ++i) {
+      if (inputs[i] < 0 || inputs[i] >= V || targets[i] < 0 || targets[i] >= V) {
+        throw std::runtime_error("cuda backend: token id " +
+                                 std::to_string(inputs[i] < 0 || inputs[i] >= V ? inputs[i] : targets[i]) +
+                                 " at position " + std::to_string(i) + " outside [0, model.vocab = " +
+                                 std::to_string(V) + ")");
+      }
+    }
+    std::copy(inputs, inputs + N, staging_.inputs);
+    std::copy(targets, targets + N, staging_.targets);
+    CUDA_CHECK(cudaMemcpyAsync(acts_.inputs, staging_.inputs, N * sizeof(int32_t),
+                               cudaMemcpyHostToDevice, stream_));
+    CUDA_CHECK(cudaMemcpyAsync(acts_.targets, staging_.targets, N * sizeof(int32_t),
+                               cudaMemcpyHostToDevice, stream_));
+    if (!with_buckets) return;
+    counts_.assign(V + 1, 0);
+    for (int i = 0; i < N; ++i) ++counts_[inputs[i] + 1];
+    std::partial_sum(counts_.begin(), counts_.end(), counts_.begin());  // counts_[tok] = start
+    int buckets = 0;
+    for (int tok = 0; tok < V; ++tok) {
+      if (counts_[tok + 1] == counts_[tok]) continue;
+      staging_.bucket_token[buckets] = tok;
+      staging_.bucket_start[buckets] = counts_[tok];
+      ++buckets;
+    }
+    staging_.bucket_start[buckets] = N;
+    for (int i = 0; i < N; ++i) staging_.bucket_position[counts_[inputs[i]]++] = i;
+    num_buckets_ = buckets;
+    CUDA_CHECK(cudaMemcpyAsync(acts_.bucket_token, staging_.bucket_token, buckets * sizeof(int32_t),
+                               cudaMemcpyHostToDevice, stream_));
+    CUDA_CHECK(cudaMemcpyAsync(acts_.bucket_start, staging_.bucket_start,
+                               (buckets + 1) * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
+    CUDA_CHECK(cudaMemcpyAsync(acts_.bucket_position, staging_.bucket_position, N * sizeof(int32_t),
+                               cudaMemcpyHostToDevice, stream_));
+  }
+
+  void fetch_losses(int N) {
+    CUDA_CHECK(cudaMemcpyAsync(staging_.losses, acts_.losses, N * sizeof(float),
+                               cudaMemcpyDeviceToHost, stream_));
+    CUDA_CHECK(cudaEventRecord(losses_ready_, stream_));
+  }
+  // Sum in double, in token order: the same value on every run.
+  float mean_loss(int N) {
+    CUDA_CHECK(cudaEventSynchronize(losses_ready_));
+    double sum = 0.0;
+    for (int i = 0; i < N; ++i) sum += staging_.losses[i];
+    return static_cast<float>(sum / N);
+  }
+
+  // Leaves the losses in acts_.losses and, when with_grad, dlogits in place of
+  // the logits (dloss = d(loss)/d(each token's loss)).
+  void forward(int B, int T, float dloss, bool with_grad) {
+    const int C = m_.dim, H = m_.heads, hd = m_.head_dim(), N = B * T;
+    cuda::encoder_forward(acts_.encoded, acts_.inputs, param(P_WTE), param(P_WPE), B, T, C,
+                          stream_);
+    const bf16* residual = acts_.encoded;
+    for (int l = 0; l < m_.layers; ++l) {
+      LayerActivations& a = acts_.layers[l];
+      cuda::layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, residual, param(P_LN1W, l),
+                              param(P_LN1B, l), N, C, stream_);
+      matmuls_->forward(a.qkv, a.ln1, param(P_QKVW, l), param(P_QKVB, l), nullptr, N, C, 3 * C);
+      if (m_.qk_norm) {
+        cuda::qk_norm_forward(a.qkv, a.qk_raw, a.qk_rrms, param(P_QGAMMA, l), param(P_KGAMMA, l),
+                              N, H, hd, stream_);
+      }
+      cuda::attention_forward(cfg_.attention, {B, H, T, hd}, a.qkv, a.atty, a.att_stats,
+                              acts_.attention_workspace, stream_);
+      // residual2 = residual + atty . W^T + b: the add rides in cuBLASLt's C input.
+      matmuls_->forward(a.residual2, a.atty, param(P_ATTPROJW, l), param(P_ATTPROJB, l), residual,
+                        N, C, C);
+      cuda::layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, param(P_LN2W, l),
+                              param(P_LN2B, l), N, C, stream_);
+      matmuls_->forward_gelu(a.fch_gelu, a.fch, a.ln2, param(P_FCW, l), param(P_FCB, l), N, C,
+                             4 * C);
+      matmuls_->forward(a.residual3, a.fch_gelu, param(P_FCPROJW, l), param(P_FCPROJB, l),
+                        a.residual2, N, 4 * C, C);
+      residual = a.residual3;
+    }
+    cuda::layernorm_forward(acts_.lnf, acts_.lnf_mean, acts_.lnf_rstd, residual, param(P_LNFW),
+                            param(P_LNFB), N, C, stream_);
+    matmuls_->forward(acts_.logits, acts_.lnf, param(P_WTE), nullptr, nullptr, N, C, Vp_);
+    cuda::classifier_forward_backward(acts_.logits, acts_.losses, acts_.targets, N, m_.vocab, Vp_,
+                                      dloss, with_grad, stream_);
+  }
+
+  // Needs forward(..., with_grad = true) first. Gradients accumulate into
+  // grads_. dout_capture (diagnostics): each layer's attention-output gradient.
+  void backward(int B, int T, std::vector<std::vector<bf16>>* dout_capture) {
+    const int C = m_.dim, H = m_.heads, hd = m_.head_dim(), N = B * T;
+    const bf16* last = m_.layers ? acts_.layers.back().residual3 : acts_.encoded;
+    matmuls_->backward_input(acts_.dln, acts_.logits, param(P_WTE), nullptr, N, C, Vp_);
+    matmuls_->backward_weight(grad(P_WTE), acts_.logits, acts_.lnf, N, C, Vp_);
+    CUDA_CHECK(cudaMemsetAsync(acts_.dres, 0, static_cast<size_t>(N) * C * sizeof(bf16), stream_));
+    cuda::layernorm_backward(acts_.dres, grad(P_LNFW), grad(P_LNFB), acts_.dln, last,
+                             param(P_LNFW), acts_.lnf_mean, acts_.lnf_rstd, N, C, acts_.partials,
+                             stream_);
+    for (int l = m_.layers - 1; l >= 0; --l) {
+      LayerActivations& a = acts_.layers[l];
+      const bf16* residual = l == 0 ? acts_.encoded : acts_.layers[l - 1].residual3;
+      // dres holds d(residual3). MLP projection, then fc through GELU' (DGELU epilogue).
+      matmuls_->backward_weight(grad(P_FCPROJW, l), acts_.dres, a.fch_gelu, N, 4 * C, C);
+      cuda::bias_backward(grad(P_FCPROJB, l), acts_.dres, N, C, acts_.partials, stream_);
+      matmuls_->backward_input(acts_.dbig, acts_.dres, param(P_FCPROJW, l), a.fch, N, 4 * C, C);
+      matmuls_->backward_weight(grad(P_FCW, l), acts_.dbig, a.ln2, N, C, 4 * C);
+      cuda::bias_backward(grad(P_FCB, l), acts_.dbig, N, 4 * C, acts_.partials, stream_);
+      matmuls_->backward_input(acts_.dln, acts_.dbig, param(P_FCW, l), nullptr, N, C, 4 * C);
+      cuda::layernorm_backward(acts_.dres, grad(P_LN2W, l), grad(P_LN2B, l), acts_.dln,
+                               a.residual2, param(P_LN2W, l), a.ln2_mean, a.ln2_rstd, N, C,
+                               acts_.partials, stream_);
+      // dres holds d(residual2). Attention projection and attention.
+      matmuls_->backward_weight(grad(P_ATTPROJW, l), acts_.dres, a.atty, N, C, C);
+      cuda::bias_backward(grad(P_ATTPROJB, l), acts_.dres, N, C, acts_.partials, stream_);
+      matmuls_->backward_input(acts_.datty, acts_.dres, param(P_ATTPROJW, l), nullptr, N, C, C);
+      if (dout_capture) {
+        auto& host = (*dout_capture)[l];
+        host.resize(static_cast<size_t>(N) * C);
+        CUDA_CHECK(cudaMemcpyAsync(host.data(), acts_.datty, host.size() * sizeof(bf16),
+                                   cudaMemcpyDeviceToHost, stream_));
+      }
+      bf16* dqkv = acts_.dbig;  // (N, 3C): the MLP's gradient is no longer needed
+      cuda::attention_backward(cfg_.attention, {B, H, T, hd}, a.qkv, a.atty, acts_.datty,
+                               a.att_stats, dqkv, acts_.attention_workspace, stream_);
+      if (m_.qk_norm) {
+        cuda::qk_norm_backward(dqkv, grad(P_QGAMMA, l), grad(P_KGAMMA, l), a.qk_raw, a.qk_rrms,
+                               param(P_QGAMMA, l), param(P_KGAMMA, l), N, H, hd, acts_.partials,
+                               stream_);
+      }
+      matmuls_->backward_weight(grad(P_QKVW, l), dqkv, a.ln1, N, C, 3 * C);
+      cuda::bias_backward(grad(P_QKVB, l), dqkv, N, 3 * C, acts_.partials, stream_);
+      matmuls_->backward_input(acts_.dln, dqkv, param(P_QKVW, l), nullptr, N, C, 3 * C);
+      cuda::layernorm_backward(acts_.dres, grad(P_LN1W, l), grad(P_LN1B, l), acts_.dln, residual,
+                               param(P_LN1W, l), a.ln1_mean, a.ln1_rstd, N, C, acts_.partials,
+                               stream_);
+      // dres holds d(residual): the gradient of the layer's input.
+    }
+    const cuda::TokenBuckets buckets{num_buckets_, acts_.bucket_token, acts_.bucket_start,
+                                     acts_.bucket_position};
+    cuda::encoder_backward(grad(P_WTE), grad(P_WPE), acts_.dres, buckets, B, T, C, stream_);
+  }
+
+  Config cfg_;
+  ModelConfig m_;
+  ParamLayout layout_;
+  int Vp_;
+  DeviceLayout dev_layout_;
+  int device_ = 0;
+  std::string name_;
+  double peak_flops_ = 0.0;
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t losses_ready_ = nullptr;
+  std::unique_ptr<cuda::Matmuls> matmuls_;
+
+  void* state_ = nullptr;  // params (bf16) | master | grads | m | v (fp32)
+  size_t state_bytes_ = 0;
+  bf16* params_ = nullptr;
+  float *master_ = nullptr, *grads_ = nullptr, *adam_m_ = nullptr, *adam_v_ = nullptr;
+
+  void* arena_ = nullptr;
+  size_t arena_bytes_ = 0;
+  size_t staging_tokens_ = 0;
+  Activations acts_;
+  HostStaging staging_;
+  std::vector<int32_t> counts_;  // (V + 1) counting-sort scratch
+  int num_buckets_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cuda_backend(const Config& cfg) {
+  return std::make_unique<CudaBackend>(cfg);
+}
+
+}  // namespace qattn
