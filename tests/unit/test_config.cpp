@@ -1,0 +1,120 @@
+// Config validation: every bad value is an error that names its JSON path.
+#include <catch2/catch.hpp>
+
+#include "qattn/config.hpp"
+
+using nlohmann::json;
+using qattn::ConfigError;
+
+namespace {
+
+json good() {
+  return json::parse(R"({
+    "model": {"vocab": 257, "layers": 2, "heads": 2, "dim": 32, "seq_len": 16},
+    "data": {"train": "a/*.bin", "val": "b/*.bin"},
+    "train": {"tokens_per_step": 128, "micro_batch": 4, "steps": 10},
+    "log": {"name": "t"}
+  })");
+}
+
+// Applies the overrides to a good config and returns the error text ("" if valid).
+std::string error_of(const std::vector<std::string>& sets) {
+  json j = good();
+  try {
+    for (const auto& s : sets) qattn::apply_override(j, s);
+    qattn::config_from_json(j);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("a good config validates and derives grad_accum", "[config]") {
+  const auto c = qattn::config_from_json(good());
+  CHECK(c.train.grad_accum == 2);  // 128 / (4 * 16)
+  CHECK(c.effective["train"]["lr"].get<double>() == Approx(6e-4));
+  CHECK(c.effective["attention"]["kind"] == "fpa");
+  CHECK(c.effective["attention"]["sage"]["precision"]["dp"] == "bf16");
+}
+
+TEST_CASE("bad configs name the JSON path, the value and what is allowed", "[config]") {
+  struct Case {
+    std::vector<std::string> sets;
+    std::string must_contain;
+  };
+  const std::vector<Case> cases = {
+      {{"model.layerz=3"}, "model.layerz: unknown key"},
+      {{"model.layers=0"}, "model.layers: 0 is out of range"},
+      {{"model.dim=33"}, "model.dim: 33 is not divisible by model.heads"},
+      {{"model.heads=\"two\""}, "model.heads: \"two\" has the wrong type"},
+      {{"train.lr=-1"}, "train.lr: -1 is out of range"},
+      {{"train.schedule=exp"}, "train.schedule: \"exp\" is not allowed; allowed: \"cosine\""},
+      {{"train.tokens_per_step=100"}, "train.tokens_per_step: 100 is not divisible by micro_batch * seq_len"},
+      {{"train.device=tpu"}, "train.device: \"tpu\" is not allowed"},
+      {{"train.tokens=1000"}, "give exactly one of train.steps and train.tokens"},
+      {{"attention.kind=int4"}, "attention.kind: \"int4\" is not allowed"},
+      {{"attention.kinterval.K=0"}, "attention.kinterval.K: 0 is out of range"},
+      {{"attention.kinterval.window=0"}, "attention.kinterval.window: 0 is out of range; allowed: > 0"},
+      {{"attention.sage.block_q=48"}, "attention.sage.block_q: 48 is not allowed"},
+      {{"attention.sage.precision.dp=fp8"}, "attention.sage.precision.dp: \"fp8\" is not allowed"},
+      {{"attention.sage.softmax.kind=sage"}, "attention.sage.softmax.kind: \"sage\" is not allowed"},
+      {{"eval.batches=0"}, "eval.batches: 0 is out of range"},
+      {{"dist.zero_stage=3"}, "dist.zero_stage: 3 is out of range"},
+      {{"bogus.x=1"}, "bogus: unknown key"},
+      {{"train.warmup=11"}, "train.warmup: 11 exceeds train.steps"},
+  };
+  for (const auto& c : cases) {
+    INFO("overrides: " << c.sets[0]);
+    const std::string err = error_of(c.sets);
+    CHECK_THAT(err, Catch::Contains(c.must_contain));
+  }
+}
+
+TEST_CASE("missing required keys are reported together", "[config]") {
+  json j = good();
+  j["train"].erase("micro_batch");
+  j["data"].erase("val");
+  try {
+    qattn::config_from_json(j);
+    FAIL("expected ConfigError");
+  } catch (const ConfigError& e) {
+    CHECK(e.errors.size() == 2);
+    CHECK_THAT(std::string(e.what()), Catch::Contains("train.micro_batch: required"));
+    CHECK_THAT(std::string(e.what()), Catch::Contains("data.val: required"));
+  }
+}
+
+TEST_CASE("train.tokens derives train.steps", "[config]") {
+  json j = good();
+  j["train"].erase("steps");
+  j["train"]["tokens"] = 1280;
+  CHECK(qattn::config_from_json(j).train.steps == 10);
+}
+
+TEST_CASE("--set parses JSON values and bare words", "[config]") {
+  json j = good();
+  qattn::apply_override(j, "attention.kind=kinterval");
+  qattn::apply_override(j, "attention.kinterval.K=16");
+  qattn::apply_override(j, "model.qk_norm=true");
+  const auto c = qattn::config_from_json(j);
+  CHECK(c.attention.kind == qattn::AttentionKind::kinterval);
+  CHECK(c.attention.kinterval.K == 16);
+  CHECK(c.model.qk_norm);
+  CHECK_THROWS_AS(qattn::apply_override(j, "noequals"), ConfigError);
+}
+
+TEST_CASE("ste with lerp is legal but warned about", "[config]") {
+  json j = good();
+  qattn::apply_override(j, "attention.kind=kinterval");
+  qattn::apply_override(j, "attention.kinterval.rounding=lerp");
+  qattn::apply_override(j, "attention.kinterval.ste=weight");
+  const auto c = qattn::config_from_json(j);
+  REQUIRE(c.warnings.size() == 1);
+  CHECK_THAT(c.warnings[0], Catch::Contains("attention.kinterval.ste"));
+}
+
+TEST_CASE("a missing config file and bad JSON name the file", "[config]") {
+  CHECK_THROWS_WITH(qattn::load_config("/nonexistent/x.json"), Catch::Contains("/nonexistent/x.json"));
+}
