@@ -1,0 +1,95 @@
+// Helpers for the GPU tests: device buffers, fresh random inputs (seed printed
+// on failure), poisoning, bf16 rounding, relative L2 error.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "common.cuh"
+
+namespace qattn::test {
+
+using cuda::bf16;
+
+// One device allocation of n T's; freed with the object.
+template <typename T>
+class DeviceBuffer {
+ public:
+  explicit DeviceBuffer(size_t n) : n_(n) { CUDA_CHECK(cudaMalloc(&p_, std::max<size_t>(n, 1) * sizeof(T))); }
+  ~DeviceBuffer() { cudaFree(p_); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  T* get() const { return p_; }
+  void upload(const std::vector<T>& h) {
+    REQUIRE(h.size() == n_);
+    CUDA_CHECK(cudaMemcpy(p_, h.data(), n_ * sizeof(T), cudaMemcpyHostToDevice));
+  }
+  std::vector<T> download() const {
+    CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<T> h(n_);
+    CUDA_CHECK(cudaMemcpy(h.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost));
+    return h;
+  }
+  // NaN in bf16 and fp32 alike: every byte 0xFF. An element the kernel leaves
+  // unwritten then fails the comparison.
+  void poison() { CUDA_CHECK(cudaMemset(p_, 0xFF, n_ * sizeof(T))); }
+
+ private:
+  T* p_ = nullptr;
+  size_t n_;
+};
+
+// A generator seeded afresh each run; the seed is reported with any failure.
+inline std::mt19937_64& rng() {
+  static std::mt19937_64 gen = [] {
+    const uint64_t seed = std::random_device{}();
+    std::printf("gpu tests: random seed %llu\n", static_cast<unsigned long long>(seed));
+    return std::mt19937_64(seed);
+  }();
+  return gen;
+}
+
+inline std::vector<float> randn(size_t n, float scale = 1.0f, float mean = 0.0f) {
+  std::normal_distribution<float> d(mean, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng());
+  return v;
+}
+inline std::vector<int32_t> random_tokens(size_t n, int V) {
+  std::uniform_int_distribution<int32_t> d(0, V - 1);
+  std::vector<int32_t> v(n);
+  for (auto& x : v) x = d(rng());
+  return v;
+}
+
+inline std::vector<bf16> to_bf16(const std::vector<float>& x) {
+  std::vector<bf16> y(x.size());
+  for (size_t i = 0; i < x.size(); ++i) y[i] = __float2bfloat16(x[i]);
+  return y;
+}
+inline std::vector<float> to_float(const std::vector<bf16>& x) {
+  std::vector<float> y(x.size());
+  for (size_t i = 0; i < x.size(); ++i) y[i] = __bfloat162float(x[i]);
+  return y;
+}
+// x rounded to bf16 and back: the values the GPU actually sees.
+inline std::vector<float> round_bf16(const std::vector<float>& x) { return to_float(to_bf16(x)); }
+
+// ||a - b|| / ||b|| in double; NaN anywhere gives NaN, which fails every "<".
+inline double rel_l2(const std::vector<float>& a, const std::vector<float>& b) {
+  REQUIRE(a.size() == b.size());
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double d = static_cast<double>(a[i]) - b[i];
+    num += d * d;
+    den += static_cast<double>(b[i]) * b[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-300));
+}
+
+}  // namespace qattn::test
