@@ -55,7 +55,7 @@ TEST_CASE("bad shards stop with their path and what is wrong", "[data]") {
 
 TEST_CASE("the loader is deterministic, shuffles per epoch and splits ranks", "[data]") {
   const auto d = temp_dir("loader");
-  std::vector<uint16_t> tokens(4 * 8 * 16 + 1);
+  std::vector<uint16_t> tokens(8 * 16 + 1);  // 8 windows of 16 + 1
   std::iota(tokens.begin(), tokens.end(), 0);
   qattn::write_shard((d / "x_train_000001.bin").string(), tokens.data(), tokens.size());
   const std::string glob = (d / "x_train_*.bin").string();
