@@ -1,0 +1,53 @@
+// The CUDA attention API (attention.cuh): shape checks, then one kernel family per kind.
+#include <stdexcept>
+#include <string>
+
+#include "attention/attention.cuh"
+#include "attention/fpa.cuh"
+
+namespace qattn::cuda {
+namespace {
+
+[[noreturn]] void no_kernel(AttentionKind kind) {
+  throw std::runtime_error("attention kind " + to_string(kind) + " has no CUDA kernel yet");
+}
+
+void check_shape(const AttentionShape& s) {
+  if (s.d != 64 && s.d != 128)
+    throw std::invalid_argument("CUDA attention: head dim d = " + std::to_string(s.d) +
+                                " is not supported (allowed: 64, 128)");
+  if (s.B < 1 || s.H < 1 || s.T < 1)
+    throw std::invalid_argument("CUDA attention: shape (B, H, T) = (" + std::to_string(s.B) + ", " +
+                                std::to_string(s.H) + ", " + std::to_string(s.T) +
+                                ") must be positive");
+}
+
+}  // namespace
+
+int attention_row_stats(const AttentionConfig& cfg) {
+  if (cfg.kind != AttentionKind::fpa) no_kernel(cfg.kind);
+  return 1;  // L = c m + log l
+}
+
+size_t attention_workspace_bytes(const AttentionConfig& cfg, const AttentionShape& s) {
+  if (cfg.kind != AttentionKind::fpa) no_kernel(cfg.kind);
+  return static_cast<size_t>(s.B) * s.H * s.T * sizeof(float);  // δ of the backward
+}
+
+void attention_forward(const AttentionConfig& cfg, const AttentionShape& s, const bf16* qkv,
+                       bf16* o, float* stats, void* /*workspace: FPA's forward needs none*/,
+                       cudaStream_t stream) {
+  check_shape(s);
+  if (cfg.kind != AttentionKind::fpa) no_kernel(cfg.kind);
+  fpa_forward(s, qkv, o, stats, stream);
+}
+
+void attention_backward(const AttentionConfig& cfg, const AttentionShape& s, const bf16* qkv,
+                        const bf16* o, const bf16* dout, const float* stats, bf16* dqkv,
+                        void* workspace, cudaStream_t stream) {
+  check_shape(s);
+  if (cfg.kind != AttentionKind::fpa) no_kernel(cfg.kind);
+  fpa_backward(s, qkv, o, dout, stats, static_cast<float*>(workspace), dqkv, stream);
+}
+
+}  // namespace qattn::cuda

@@ -1,0 +1,377 @@
+// The tiled flash-attention skeleton: causal, T x T never materialised, bf16
+// tiles in shared memory, fp32 accumulators in registers. Three kernels and a
+// pre-pass, each parameterised by two policies:
+//
+//   Operands  the precision of each of the six products (qk, pv, dp, dv, dk, dq):
+//             Bf16Operands (bf16_operands.cuh) for FPA.
+//   Softmax   how scores become weights: forward state (update per key block,
+//             finalize, the saved row statistic) and the backward's P and dS:
+//             OnlineSoftmax (online_softmax.cuh) for FPA.
+//
+// How the other kinds reuse it (SPEC §3, §4):
+// - SageBwd INT8: an Int8Operands policy whose qk/pv/dv/dk/dq read int8 tiles
+//   (Q̂, K̂, V̂ quantised per block by a pre-pass into the workspace, one scale per
+//   block) with mma.m16n8k32.s8 and multiply the int32 result by the two scales;
+//   P̂ and dŜ are quantised in registers per row/column of the tile just before
+//   pv/dv/dk/dq. The online softmax and the loops stay as they are.
+// - K-interval: a Softmax policy with fixed per-row grid bounds (m and ℓ from a
+//   first pass over the row's visible keys, saved as two row statistics) whose
+//   update() maps scores to the quantised weights ŵ and never rescales; its
+//   backward needs per-row sums beside δ (computed in the same pre-pass).
+//
+// Layouts (attention.cuh): q, k, v are rows of the fused activation
+// (B, T, 3, H, d), row stride 3·H·d; o, dout are (B, T, H, d); L and δ are
+// (B, H, T) fp32. Rows past T are zero-filled on load and never stored.
+//
+// Forward (per block of kBlockM query rows, key blocks in order 0 .. diagonal):
+//   S = c Q Kᵀ -> causal mask -> online softmax (m, l; O rescaled) -> O += P V;
+//   at the end O /= l and L = c m + log l.
+// Backward, deterministic (no atomics; every output element has one writer):
+//   δ = rowsum(dO ∘ O)                                  (delta pre-pass)
+//   per key block, over query blocks:   Pᵀ, dV += Pᵀ dO, dSᵀ = Pᵀ ∘ (dPᵀ − δ), dK += dSᵀ Q
+//   per query block, over key blocks:   P, dS = P ∘ (dP − δ), dQ += dS K
+// The dQ pass recomputes S and dP (two more products than an atomic dQ) so that
+// dQ is summed in a fixed order.
+#pragma once
+#include "tile_mma.cuh"
+
+namespace qattn::cuda::flash {
+
+struct ForwardParams {
+  const bf16* qkv;  // (B, T, 3, H, d)
+  bf16* o;          // (B, T, H, d)
+  float* lse;       // (B, H, T)
+  int B, H, T;
+  float scale_log2;  // c · log2(e)
+};
+
+struct BackwardParams {
+  const bf16* qkv;   // (B, T, 3, H, d)
+  const bf16* o;     // (B, T, H, d)
+  const bf16* dout;  // (B, T, H, d)
+  const float* lse;  // (B, H, T)
+  float* delta;      // (B, H, T), written by the pre-pass
+  bf16* dqkv;        // (B, T, 3, H, d)
+  int B, H, T;
+  float scale;       // c
+  float scale_log2;  // c · log2(e)
+};
+
+// Offset of row t of slot (0 q, 1 k, 2 v) of head h, batch b in (B, T, 3, H, d).
+__device__ __forceinline__ size_t qkv_offset(int b, int t, int slot, int h, int T, int H, int d) {
+  return ((static_cast<size_t>(b) * T + t) * 3 + slot) * H * d + static_cast<size_t>(h) * d;
+}
+// Offset of row t of head h, batch b in (B, T, H, d).
+__device__ __forceinline__ size_t head_offset(int b, int t, int h, int T, int H, int d) {
+  return (static_cast<size_t>(b) * T + t) * H * d + static_cast<size_t>(h) * d;
+}
+
+// Shapes of the three kernels. Warps split the rows of the resident tile:
+// 16 kRowTiles rows each.
+template <int kHeadDim_, int kWarps_, int kRowTiles_, int kBlockN_>
+struct ForwardTraits {
+  static constexpr int kHeadDim = kHeadDim_, kWarps = kWarps_, kThreads = 32 * kWarps_;
+  static constexpr int kRowTiles = kRowTiles_;
+  static constexpr int kBlockM = 16 * kRowTiles_ * kWarps_;  // query rows per block
+  static constexpr int kBlockN = kBlockN_;                    // keys per step
+  // Q tile, then two stages of (K tile, V tile).
+  static constexpr int kSmemBytes = (kBlockM + 4 * kBlockN) * kHeadDim * 2;
+};
+
+template <int kHeadDim_, int kWarps_, int kBlockM_>
+struct DkDvTraits {
+  static constexpr int kHeadDim = kHeadDim_, kWarps = kWarps_, kThreads = 32 * kWarps_;
+  static constexpr int kBlockN = 16 * kWarps_;  // keys per block (16 per warp)
+  static constexpr int kBlockM = kBlockM_;      // query rows per step
+  // K and V tiles, two stages of (Q tile, dO tile), two stages of (L, δ).
+  static constexpr int kSmemBytes = (2 * kBlockN + 4 * kBlockM) * kHeadDim * 2 + 4 * kBlockM * 4;
+};
+
+template <int kHeadDim_, int kWarps_, int kBlockN_>
+struct DqTraits {
+  static constexpr int kHeadDim = kHeadDim_, kWarps = kWarps_, kThreads = 32 * kWarps_;
+  static constexpr int kBlockM = 16 * kWarps_;  // query rows per block (16 per warp)
+  static constexpr int kBlockN = kBlockN_;      // keys per step
+  // Q and dO tiles, two stages of (K tile, V tile).
+  static constexpr int kSmemBytes = (2 * kBlockM + 4 * kBlockN) * kHeadDim * 2;
+};
+
+// Element (mt, nt, e) of a warp's accumulator sits at row 16 mt + g + 8 (e / 2)
+// and column 8 nt + 2 t + e % 2 of the warp's tile (lane = 4 g + t).
+__device__ __forceinline__ int acc_row(int mt, int e) { return mt * 16 + (threadIdx.x % 32) / 4 + (e / 2) * 8; }
+__device__ __forceinline__ int acc_col(int nt, int e) { return nt * 8 + 2 * (threadIdx.x % 4) + e % 2; }
+
+// ---------------------------------------------------------------------------
+// Forward. Grid (ceil(T / kBlockM), H, B); the heaviest (last) query blocks start first.
+template <class Tr, class Operands, class Softmax>
+__global__ void __launch_bounds__(Tr::kThreads) flash_forward_kernel(const ForwardParams p) {
+  constexpr int D = Tr::kHeadDim, BM = Tr::kBlockM, BN = Tr::kBlockN, RT = Tr::kRowTiles;
+  extern __shared__ __align__(128) unsigned char smem[];
+  const SmemTile<BM, D> q_tile{reinterpret_cast<bf16*>(smem)};  // (BM, d)
+  bf16* kv_stages = q_tile.data + BM * D;                         // 2 x [(BN, d) K, (BN, d) V]
+
+  const int q_block = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int warp = threadIdx.x / 32;
+  const int q0 = q_block * BM;                    // first query row of the block
+  const int warp_row0 = warp * 16 * RT;           // first row of the warp, within the block
+  const int row_first = q0 + warp_row0, row_last = row_first + 16 * RT - 1;
+  const size_t ld = static_cast<size_t>(3) * p.H * D;
+  const bf16* q_src = p.qkv + qkv_offset(b, 0, 0, h, p.T, p.H, D);  // (T, d), row stride ld
+  const bf16* k_src = p.qkv + qkv_offset(b, 0, 1, h, p.T, p.H, D);
+  const bf16* v_src = p.qkv + qkv_offset(b, 0, 2, h, p.T, p.H, D);
+  auto k_stage = [&](int s) { return SmemTile<BN, D>{kv_stages + (2 * s) * BN * D}; };
+  auto v_stage = [&](int s) { return SmemTile<BN, D>{kv_stages + (2 * s + 1) * BN * D}; };
+  auto load_kv = [&](int j, int s) {
+    load_tile_async<Tr::kThreads>(k_stage(s), k_src + j * BN * ld, ld, p.T - j * BN);
+    load_tile_async<Tr::kThreads>(v_stage(s), v_src + j * BN * ld, ld, p.T - j * BN);
+  };
+
+  load_tile_async<Tr::kThreads>(q_tile, q_src + q0 * ld, ld, p.T - q0);
+  load_kv(0, 0);
+  cp_async_commit();
+  const int n_kblocks = (min(p.T, q0 + BM) + BN - 1) / BN;  // causal: keys up to the block's last row
+
+  uint32_t q_frag[RT][D / 16][4];
+  float o_acc[RT][D / 8][4];  // (16 RT, d) rows of O owned by this warp
+  zero(o_acc);
+  Softmax softmax(p.scale_log2);
+  for (int j = 0; j < n_kblocks; ++j) {
+    if (j + 1 < n_kblocks) {  // prefetch the next K, V while this block computes
+      load_kv(j + 1, (j + 1) % 2);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    if (j == 0) load_a(q_frag, q_tile, warp_row0);
+    const int k0 = j * BN;
+    if (k0 <= row_last) {  // else every key of the block is in the future of every row of the warp
+      float s[RT][BN / 8][4];  // (16 RT, BN) scores
+      zero(s);
+      Operands::qk(s, q_frag, k_stage(j % 2));
+      if (k0 + BN - 1 > row_first) {  // the diagonal: hide keys after the query
+#pragma unroll
+        for (int mt = 0; mt < RT; ++mt)
+#pragma unroll
+          for (int nt = 0; nt < BN / 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+              if (k0 + acc_col(nt, e) > row_first + acc_row(mt, e)) s[mt][nt][e] = -INFINITY;
+      }
+      softmax.update(s, o_acc);  // s now holds the weights
+      Operands::pv(o_acc, s, v_stage(j % 2));
+    }
+    __syncthreads();  // the stage just read is refilled by the next prefetch
+  }
+
+  softmax.finalize(o_acc);
+  softmax.store_lse(p.lse + (static_cast<size_t>(b) * p.H + h) * p.T, row_first, p.T);
+  store_acc(q_tile, o_acc, warp_row0, 1.0f);  // the Q tile is free: stage O there
+  __syncthreads();
+  store_tile<Tr::kThreads>(q_tile, p.o + head_offset(b, q0, h, p.T, p.H, D),
+                           static_cast<size_t>(p.H) * D, p.T - q0);
+}
+
+// ---------------------------------------------------------------------------
+// Backward pre-pass: δ = rowsum(dO ∘ O) in fp32, one warp per (b, t, h) row.
+__global__ void attention_delta_kernel(const BackwardParams p, int d) {
+  const long long row = static_cast<long long>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  if (row >= static_cast<long long>(p.B) * p.T * p.H) return;
+  const int lane = threadIdx.x % 32;
+  const bf16* o = p.o + row * d;
+  const bf16* dout = p.dout + row * d;
+  float sum = 0.0f;
+  for (int k = lane; k < d; k += 32) sum += __bfloat162float(o[k]) * __bfloat162float(dout[k]);
+  sum = warp_sum(sum);
+  if (lane == 0) {
+    const int h = static_cast<int>(row % p.H), t = static_cast<int>((row / p.H) % p.T);
+    const int b = static_cast<int>(row / (static_cast<long long>(p.H) * p.T));
+    p.delta[(static_cast<size_t>(b) * p.H + h) * p.T + t] = sum;
+  }
+}
+
+// ---------------------------------------------------------------------------
+// dK, dV. Grid (ceil(T / kBlockN), H, B); block 0, which sees every query, starts first.
+// Each warp owns 16 keys and computes the transposed tiles Sᵀ, Pᵀ, dPᵀ, dSᵀ
+// (keys x queries), so Pᵀ and dSᵀ go from accumulators straight into the A
+// operand of dV += Pᵀ dO and dK += dSᵀ Q without a trip through shared memory.
+template <class Tr, class Operands, class Softmax>
+__global__ void __launch_bounds__(Tr::kThreads) flash_backward_dkdv_kernel(const BackwardParams p) {
+  constexpr int D = Tr::kHeadDim, BM = Tr::kBlockM, BN = Tr::kBlockN;
+  extern __shared__ __align__(128) unsigned char smem[];
+  const SmemTile<BN, D> k_tile{reinterpret_cast<bf16*>(smem)};  // (BN, d)
+  const SmemTile<BN, D> v_tile{k_tile.data + BN * D};           // (BN, d)
+  bf16* q_stages = v_tile.data + BN * D;                        // 2 x [(BM, d) Q, (BM, d) dO]
+  float* stat_stages = reinterpret_cast<float*>(q_stages + 4 * BM * D);  // 2 x [(BM) L, (BM) δ]
+
+  const int k_block = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int warp = threadIdx.x / 32;
+  const int k0 = k_block * BN;
+  const int warp_key0 = k0 + warp * 16;  // first key of the warp
+  const size_t ld = static_cast<size_t>(3) * p.H * D, ld_o = static_cast<size_t>(p.H) * D;
+  const size_t stat0 = (static_cast<size_t>(b) * p.H + h) * p.T;  // (b, h) slice of L and δ
+  const bf16* q_src = p.qkv + qkv_offset(b, 0, 0, h, p.T, p.H, D);
+  const bf16* do_src = p.dout + head_offset(b, 0, h, p.T, p.H, D);
+  auto q_stage = [&](int s) { return SmemTile<BM, D>{q_stages + (2 * s) * BM * D}; };
+  auto do_stage = [&](int s) { return SmemTile<BM, D>{q_stages + (2 * s + 1) * BM * D}; };
+  auto lse_stage = [&](int s) { return stat_stages + (2 * s) * BM; };
+  auto delta_stage = [&](int s) { return stat_stages + (2 * s + 1) * BM; };
+  auto load_queries = [&](int i, int s) {
+    const int q0 = i * BM;
+    load_tile_async<Tr::kThreads>(q_stage(s), q_src + q0 * ld, ld, p.T - q0);
+    load_tile_async<Tr::kThreads>(do_stage(s), do_src + q0 * ld_o, ld_o, p.T - q0);
+    load_row_values_async<Tr::kThreads, BM>(lse_stage(s), p.lse + stat0 + q0, p.T - q0);
+    load_row_values_async<Tr::kThreads, BM>(delta_stage(s), p.delta + stat0 + q0, p.T - q0);
+  };
+
+  load_tile_async<Tr::kThreads>(k_tile, p.qkv + qkv_offset(b, k0, 1, h, p.T, p.H, D), ld, p.T - k0);
+  load_tile_async<Tr::kThreads>(v_tile, p.qkv + qkv_offset(b, k0, 2, h, p.T, p.H, D), ld, p.T - k0);
+  const int i_first = k0 / BM;  // causal: queries before the block's first key see none of it
+  const int n_qblocks = (p.T + BM - 1) / BM;
+  load_queries(i_first, 0);
+  cp_async_commit();
+
+  float dk_acc[1][D / 8][4], dv_acc[1][D / 8][4];  // (16, d) rows of dK, dV owned by this warp
+  zero(dk_acc);
+  zero(dv_acc);
+  for (int i = i_first; i < n_qblocks; ++i) {
+    const int s = (i - i_first) % 2;
+    if (i + 1 < n_qblocks) {
+      load_queries(i + 1, 1 - s);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const int q0 = i * BM;
+    // Skip when every key of the warp is after every query of the block, or past T.
+    if (warp_key0 <= q0 + BM - 1 && warp_key0 < p.T) {
+      const float* lse = lse_stage(s);
+      const float* delta = delta_stage(s);
+      uint32_t k_frag[1][D / 16][4];
+      load_a(k_frag, k_tile, warp * 16);
+      float w[1][BM / 8][4];  // (16 keys, BM queries): Sᵀ, then Pᵀ, then dSᵀ
+      zero(w);
+      Operands::qk(w, k_frag, q_stage(s));
+#pragma unroll
+      for (int nt = 0; nt < BM / 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int key = warp_key0 + acc_row(0, e), qi = acc_col(nt, e), query = q0 + qi;
+          w[0][nt][e] = (query < p.T && key <= query)
+                            ? Softmax::probability(w[0][nt][e], lse[qi], p.scale_log2)
+                            : 0.0f;
+        }
+      Operands::dv(dv_acc, w, do_stage(s));
+      uint32_t v_frag[1][D / 16][4];
+      load_a(v_frag, v_tile, warp * 16);
+      float dp[1][BM / 8][4];  // (16 keys, BM queries): dPᵀ
+      zero(dp);
+      Operands::dp(dp, v_frag, do_stage(s));
+#pragma unroll
+      for (int nt = 0; nt < BM / 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          w[0][nt][e] = Softmax::grad_score(w[0][nt][e], dp[0][nt][e], delta[acc_col(nt, e)]);
+      Operands::dk(dk_acc, w, q_stage(s));
+    }
+    __syncthreads();  // the stage just read is refilled by the next prefetch
+  }
+
+  // K and V tiles are free: stage dK (times c) and dV there, then store both.
+  store_acc(k_tile, dk_acc, warp * 16, p.scale);
+  store_acc(v_tile, dv_acc, warp * 16, 1.0f);
+  __syncthreads();
+  store_tile<Tr::kThreads>(k_tile, p.dqkv + qkv_offset(b, k0, 1, h, p.T, p.H, D), ld, p.T - k0);
+  store_tile<Tr::kThreads>(v_tile, p.dqkv + qkv_offset(b, k0, 2, h, p.T, p.H, D), ld, p.T - k0);
+}
+
+// ---------------------------------------------------------------------------
+// dQ. Grid (ceil(T / kBlockM), H, B); the heaviest (last) query blocks start first.
+template <class Tr, class Operands, class Softmax>
+__global__ void __launch_bounds__(Tr::kThreads) flash_backward_dq_kernel(const BackwardParams p) {
+  constexpr int D = Tr::kHeadDim, BM = Tr::kBlockM, BN = Tr::kBlockN;
+  extern __shared__ __align__(128) unsigned char smem[];
+  const SmemTile<BM, D> q_tile{reinterpret_cast<bf16*>(smem)};  // (BM, d)
+  const SmemTile<BM, D> do_tile{q_tile.data + BM * D};          // (BM, d)
+  bf16* kv_stages = do_tile.data + BM * D;                      // 2 x [(BN, d) K, (BN, d) V]
+
+  const int q_block = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int warp = threadIdx.x / 32;
+  const int q0 = q_block * BM;
+  const int row_first = q0 + warp * 16, row_last = row_first + 15;
+  const size_t ld = static_cast<size_t>(3) * p.H * D, ld_o = static_cast<size_t>(p.H) * D;
+  const size_t stat0 = (static_cast<size_t>(b) * p.H + h) * p.T;
+  const bf16* k_src = p.qkv + qkv_offset(b, 0, 1, h, p.T, p.H, D);
+  const bf16* v_src = p.qkv + qkv_offset(b, 0, 2, h, p.T, p.H, D);
+  auto k_stage = [&](int s) { return SmemTile<BN, D>{kv_stages + (2 * s) * BN * D}; };
+  auto v_stage = [&](int s) { return SmemTile<BN, D>{kv_stages + (2 * s + 1) * BN * D}; };
+  auto load_kv = [&](int j, int s) {
+    load_tile_async<Tr::kThreads>(k_stage(s), k_src + j * BN * ld, ld, p.T - j * BN);
+    load_tile_async<Tr::kThreads>(v_stage(s), v_src + j * BN * ld, ld, p.T - j * BN);
+  };
+
+  load_tile_async<Tr::kThreads>(q_tile, p.qkv + qkv_offset(b, q0, 0, h, p.T, p.H, D), ld, p.T - q0);
+  load_tile_async<Tr::kThreads>(do_tile, p.dout + head_offset(b, q0, h, p.T, p.H, D), ld_o, p.T - q0);
+  load_kv(0, 0);
+  cp_async_commit();
+  const int n_kblocks = (min(p.T, q0 + BM) + BN - 1) / BN;
+
+  // L and δ of this thread's two rows (rows past T: 0, never stored).
+  float lse[2], delta[2];
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int row = row_first + acc_row(0, 2 * half);
+    lse[half] = row < p.T ? p.lse[stat0 + row] : 0.0f;
+    delta[half] = row < p.T ? p.delta[stat0 + row] : 0.0f;
+  }
+
+  uint32_t q_frag[1][D / 16][4], do_frag[1][D / 16][4];
+  float dq_acc[1][D / 8][4];  // (16, d) rows of dQ owned by this warp
+  zero(dq_acc);
+  for (int j = 0; j < n_kblocks; ++j) {
+    if (j + 1 < n_kblocks) {
+      load_kv(j + 1, (j + 1) % 2);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    if (j == 0) {
+      load_a(q_frag, q_tile, warp * 16);
+      load_a(do_frag, do_tile, warp * 16);
+    }
+    const int k0 = j * BN;
+    if (k0 <= row_last) {
+      float w[1][BN / 8][4];  // (16 queries, BN keys): S, then P, then dS
+      zero(w);
+      Operands::qk(w, q_frag, k_stage(j % 2));
+#pragma unroll
+      for (int nt = 0; nt < BN / 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          w[0][nt][e] = k0 + acc_col(nt, e) <= row_first + acc_row(0, e)
+                            ? Softmax::probability(w[0][nt][e], lse[e / 2], p.scale_log2)
+                            : 0.0f;
+      float dp[1][BN / 8][4];  // (16 queries, BN keys): dP
+      zero(dp);
+      Operands::dp(dp, do_frag, v_stage(j % 2));
+#pragma unroll
+      for (int nt = 0; nt < BN / 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          w[0][nt][e] = Softmax::grad_score(w[0][nt][e], dp[0][nt][e], delta[e / 2]);
+      Operands::dq(dq_acc, w, k_stage(j % 2));
+    }
+    __syncthreads();
+  }
+
+  store_acc(q_tile, dq_acc, warp * 16, p.scale);  // the Q tile is free: stage dQ (times c) there
+  __syncthreads();
+  store_tile<Tr::kThreads>(q_tile, p.dqkv + qkv_offset(b, q0, 0, h, p.T, p.H, D), ld, p.T - q0);
+}
+
+}  // namespace qattn::cuda::flash

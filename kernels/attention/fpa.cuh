@@ -1,0 +1,18 @@
+// FPA (SPEC §1) on the flash skeleton: launchers called by dispatch.cu.
+#pragma once
+#include <cuda_runtime.h>
+
+#include "attention/attention.cuh"
+#include "common.cuh"
+
+namespace qattn::cuda {
+
+// qkv (B, T, 3C) -> o (B, T, C), lse (B, H, T) = L = c m + log l per row.
+void fpa_forward(const AttentionShape& s, const bf16* qkv, bf16* o, float* lse,
+                 cudaStream_t stream);
+
+// dout (B, T, C) -> dqkv (B, T, 3C); delta (B, H, T) fp32 is scratch for δ = rowsum(dO ∘ O).
+void fpa_backward(const AttentionShape& s, const bf16* qkv, const bf16* o, const bf16* dout,
+                  const float* lse, float* delta, bf16* dqkv, cudaStream_t stream);
+
+}  // namespace qattn::cuda

@@ -1,0 +1,195 @@
+// qattn bench attention: forward and backward speed of a CUDA attention kind.
+// Causal FLOPs as FlashAttention counts them: forward 2·B·H·T²·d (4·B·H·T²·d
+// halved by the mask), backward 2.5 × forward. Times are medians of CUDA-event
+// intervals after warm-up, on random normal inputs; the error column compares
+// head (0, 0) with the fp64 CPU reference (relative L2).
+#include <algorithm>
+#include <memory>
+#include <cstdio>
+#include <random>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "commands.hpp"
+#include "qattn/attention.hpp"
+
+#ifdef QATTN_HAVE_CUDA
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "attention/attention.cuh"
+#include "attention/reference_check.hpp"
+#include "common.cuh"
+#endif
+
+namespace qattn::cli {
+namespace {
+
+struct BenchOptions {
+  std::string kind = "fpa";
+  std::vector<std::string> shapes;
+  int warmup = 5, reps = 20;
+  bool no_check = false;  // skip the CPU-reference error column
+};
+
+AttentionKind parse_kind(const std::string& name) {
+  for (AttentionKind k : {AttentionKind::fpa, AttentionKind::sage, AttentionKind::kinterval})
+    if (to_string(k) == name) return k;
+  throw std::invalid_argument("--kind '" + name + "': unknown attention kind (allowed: fpa, sage, kinterval)");
+}
+
+#ifdef QATTN_HAVE_CUDA
+using cuda::AttentionShape;
+using bf16 = __nv_bfloat16;
+
+AttentionShape parse_shape(const std::string& text) {
+  const std::string what = "--shape '" + text + "': expected B,H,T,d (four positive integers)";
+  std::vector<int> v;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    size_t used = 0;
+    int x = 0;
+    try {
+      x = std::stoi(item, &used);
+    } catch (const std::exception&) {
+      throw std::invalid_argument(what);
+    }
+    if (used != item.size() || x < 1) throw std::invalid_argument(what);
+    v.push_back(x);
+  }
+  if (v.size() != 4) throw std::invalid_argument(what);
+  return {v[0], v[1], v[2], v[3]};
+}
+
+template <typename T>
+struct DeviceBuffer {
+  T* ptr = nullptr;
+  explicit DeviceBuffer(size_t n) { CUDA_CHECK(cudaMalloc(&ptr, std::max<size_t>(n, 1) * sizeof(T))); }
+  ~DeviceBuffer() { cudaFree(ptr); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+};
+
+// Normal(0, 1) values in bf16, filled in parallel chunks with their own seeds.
+std::vector<bf16> random_bf16(size_t n, unsigned long long seed) {
+  std::vector<bf16> x(n);
+  constexpr size_t kChunk = 1 << 20;
+  const long long chunks = static_cast<long long>((n + kChunk - 1) / kChunk);
+#pragma omp parallel for
+  for (long long c = 0; c < chunks; ++c) {
+    std::mt19937_64 rng(seed * 1000003ULL + c);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    const size_t end = std::min(n, static_cast<size_t>(c + 1) * kChunk);
+    for (size_t i = static_cast<size_t>(c) * kChunk; i < end; ++i) x[i] = __float2bfloat16(normal(rng));
+  }
+  return x;
+}
+
+template <typename T>
+std::vector<T> to_host(const T* dev, size_t n) {
+  std::vector<T> h(n);
+  CUDA_CHECK(cudaMemcpy(h.data(), dev, n * sizeof(T), cudaMemcpyDeviceToHost));
+  return h;
+}
+
+float median(std::vector<float> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+void bench_shape(const AttentionConfig& cfg, const AttentionShape& s, const BenchOptions& opt,
+                 unsigned long long seed) {
+  const size_t n_qkv = static_cast<size_t>(s.B) * s.T * 3 * s.H * s.d;
+  const size_t n_o = static_cast<size_t>(s.B) * s.T * s.H * s.d;
+  const size_t n_stats = static_cast<size_t>(s.B) * s.H * s.T * cuda::attention_row_stats(cfg);
+  const std::vector<bf16> qkv = random_bf16(n_qkv, seed), dout = random_bf16(n_o, seed + 1);
+  DeviceBuffer<bf16> d_qkv(n_qkv), d_o(n_o), d_dout(n_o), d_dqkv(n_qkv);
+  DeviceBuffer<float> d_stats(n_stats);
+  DeviceBuffer<unsigned char> d_work(cuda::attention_workspace_bytes(cfg, s));
+  CUDA_CHECK(cudaMemcpy(d_qkv.ptr, qkv.data(), n_qkv * sizeof(bf16), cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMemcpy(d_dout.ptr, dout.data(), n_o * sizeof(bf16), cudaMemcpyHostToDevice));
+
+  auto forward = [&] { cuda::attention_forward(cfg, s, d_qkv.ptr, d_o.ptr, d_stats.ptr, d_work.ptr, nullptr); };
+  auto backward = [&] {
+    cuda::attention_backward(cfg, s, d_qkv.ptr, d_o.ptr, d_dout.ptr, d_stats.ptr, d_dqkv.ptr,
+                             d_work.ptr, nullptr);
+  };
+  for (int i = 0; i < opt.warmup; ++i) forward(), backward();
+  cudaEvent_t ev[3];
+  for (auto& e : ev) CUDA_CHECK(cudaEventCreate(&e));
+  std::vector<float> fwd_ms, bwd_ms;
+  for (int i = 0; i < opt.reps; ++i) {
+    CUDA_CHECK(cudaEventRecord(ev[0]));
+    forward();
+    CUDA_CHECK(cudaEventRecord(ev[1]));
+    backward();
+    CUDA_CHECK(cudaEventRecord(ev[2]));
+    CUDA_CHECK(cudaEventSynchronize(ev[2]));
+    float a = 0, b = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&a, ev[0], ev[1]));
+    CUDA_CHECK(cudaEventElapsedTime(&b, ev[1], ev[2]));
+    fwd_ms.push_back(a), bwd_ms.push_back(b);
+  }
+  for (auto& e : ev) CUDA_CHECK(cudaEventDestroy(e));
+
+  const double fwd_flops = 2.0 * s.B * s.H * static_cast<double>(s.T) * s.T * s.d;
+  const float f = median(fwd_ms), b = median(bwd_ms);
+  std::printf("%-6s %3d %3d %6d %4d  %8.3f %8.1f  %8.3f %8.1f  %9.3f", to_string(cfg.kind).c_str(), s.B,
+              s.H, s.T, s.d, f, fwd_flops / (f * 1e9), b, 2.5 * fwd_flops / (b * 1e9), f + b);
+  if (!opt.no_check) {
+    const auto sums = cuda::compare_head_with_cpu(cfg, s, 0, 0, qkv, dout, to_host(d_o.ptr, n_o),
+                                                  to_host(d_dqkv.ptr, n_qkv), nullptr);
+    const auto e = cuda::relative_errors(sums);
+    std::printf("  %.1e %.1e %.1e %.1e", e.o, e.dq, e.dk, e.dv);
+  }
+  std::printf("\n");
+  std::fflush(stdout);
+}
+#endif
+
+void run_bench_attention(const BenchOptions& opt) {
+  AttentionConfig cfg;
+  cfg.kind = parse_kind(opt.kind);
+#ifdef QATTN_HAVE_CUDA
+  std::vector<AttentionShape> shapes;
+  for (const auto& text : opt.shapes) shapes.push_back(parse_shape(text));
+  if (opt.warmup < 0 || opt.reps < 1)
+    throw std::invalid_argument("--warmup must be >= 0 and --reps >= 1 (got " + std::to_string(opt.warmup) +
+                                ", " + std::to_string(opt.reps) + ")");
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0)
+    throw std::runtime_error("bench attention needs a CUDA device; none is visible");
+  cudaDeviceProp prop{};
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device: %s (sm_%d%d), %d warm-up + %d timed runs, median; TFLOP/s causal "
+              "(fwd 2BHT^2d, bwd 2.5x)%s\n",
+              prop.name, prop.major, prop.minor, opt.warmup, opt.reps,
+              !opt.no_check ? "; err = rel. L2 of head (0,0) vs fp64 CPU" : "");
+  std::printf("%-6s %3s %3s %6s %4s  %8s %8s  %8s %8s  %9s%s\n", "kind", "B", "H", "T", "d", "fwd ms",
+              "TFLOP/s", "bwd ms", "TFLOP/s", "total ms", !opt.no_check ? "  err o   dq      dk      dv" : "");
+  unsigned long long seed = std::random_device{}();
+  for (const auto& s : shapes) bench_shape(cfg, s, opt, seed++);
+#else
+  throw std::runtime_error("bench attention needs the CUDA backend; this qattn was built with QATTN_CUDA=OFF");
+#endif
+}
+
+}  // namespace
+
+void add_bench_command(CLI::App& app) {
+  CLI::App* bench = app.add_subcommand("bench", "Benchmarks of the CUDA kernels");
+  bench->require_subcommand(1);
+  auto opt = std::make_shared<BenchOptions>();
+  CLI::App* attn = bench->add_subcommand("attention", "Forward and backward TFLOP/s of an attention kind");
+  attn->add_option("--kind", opt->kind, "attention kind: fpa, sage or kinterval")->capture_default_str();
+  attn->add_option("--shape", opt->shapes, "B,H,T,d (repeatable)")->required();
+  attn->add_option("--warmup", opt->warmup, "untimed runs first")->capture_default_str();
+  attn->add_option("--reps", opt->reps, "timed runs (the median is printed)")->capture_default_str();
+  attn->add_flag("--no-check", opt->no_check, "skip the comparison with the CPU reference");
+  attn->callback([opt] { run_bench_attention(*opt); });
+}
+
+}  // namespace qattn::cli

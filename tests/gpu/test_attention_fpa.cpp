@@ -1,0 +1,137 @@
+// FPA flash attention on the GPU against the CPU reference (fp64, on the same
+// bf16-rounded inputs), forward and backward, at T in {64, 1000, 1024, 4096}
+// (1000: a tail tile) and d in {64, 128}. Inputs are fresh random every run
+// (the seed is printed); outputs are poisoned with NaN first, so an element the
+// kernels forget to write fails the comparison.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <stdexcept>
+#include <vector>
+
+#include "attention/attention.cuh"
+#include "attention/reference_check.hpp"
+#include "common.cuh"
+
+namespace {
+
+using qattn::AttentionConfig;
+using qattn::cuda::AttentionErrors;
+using qattn::cuda::AttentionErrorSums;
+using qattn::cuda::AttentionShape;
+using bf16 = __nv_bfloat16;
+
+template <typename T>
+struct DeviceBuffer {
+  T* ptr = nullptr;
+  explicit DeviceBuffer(size_t n) { CUDA_CHECK(cudaMalloc(&ptr, n * sizeof(T))); }
+  ~DeviceBuffer() { cudaFree(ptr); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+};
+
+template <typename T>
+std::vector<T> to_host(const T* dev, size_t n) {
+  std::vector<T> h(n);
+  CUDA_CHECK(cudaMemcpy(h.data(), dev, n * sizeof(T), cudaMemcpyDeviceToHost));
+  return h;
+}
+
+std::vector<bf16> random_bf16(size_t n, std::mt19937_64& rng) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<bf16> x(n);
+  for (auto& v : x) v = __float2bfloat16(normal(rng));
+  return x;
+}
+
+// Runs forward and backward (twice) on the GPU and compares every head with
+// the CPU reference; heads run in parallel on the host.
+AttentionErrors check_fpa(const AttentionShape& s, unsigned long long seed) {
+  const AttentionConfig cfg;  // kind fpa
+  const size_t n_qkv = static_cast<size_t>(s.B) * s.T * 3 * s.H * s.d;
+  const size_t n_o = static_cast<size_t>(s.B) * s.T * s.H * s.d;
+  const size_t n_stats = static_cast<size_t>(s.B) * s.H * s.T * qattn::cuda::attention_row_stats(cfg);
+  std::mt19937_64 rng(seed);
+  const std::vector<bf16> qkv = random_bf16(n_qkv, rng);  // (B, T, 3, H, d)
+  const std::vector<bf16> dout = random_bf16(n_o, rng);   // (B, T, H, d)
+
+  DeviceBuffer<bf16> d_qkv(n_qkv), d_o(n_o), d_dout(n_o), d_dqkv(n_qkv), d_dqkv2(n_qkv);
+  DeviceBuffer<float> d_stats(n_stats);
+  DeviceBuffer<unsigned char> d_work(qattn::cuda::attention_workspace_bytes(cfg, s));
+  CUDA_CHECK(cudaMemcpy(d_qkv.ptr, qkv.data(), n_qkv * sizeof(bf16), cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMemcpy(d_dout.ptr, dout.data(), n_o * sizeof(bf16), cudaMemcpyHostToDevice));
+  // Poison: all-ones bytes are NaN in bf16 and fp32.
+  CUDA_CHECK(cudaMemset(d_o.ptr, 0xFF, n_o * sizeof(bf16)));
+  CUDA_CHECK(cudaMemset(d_stats.ptr, 0xFF, n_stats * sizeof(float)));
+  CUDA_CHECK(cudaMemset(d_dqkv.ptr, 0xFF, n_qkv * sizeof(bf16)));
+  CUDA_CHECK(cudaMemset(d_dqkv2.ptr, 0xFF, n_qkv * sizeof(bf16)));
+
+  qattn::cuda::attention_forward(cfg, s, d_qkv.ptr, d_o.ptr, d_stats.ptr, d_work.ptr, nullptr);
+  qattn::cuda::attention_backward(cfg, s, d_qkv.ptr, d_o.ptr, d_dout.ptr, d_stats.ptr, d_dqkv.ptr,
+                                  d_work.ptr, nullptr);
+  qattn::cuda::attention_backward(cfg, s, d_qkv.ptr, d_o.ptr, d_dout.ptr, d_stats.ptr, d_dqkv2.ptr,
+                                  d_work.ptr, nullptr);
+  CUDA_CHECK(cudaDeviceSynchronize());
+  const auto o = to_host(d_o.ptr, n_o);
+  const auto stats = to_host(d_stats.ptr, n_stats);
+  const auto dqkv = to_host(d_dqkv.ptr, n_qkv);
+  const auto dqkv2 = to_host(d_dqkv2.ptr, n_qkv);
+  // Deterministic backward: two runs agree bit for bit.
+  CHECK(std::memcmp(dqkv.data(), dqkv2.data(), n_qkv * sizeof(bf16)) == 0);
+
+  const int heads = s.B * s.H;
+  std::vector<AttentionErrorSums> per_head(heads);
+#pragma omp parallel for schedule(dynamic)
+  for (int bh = 0; bh < heads; ++bh)
+    per_head[bh] = qattn::cuda::compare_head_with_cpu(cfg, s, bh / s.H, bh % s.H, qkv, dout, o,
+                                                      dqkv, stats.data());
+  AttentionErrorSums sums;
+  for (const auto& e : per_head) sums.add(e);
+  return qattn::cuda::relative_errors(sums);
+}
+
+// bf16 operands (8-bit mantissa) with fp32 accumulation: O, dQ, dK, dV land
+// near 3e-3; L is fp32 throughout.
+constexpr double kTolBf16 = 1e-2;
+constexpr double kTolLse = 1e-4;
+
+}  // namespace
+
+TEST_CASE("FPA flash attention matches the CPU reference, forward and backward", "[attention]") {
+  const unsigned long long seed =
+      static_cast<unsigned long long>(std::chrono::system_clock::now().time_since_epoch().count());
+  std::printf("FPA attention test seed %llu\n", seed);
+  // Few heads at long T keep the O(T^2 d) fp64 reference fast.
+  const AttentionShape shapes[] = {
+      {2, 3, 64, 64},  {2, 3, 64, 128},  {2, 2, 1000, 64}, {2, 2, 1000, 128},
+      {1, 3, 1024, 64}, {1, 3, 1024, 128}, {1, 2, 4096, 64}, {1, 2, 4096, 128},
+  };
+  for (const auto& s : shapes) {
+    const AttentionErrors e = check_fpa(s, seed + s.T + s.d);
+    std::printf("B=%d H=%d T=%4d d=%3d  rel L2: o %.2e  lse %.2e  dq %.2e  dk %.2e  dv %.2e\n", s.B,
+                s.H, s.T, s.d, e.o, e.lse, e.dq, e.dk, e.dv);
+    INFO("B=" << s.B << " H=" << s.H << " T=" << s.T << " d=" << s.d << " seed=" << seed);
+    CHECK(e.o < kTolBf16);
+    CHECK(e.lse < kTolLse);
+    CHECK(e.dq < kTolBf16);
+    CHECK(e.dk < kTolBf16);
+    CHECK(e.dv < kTolBf16);
+  }
+}
+
+TEST_CASE("CUDA attention rejects kinds without a kernel and unsupported head dims", "[attention]") {
+  AttentionConfig sage;
+  sage.kind = qattn::AttentionKind::sage;
+  const AttentionShape ok{1, 1, 64, 64}, bad_d{1, 1, 64, 96};
+  CHECK_THROWS_WITH(qattn::cuda::attention_forward(sage, ok, nullptr, nullptr, nullptr, nullptr, nullptr),
+                    "attention kind sage has no CUDA kernel yet");
+  CHECK_THROWS_AS(qattn::cuda::attention_forward(AttentionConfig{}, bad_d, nullptr, nullptr, nullptr,
+                                                 nullptr, nullptr),
+                  std::invalid_argument);
+}
