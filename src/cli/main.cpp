@@ -11,6 +11,7 @@ int main(int argc, char** argv) {
   qattn::cli::add_train_command(app);
   qattn::cli::add_validate_command(app);
   qattn::cli::add_info_command(app);
+  qattn::cli::add_probe_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
