@@ -3,16 +3,14 @@
 #include <stdexcept>
 
 #ifdef QATTN_HAVE_CUDA
-#include <cuda_runtime.h>
+#include "qattn/cuda_info.hpp"
 #endif
 
 namespace qattn::cli {
 
 int cuda_device_count() {
 #ifdef QATTN_HAVE_CUDA
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
-  return n;
+  return static_cast<int>(list_gpus().size());
 #else
   return 0;
 #endif

@@ -1,11 +1,10 @@
 // qattn info: build, backends, devices.
 #include <iostream>
 
-#include "backend_select.hpp"
 #include "commands.hpp"
 
 #ifdef QATTN_HAVE_CUDA
-#include <cuda_runtime.h>
+#include "qattn/cuda_info.hpp"
 #endif
 
 namespace qattn::cli {
@@ -13,21 +12,18 @@ namespace qattn::cli {
 void add_info_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("info", "Show the build, its backends and the visible devices");
   cmd->callback([] {
-    std::cout << "qattn (" << __DATE__ << ", " << (sizeof(void*) * 8) << "-bit)\n";
-    std::cout << "backends: cpu";
+    std::cout << "qattn, built " << __DATE__ << " with " << __VERSION__ << "\n";
 #ifdef QATTN_HAVE_CUDA
-    std::cout << ", cuda\n";
-    const int n = cuda_device_count();
-    if (n == 0) std::cout << "GPUs: none visible\n";
-    for (int i = 0; i < n; ++i) {
-      cudaDeviceProp p{};
-      cudaGetDeviceProperties(&p, i);
-      std::cout << "GPU " << i << ": " << p.name << ", compute capability " << p.major << "."
-                << p.minor << ", " << p.totalGlobalMem / (1024.0 * 1024 * 1024) << " GiB, "
-                << p.multiProcessorCount << " SMs\n";
-    }
+    std::cout << "backends: cpu, cuda\n";
+    const auto gpus = list_gpus();
+    if (gpus.empty()) std::cout << "GPUs: none visible (train.device \"auto\" uses the CPU)\n";
+    for (const auto& g : gpus)
+      std::cout << "GPU " << g.index << ": " << g.name << ", compute capability " << g.major << "."
+                << g.minor << ", " << g.multiprocessors << " SMs, "
+                << g.total_bytes / 1073741824.0 << " GiB (" << g.free_bytes / 1073741824.0
+                << " GiB free)\n";
 #else
-    std::cout << " (built without CUDA)\n";
+    std::cout << "backends: cpu (built without CUDA: configure with -DQATTN_CUDA=ON where nvcc exists)\n";
 #endif
   });
 }
