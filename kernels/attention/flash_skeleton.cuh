@@ -78,20 +78,22 @@ struct ForwardTraits {
   static constexpr int kSmemBytes = (kBlockM + 4 * kBlockN) * kHeadDim * 2;
 };
 
-template <int kHeadDim_, int kWarps_, int kBlockM_>
+template <int kHeadDim_, int kWarps_, int kRowTiles_, int kBlockM_>
 struct DkDvTraits {
   static constexpr int kHeadDim = kHeadDim_, kWarps = kWarps_, kThreads = 32 * kWarps_;
-  static constexpr int kBlockN = 16 * kWarps_;  // keys per block (16 per warp)
-  static constexpr int kBlockM = kBlockM_;      // query rows per step
+  static constexpr int kRowTiles = kRowTiles_;
+  static constexpr int kBlockN = 16 * kRowTiles_ * kWarps_;  // keys per block
+  static constexpr int kBlockM = kBlockM_;                    // query rows per step
   // K and V tiles, two stages of (Q tile, dO tile), two stages of (L, δ).
   static constexpr int kSmemBytes = (2 * kBlockN + 4 * kBlockM) * kHeadDim * 2 + 4 * kBlockM * 4;
 };
 
-template <int kHeadDim_, int kWarps_, int kBlockN_>
+template <int kHeadDim_, int kWarps_, int kRowTiles_, int kBlockN_>
 struct DqTraits {
   static constexpr int kHeadDim = kHeadDim_, kWarps = kWarps_, kThreads = 32 * kWarps_;
-  static constexpr int kBlockM = 16 * kWarps_;  // query rows per block (16 per warp)
-  static constexpr int kBlockN = kBlockN_;      // keys per step
+  static constexpr int kRowTiles = kRowTiles_;
+  static constexpr int kBlockM = 16 * kRowTiles_ * kWarps_;  // query rows per block
+  static constexpr int kBlockN = kBlockN_;                    // keys per step
   // Q and dO tiles, two stages of (K tile, V tile).
   static constexpr int kSmemBytes = (2 * kBlockM + 4 * kBlockN) * kHeadDim * 2;
 };
@@ -193,12 +195,12 @@ __global__ void attention_delta_kernel(const BackwardParams p, int d) {
 
 // ---------------------------------------------------------------------------
 // dK, dV. Grid (ceil(T / kBlockN), H, B); block 0, which sees every query, starts first.
-// Each warp owns 16 keys and computes the transposed tiles Sᵀ, Pᵀ, dPᵀ, dSᵀ
+// Each warp owns 16 kRowTiles keys and computes the transposed tiles Sᵀ, Pᵀ, dPᵀ, dSᵀ
 // (keys x queries), so Pᵀ and dSᵀ go from accumulators straight into the A
 // operand of dV += Pᵀ dO and dK += dSᵀ Q without a trip through shared memory.
 template <class Tr, class Operands, class Softmax>
 __global__ void __launch_bounds__(Tr::kThreads) flash_backward_dkdv_kernel(const BackwardParams p) {
-  constexpr int D = Tr::kHeadDim, BM = Tr::kBlockM, BN = Tr::kBlockN;
+  constexpr int D = Tr::kHeadDim, BM = Tr::kBlockM, BN = Tr::kBlockN, RT = Tr::kRowTiles;
   extern __shared__ __align__(128) unsigned char smem[];
   const SmemTile<BN, D> k_tile{reinterpret_cast<bf16*>(smem)};  // (BN, d)
   const SmemTile<BN, D> v_tile{k_tile.data + BN * D};           // (BN, d)
@@ -208,7 +210,8 @@ __global__ void __launch_bounds__(Tr::kThreads) flash_backward_dkdv_kernel(const
   const int k_block = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int warp = threadIdx.x / 32;
   const int k0 = k_block * BN;
-  const int warp_key0 = k0 + warp * 16;  // first key of the warp
+  const int warp_row0 = warp * 16 * RT;  // first key of the warp, within the block
+  const int warp_key0 = k0 + warp_row0;
   const size_t ld = static_cast<size_t>(3) * p.H * D, ld_o = static_cast<size_t>(p.H) * D;
   const size_t stat0 = (static_cast<size_t>(b) * p.H + h) * p.T;  // (b, h) slice of L and δ
   const bf16* q_src = p.qkv + qkv_offset(b, 0, 0, h, p.T, p.H, D);
@@ -232,7 +235,7 @@ __global__ void __launch_bounds__(Tr::kThreads) flash_backward_dkdv_kernel(const
   load_queries(i_first, 0);
   cp_async_commit();
 
-  float dk_acc[1][D / 8][4], dv_acc[1][D / 8][4];  // (16, d) rows of dK, dV owned by this warp
+  float dk_acc[RT][D / 8][4], dv_acc[RT][D / 8][4];  // (16 RT, d) rows of dK, dV owned by this warp
   zero(dk_acc);
   zero(dv_acc);
   for (int i = i_first; i < n_qblocks; ++i) {
@@ -250,39 +253,43 @@ __global__ void __launch_bounds__(Tr::kThreads) flash_backward_dkdv_kernel(const
     if (warp_key0 <= q0 + BM - 1 && warp_key0 < p.T) {
       const float* lse = lse_stage(s);
       const float* delta = delta_stage(s);
-      uint32_t k_frag[1][D / 16][4];
-      load_a(k_frag, k_tile, warp * 16);
-      float w[1][BM / 8][4];  // (16 keys, BM queries): Sᵀ, then Pᵀ, then dSᵀ
+      uint32_t k_frag[RT][D / 16][4];
+      load_a(k_frag, k_tile, warp_row0);
+      float w[RT][BM / 8][4];  // (16 RT keys, BM queries): Sᵀ, then Pᵀ, then dSᵀ
       zero(w);
       Operands::qk(w, k_frag, q_stage(s));
 #pragma unroll
-      for (int nt = 0; nt < BM / 8; ++nt)
+      for (int mt = 0; mt < RT; ++mt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int key = warp_key0 + acc_row(0, e), qi = acc_col(nt, e), query = q0 + qi;
-          w[0][nt][e] = (query < p.T && key <= query)
-                            ? Softmax::probability(w[0][nt][e], lse[qi], p.scale_log2)
-                            : 0.0f;
-        }
+        for (int nt = 0; nt < BM / 8; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int key = warp_key0 + acc_row(mt, e), qi = acc_col(nt, e), query = q0 + qi;
+            w[mt][nt][e] = (query < p.T && key <= query)
+                               ? Softmax::probability(w[mt][nt][e], lse[qi], p.scale_log2)
+                               : 0.0f;
+          }
       Operands::dv(dv_acc, w, do_stage(s));
-      uint32_t v_frag[1][D / 16][4];
-      load_a(v_frag, v_tile, warp * 16);
-      float dp[1][BM / 8][4];  // (16 keys, BM queries): dPᵀ
+      uint32_t v_frag[RT][D / 16][4];
+      load_a(v_frag, v_tile, warp_row0);
+      float dp[RT][BM / 8][4];  // (16 RT keys, BM queries): dPᵀ
       zero(dp);
       Operands::dp(dp, v_frag, do_stage(s));
 #pragma unroll
-      for (int nt = 0; nt < BM / 8; ++nt)
+      for (int mt = 0; mt < RT; ++mt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e)
-          w[0][nt][e] = Softmax::grad_score(w[0][nt][e], dp[0][nt][e], delta[acc_col(nt, e)]);
+        for (int nt = 0; nt < BM / 8; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            w[mt][nt][e] = Softmax::grad_score(w[mt][nt][e], dp[mt][nt][e], delta[acc_col(nt, e)]);
       Operands::dk(dk_acc, w, q_stage(s));
     }
     __syncthreads();  // the stage just read is refilled by the next prefetch
   }
 
   // K and V tiles are free: stage dK (times c) and dV there, then store both.
-  store_acc(k_tile, dk_acc, warp * 16, p.scale);
-  store_acc(v_tile, dv_acc, warp * 16, 1.0f);
+  store_acc(k_tile, dk_acc, warp_row0, p.scale);
+  store_acc(v_tile, dv_acc, warp_row0, 1.0f);
   __syncthreads();
   store_tile<Tr::kThreads>(k_tile, p.dqkv + qkv_offset(b, k0, 1, h, p.T, p.H, D), ld, p.T - k0);
   store_tile<Tr::kThreads>(v_tile, p.dqkv + qkv_offset(b, k0, 2, h, p.T, p.H, D), ld, p.T - k0);
@@ -292,7 +299,7 @@ __global__ void __launch_bounds__(Tr::kThreads) flash_backward_dkdv_kernel(const
 // dQ. Grid (ceil(T / kBlockM), H, B); the heaviest (last) query blocks start first.
 template <class Tr, class Operands, class Softmax>
 __global__ void __launch_bounds__(Tr::kThreads) flash_backward_dq_kernel(const BackwardParams p) {
-  constexpr int D = Tr::kHeadDim, BM = Tr::kBlockM, BN = Tr::kBlockN;
+  constexpr int D = Tr::kHeadDim, BM = Tr::kBlockM, BN = Tr::kBlockN, RT = Tr::kRowTiles;
   extern __shared__ __align__(128) unsigned char smem[];
   const SmemTile<BM, D> q_tile{reinterpret_cast<bf16*>(smem)};  // (BM, d)
   const SmemTile<BM, D> do_tile{q_tile.data + BM * D};          // (BM, d)
@@ -301,7 +308,8 @@ __global__ void __launch_bounds__(Tr::kThreads) flash_backward_dq_kernel(const B
   const int q_block = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int warp = threadIdx.x / 32;
   const int q0 = q_block * BM;
-  const int row_first = q0 + warp * 16, row_last = row_first + 15;
+  const int warp_row0 = warp * 16 * RT;
+  const int row_first = q0 + warp_row0, row_last = row_first + 16 * RT - 1;
   const size_t ld = static_cast<size_t>(3) * p.H * D, ld_o = static_cast<size_t>(p.H) * D;
   const size_t stat0 = (static_cast<size_t>(b) * p.H + h) * p.T;
   const bf16* k_src = p.qkv + qkv_offset(b, 0, 1, h, p.T, p.H, D);
@@ -320,16 +328,18 @@ __global__ void __launch_bounds__(Tr::kThreads) flash_backward_dq_kernel(const B
   const int n_kblocks = (min(p.T, q0 + BM) + BN - 1) / BN;
 
   // L and δ of this thread's two rows (rows past T: 0, never stored).
-  float lse[2], delta[2];
+  float lse[RT][2], delta[RT][2];
 #pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int row = row_first + acc_row(0, 2 * half);
-    lse[half] = row < p.T ? p.lse[stat0 + row] : 0.0f;
-    delta[half] = row < p.T ? p.delta[stat0 + row] : 0.0f;
-  }
+  for (int mt = 0; mt < RT; ++mt)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = row_first + acc_row(mt, 2 * half);
+      lse[mt][half] = row < p.T ? p.lse[stat0 + row] : 0.0f;
+      delta[mt][half] = row < p.T ? p.delta[stat0 + row] : 0.0f;
+    }
 
-  uint32_t q_frag[1][D / 16][4], do_frag[1][D / 16][4];
-  float dq_acc[1][D / 8][4];  // (16, d) rows of dQ owned by this warp
+  uint32_t q_frag[RT][D / 16][4], do_frag[RT][D / 16][4];
+  float dq_acc[RT][D / 8][4];  // (16 RT, d) rows of dQ owned by this warp
   zero(dq_acc);
   for (int j = 0; j < n_kblocks; ++j) {
     if (j + 1 < n_kblocks) {
@@ -341,35 +351,39 @@ __global__ void __launch_bounds__(Tr::kThreads) flash_backward_dq_kernel(const B
     }
     __syncthreads();
     if (j == 0) {
-      load_a(q_frag, q_tile, warp * 16);
-      load_a(do_frag, do_tile, warp * 16);
+      load_a(q_frag, q_tile, warp_row0);
+      load_a(do_frag, do_tile, warp_row0);
     }
     const int k0 = j * BN;
     if (k0 <= row_last) {
-      float w[1][BN / 8][4];  // (16 queries, BN keys): S, then P, then dS
+      float w[RT][BN / 8][4];  // (16 RT queries, BN keys): S, then P, then dS
       zero(w);
       Operands::qk(w, q_frag, k_stage(j % 2));
 #pragma unroll
-      for (int nt = 0; nt < BN / 8; ++nt)
+      for (int mt = 0; mt < RT; ++mt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e)
-          w[0][nt][e] = k0 + acc_col(nt, e) <= row_first + acc_row(0, e)
-                            ? Softmax::probability(w[0][nt][e], lse[e / 2], p.scale_log2)
-                            : 0.0f;
-      float dp[1][BN / 8][4];  // (16 queries, BN keys): dP
+        for (int nt = 0; nt < BN / 8; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            w[mt][nt][e] = k0 + acc_col(nt, e) <= row_first + acc_row(mt, e)
+                               ? Softmax::probability(w[mt][nt][e], lse[mt][e / 2], p.scale_log2)
+                               : 0.0f;
+      float dp[RT][BN / 8][4];  // (16 RT queries, BN keys): dP
       zero(dp);
       Operands::dp(dp, do_frag, v_stage(j % 2));
 #pragma unroll
-      for (int nt = 0; nt < BN / 8; ++nt)
+      for (int mt = 0; mt < RT; ++mt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e)
-          w[0][nt][e] = Softmax::grad_score(w[0][nt][e], dp[0][nt][e], delta[e / 2]);
+        for (int nt = 0; nt < BN / 8; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            w[mt][nt][e] = Softmax::grad_score(w[mt][nt][e], dp[mt][nt][e], delta[mt][e / 2]);
       Operands::dq(dq_acc, w, k_stage(j % 2));
     }
     __syncthreads();
   }
 
-  store_acc(q_tile, dq_acc, warp * 16, p.scale);  // the Q tile is free: stage dQ (times c) there
+  store_acc(q_tile, dq_acc, warp_row0, p.scale);  // the Q tile is free: stage dQ (times c) there
   __syncthreads();
   store_tile<Tr::kThreads>(q_tile, p.dqkv + qkv_offset(b, q0, 0, h, p.T, p.H, D), ld, p.T - q0);
 }

@@ -21,14 +21,14 @@ struct FpaTiles;
 template <>
 struct FpaTiles<64> {
   using Forward = ForwardTraits<64, 4, 2, 64>;
-  using DkDv = DkDvTraits<64, 8, 64>;
-  using Dq = DqTraits<64, 8, 64>;
+  using DkDv = DkDvTraits<64, 8, 1, 64>;
+  using Dq = DqTraits<64, 8, 1, 64>;
 };
 template <>
 struct FpaTiles<128> {
   using Forward = ForwardTraits<128, 8, 1, 64>;
-  using DkDv = DkDvTraits<128, 8, 64>;
-  using Dq = DqTraits<128, 8, 64>;
+  using DkDv = DkDvTraits<128, 8, 1, 64>;
+  using Dq = DqTraits<128, 8, 1, 64>;
 };
 
 // Raises the kernel's dynamic shared-memory limit (above 48 KB needs it) and launches it.

@@ -1,0 +1,185 @@
+// Tile-shape sweep of the FPA flash kernels, a tuning aid for kernels/attention/fpa.cu:
+// times the forward, dK/dV and dQ kernels alone for several tile shapes at one
+// problem shape per head dim, and checks every shape's output against the first
+// (the one fpa.cu uses) by relative L2. Random normal inputs, CUDA events,
+// median of 20 runs after 3 warm-ups.
+//
+//   nvcc -std=c++20 -O3 --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a \
+//        -Iinclude -Ikernels tools/attention_tiles.cu -o attention_tiles && ./attention_tiles
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <tuple>
+#include <vector>
+
+#include "attention/bf16_operands.cuh"
+#include "attention/flash_skeleton.cuh"
+#include "attention/online_softmax.cuh"
+
+using namespace qattn::cuda;
+using namespace qattn::cuda::flash;
+
+namespace {
+
+// Normal(0, 1) from a counter hash (Box-Muller), as bf16.
+__global__ void fill_normal(bf16* x, size_t n, unsigned seed) {
+  for (size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    unsigned a = static_cast<unsigned>(i) * 2654435761u ^ seed, b = a * 1664525u + 1013904223u;
+    a ^= a >> 13, a *= 0x5bd1e995u, a ^= a >> 15;
+    b ^= b >> 13, b *= 0x5bd1e995u, b ^= b >> 15;
+    const float u1 = (a + 1.0f) / 4294967296.0f, u2 = b / 4294967296.0f;
+    x[i] = __float2bfloat16(sqrtf(-2.0f * logf(u1)) * cospif(2.0f * u2));
+  }
+}
+
+template <class Params>
+float time_kernel(void (*kernel)(Params), dim3 grid, int threads, int smem, const Params& p) {
+  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  cudaEvent_t a, b;
+  CUDA_CHECK(cudaEventCreate(&a));
+  CUDA_CHECK(cudaEventCreate(&b));
+  std::vector<float> ms;
+  for (int i = 0; i < 23; ++i) {
+    CUDA_CHECK(cudaEventRecord(a));
+    kernel<<<grid, threads, smem>>>(p);
+    CUDA_CHECK(cudaEventRecord(b));
+    CUDA_CHECK_LAUNCH();
+    CUDA_CHECK(cudaEventSynchronize(b));
+    float t = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&t, a, b));
+    if (i >= 3) ms.push_back(t);
+  }
+  CUDA_CHECK(cudaEventDestroy(a));
+  CUDA_CHECK(cudaEventDestroy(b));
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+std::vector<float> to_float(const bf16* dev, size_t n) {
+  std::vector<bf16> h(n);
+  CUDA_CHECK(cudaMemcpy(h.data(), dev, n * sizeof(bf16), cudaMemcpyDeviceToHost));
+  std::vector<float> f(n);
+  for (size_t i = 0; i < n; ++i) f[i] = __bfloat162float(h[i]);
+  return f;
+}
+
+double rel_l2(const std::vector<float>& x, const std::vector<float>& ref) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < x.size(); ++i) num += double(x[i] - ref[i]) * (x[i] - ref[i]), den += double(ref[i]) * ref[i];
+  return std::sqrt(num / den);
+}
+
+struct Problem {
+  int B, H, T, d;
+  bf16 *qkv, *o, *dout, *dqkv;
+  float *lse, *delta;
+  size_t n_qkv, n_o;
+  double fwd_flops() const { return 2.0 * B * H * double(T) * T * d; }
+};
+
+void report(const char* kernel, const char* tiles, float ms, double flops, double err) {
+  std::printf("  %-5s %-22s %8.3f ms %7.1f TFLOP/s  rel L2 vs first %.1e\n", kernel, tiles, ms,
+              flops / (ms * 1e9), err);
+}
+
+template <class Tr>
+void sweep_forward(Problem& pb, std::vector<float>& first) {
+  const ForwardParams p{pb.qkv, pb.o, pb.lse, pb.B, pb.H, pb.T, kLog2e / std::sqrt(float(pb.d))};
+  const float ms = time_kernel(flash_forward_kernel<Tr, Bf16Operands, OnlineSoftmax<Tr::kRowTiles>>,
+                               dim3((pb.T + Tr::kBlockM - 1) / Tr::kBlockM, pb.H, pb.B), Tr::kThreads,
+                               Tr::kSmemBytes, p);
+  const auto o = to_float(pb.o, pb.n_o);
+  if (first.empty()) first = o;
+  char name[64];
+  std::snprintf(name, sizeof name, "w%d rt%d M%d N%d", Tr::kWarps, Tr::kRowTiles, Tr::kBlockM, Tr::kBlockN);
+  report("fwd", name, ms, pb.fwd_flops(), rel_l2(o, first));
+}
+
+BackwardParams backward_params(const Problem& pb) {
+  const float c = 1.0f / std::sqrt(float(pb.d));
+  return {pb.qkv, pb.o, pb.dout, pb.lse, pb.delta, pb.dqkv, pb.B, pb.H, pb.T, c, c * kLog2e};
+}
+
+// dQ is 3 of the 7 backward products, dK/dV 4: FLOPs counted as such.
+template <class Tr>
+void sweep_dkdv(Problem& pb, std::vector<float>& first) {
+  const float ms = time_kernel(flash_backward_dkdv_kernel<Tr, Bf16Operands, OnlineSoftmax<1>>,
+                               dim3((pb.T + Tr::kBlockN - 1) / Tr::kBlockN, pb.H, pb.B), Tr::kThreads,
+                               Tr::kSmemBytes, backward_params(pb));
+  const auto g = to_float(pb.dqkv, pb.n_qkv);
+  std::vector<float> kv;
+  for (size_t i = 0; i < g.size(); ++i)
+    if ((i / (size_t(pb.H) * pb.d)) % 3 != 0) kv.push_back(g[i]);
+  if (first.empty()) first = kv;
+  char name[64];
+  std::snprintf(name, sizeof name, "w%d rt%d N%d M%d", Tr::kWarps, Tr::kRowTiles, Tr::kBlockN, Tr::kBlockM);
+  report("dkdv", name, ms, 2.0 * pb.fwd_flops(), rel_l2(kv, first));
+}
+
+template <class Tr>
+void sweep_dq(Problem& pb, std::vector<float>& first) {
+  const float ms = time_kernel(flash_backward_dq_kernel<Tr, Bf16Operands, OnlineSoftmax<1>>,
+                               dim3((pb.T + Tr::kBlockM - 1) / Tr::kBlockM, pb.H, pb.B), Tr::kThreads,
+                               Tr::kSmemBytes, backward_params(pb));
+  const auto g = to_float(pb.dqkv, pb.n_qkv);
+  std::vector<float> q;
+  for (size_t i = 0; i < g.size(); ++i)
+    if ((i / (size_t(pb.H) * pb.d)) % 3 == 0) q.push_back(g[i]);
+  if (first.empty()) first = q;
+  char name[64];
+  std::snprintf(name, sizeof name, "w%d rt%d M%d N%d", Tr::kWarps, Tr::kRowTiles, Tr::kBlockM, Tr::kBlockN);
+  report("dq", name, ms, 1.5 * pb.fwd_flops(), rel_l2(q, first));
+}
+
+template <class... Fwd>
+struct ForwardList {};
+template <class... DkDv>
+struct DkDvList {};
+template <class... Dq>
+struct DqList {};
+
+template <class... Fwd, class... DkDv, class... Dq>
+void sweep(int B, int H, int T, int d, ForwardList<Fwd...>, DkDvList<DkDv...>, DqList<Dq...>) {
+  Problem pb{B, H, T, d};
+  pb.n_qkv = size_t(B) * T * 3 * H * d, pb.n_o = size_t(B) * T * H * d;
+  CUDA_CHECK(cudaMalloc(&pb.qkv, pb.n_qkv * sizeof(bf16)));
+  CUDA_CHECK(cudaMalloc(&pb.dqkv, pb.n_qkv * sizeof(bf16)));
+  CUDA_CHECK(cudaMalloc(&pb.o, pb.n_o * sizeof(bf16)));
+  CUDA_CHECK(cudaMalloc(&pb.dout, pb.n_o * sizeof(bf16)));
+  CUDA_CHECK(cudaMalloc(&pb.lse, size_t(B) * H * T * sizeof(float)));
+  CUDA_CHECK(cudaMalloc(&pb.delta, size_t(B) * H * T * sizeof(float)));
+  fill_normal<<<1024, 256>>>(pb.qkv, pb.n_qkv, 1234u);
+  fill_normal<<<1024, 256>>>(pb.dout, pb.n_o, 5678u);
+  CUDA_CHECK_LAUNCH();
+  std::printf("B=%d H=%d T=%d d=%d\n", B, H, T, d);
+  std::vector<float> first_o, first_kv, first_q;
+  (sweep_forward<Fwd>(pb, first_o), ...);
+  // The backward reads o and L of the first forward shape, and δ from the pre-pass.
+  sweep_forward<typename std::tuple_element<0, std::tuple<Fwd...>>::type>(pb, first_o);
+  const BackwardParams bp = backward_params(pb);
+  attention_delta_kernel<<<(B * T * H + 7) / 8, 256>>>(bp, d);
+  CUDA_CHECK_LAUNCH();
+  (sweep_dkdv<DkDv>(pb, first_kv), ...);
+  (sweep_dq<Dq>(pb, first_q), ...);
+  for (void* ptr : {(void*)pb.qkv, (void*)pb.dqkv, (void*)pb.o, (void*)pb.dout, (void*)pb.lse, (void*)pb.delta})
+    CUDA_CHECK(cudaFree(ptr));
+}
+
+}  // namespace
+
+int main() {
+  sweep(8, 12, 1024, 64,
+        ForwardList<ForwardTraits<64, 4, 2, 64>, ForwardTraits<64, 8, 1, 64>, ForwardTraits<64, 4, 2, 128>,
+                    ForwardTraits<64, 8, 2, 64>, ForwardTraits<64, 4, 1, 64>>{},
+        DkDvList<DkDvTraits<64, 8, 1, 64>, DkDvTraits<64, 4, 2, 32>, DkDvTraits<64, 8, 1, 128>,
+                 DkDvTraits<64, 4, 2, 64>, DkDvTraits<64, 8, 2, 32>, DkDvTraits<64, 4, 1, 64>>{},
+        DqList<DqTraits<64, 8, 1, 64>, DqTraits<64, 4, 2, 32>, DqTraits<64, 4, 2, 64>, DqTraits<64, 8, 1, 128>,
+               DqTraits<64, 8, 2, 32>, DqTraits<64, 4, 1, 64>>{});
+  sweep(4, 16, 4096, 128,
+        ForwardList<ForwardTraits<128, 8, 1, 64>, ForwardTraits<128, 4, 2, 32>, ForwardTraits<128, 4, 1, 64>,
+                    ForwardTraits<128, 8, 1, 128>>{},
+        DkDvList<DkDvTraits<128, 8, 1, 64>, DkDvTraits<128, 8, 1, 32>, DkDvTraits<128, 4, 1, 64>,
+                 DkDvTraits<128, 4, 1, 32>>{},
+        DqList<DqTraits<128, 8, 1, 64>, DqTraits<128, 8, 1, 32>, DqTraits<128, 4, 1, 64>, DqTraits<128, 4, 1, 32>>{});
+  return 0;
+}
