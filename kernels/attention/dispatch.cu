@@ -4,6 +4,8 @@
 
 #include "attention/attention.cuh"
 #include "attention/fpa.cuh"
+#include "attention/kinterval.cuh"
+#include "attention/sage.cuh"
 
 namespace qattn::cuda {
 namespace {
@@ -25,19 +27,23 @@ void check_shape(const AttentionShape& s) {
 }  // namespace
 
 int attention_row_stats(const AttentionConfig& cfg) {
-  if (cfg.kind != AttentionKind::fpa) no_kernel(cfg.kind);
-  return 1;  // L = c m + log l
+  if (cfg.kind == AttentionKind::kinterval) return kinterval_row_stats();
+  return 1;  // L = m + log l (fpa: of c q.k; sage: of the quantised scores)
 }
 
 size_t attention_workspace_bytes(const AttentionConfig& cfg, const AttentionShape& s) {
+  if (cfg.kind == AttentionKind::sage) return sage_workspace_bytes(cfg.sage, s);
+  if (cfg.kind == AttentionKind::kinterval) return kinterval_workspace_bytes(cfg.kinterval, s);
   if (cfg.kind != AttentionKind::fpa) no_kernel(cfg.kind);
   return static_cast<size_t>(s.B) * s.H * s.T * sizeof(float);  // δ of the backward
 }
 
 void attention_forward(const AttentionConfig& cfg, const AttentionShape& s, const bf16* qkv,
-                       bf16* o, float* stats, void* /*workspace: FPA's forward needs none*/,
+                       bf16* o, float* stats, void* workspace /* FPA's forward needs none */,
                        cudaStream_t stream) {
   check_shape(s);
+  if (cfg.kind == AttentionKind::sage) return sage_forward(cfg.sage, s, qkv, o, stats, workspace, stream);
+  if (cfg.kind == AttentionKind::kinterval) return kinterval_forward(cfg.kinterval, s, qkv, o, stats, stream);
   if (cfg.kind != AttentionKind::fpa) no_kernel(cfg.kind);
   fpa_forward(s, qkv, o, stats, stream);
 }
@@ -46,6 +52,10 @@ void attention_backward(const AttentionConfig& cfg, const AttentionShape& s, con
                         const bf16* o, const bf16* dout, const float* stats, bf16* dqkv,
                         void* workspace, cudaStream_t stream) {
   check_shape(s);
+  if (cfg.kind == AttentionKind::sage)
+    return sage_backward(cfg.sage, s, qkv, o, dout, stats, dqkv, workspace, stream);
+  if (cfg.kind == AttentionKind::kinterval)
+    return kinterval_backward(cfg.kinterval, s, qkv, o, dout, stats, dqkv, workspace, stream);
   if (cfg.kind != AttentionKind::fpa) no_kernel(cfg.kind);
   fpa_backward(s, qkv, o, dout, stats, static_cast<float*>(workspace), dqkv, stream);
 }

@@ -1,0 +1,50 @@
+// SageBwd's quantisation pre-pass (SPEC §3 forward steps 1-3, backward dÔ):
+// per block of kSageBlock rows of one (batch, head), ψ of c·(Q − μ_Q), K − μ_K,
+// V and dO into the workspace, each in the layouts the sage kernels read, plus
+// the fp32 terms that go with them (μ_K, μ_Q, the smooth_q bias, δ).
+//
+// The workspace pads T to Tp = whole blocks; padded rows are zero in every copy
+// (and never change a scale), so the kernels load whole tiles without bounds.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "attention/attention.cuh"
+#include "common.cuh"
+
+namespace qattn::cuda {
+
+// Rows per quantisation block = the kernels' tile (SPEC's block_q, block_k).
+constexpr int kSageBlock = 64;
+
+// One operand of one attention call, all (b, h) heads: X quantised per block
+// of kSageBlock rows, and the same X rounded to bf16 (for products set to bf16).
+struct QuantOperand {
+  int8_t* i8;    // (B·H, Tp, d)  X̂, row-major
+  int8_t* i8t;   // (B·H, d, Tp)  X̂ᵀ, T permuted within groups of 16 (int8_operands.cuh)
+  bf16* bf;      // (B·H, Tp, d)  bf16(X)
+  float* scale;  // (B·H, Tp / kSageBlock)  ψ's scale per block
+};
+
+struct SageWorkspace {
+  int Tp, blocks;             // T padded to whole blocks; Tp / kSageBlock
+  QuantOperand q, k, v, dout; // c·(Q − μ_Q), K − μ_K, V, dO
+  float* key_block_sums;      // (B·H, blocks, d)  Σ of K over each block (for μ_K)
+  float* key_mean;            // (B·H, d)          μ_K (zeros without smooth_k)
+  float* query_mean;          // (B·H, blocks, d)  μ_Q per block (smooth_q)
+  float* query_bias;          // (B·H, blocks, Tp) c·μ_Qi·(K_j − μ_K) (smooth_q; else null)
+  float* delta;               // (B·H, Tp)         δ = rowsum(dO ∘ O) (backward)
+};
+
+size_t sage_workspace_bytes(const SageOptions& opt, const AttentionShape& s);
+// Carves the buffers out of `base` (sage_workspace_bytes of them, 256-byte aligned).
+SageWorkspace sage_workspace(const SageOptions& opt, const AttentionShape& s, void* base);
+
+// qkv (B, T, 3, H, d) -> ws.q, ws.k, ws.v (and μ_K, μ_Q, the bias per the options).
+// With dout (B, T, H, d) and o (B, T, H, d) non-null also ws.dout and ws.delta.
+void sage_quantise(const SageOptions& opt, const AttentionShape& s, const bf16* qkv,
+                   const bf16* o, const bf16* dout, const SageWorkspace& ws, cudaStream_t stream);
+
+}  // namespace qattn::cuda

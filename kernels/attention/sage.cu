@@ -1,0 +1,497 @@
+// SageBwd INT8 attention (SPEC §3): the flash recurrences of flash_skeleton.cuh
+// over operands that the pre-pass (quant.cu) has quantised per 64-row block.
+// Kernels first, launchers after.
+//
+// Why these kernels are not instantiations of flash_skeleton.cuh: the skeleton
+// loads bf16 tiles of Q, K, V, dO from the activations into fixed shared-memory
+// slots; SageBwd's operands come from the workspace, in int8 or bf16 per product
+// at run time (six precision flags, one kernel per head dim), with per-block
+// scales, and the int8 weight products need T-transposed copies. What they share
+// is used as is: the warp tile primitives (tile_mma.cuh) and the online softmax
+// policy (online_softmax.cuh). The Softmax template parameter is the hook for
+// the K-interval composition (SPEC §4, "sage may take a softmax block").
+//
+// Tiles: 4 warps x 16 rows = 64 rows resident, 64-row steps: every tile is one
+// quantisation block, so each product has one scale per operand (times the
+// row/column scales of P̂ and dŜ).
+//   forward   per query block, key blocks 0 .. diagonal:
+//             S = Q̂K̂ᵀ·s_Q·s_K (+ smooth_q bias) -> mask -> online softmax ->
+//             O += ψ_row(P̃)·V̂ · s_P·s_V;  O /= l, L = m + log l
+//   dK, dV    per key block, query blocks diagonal .. end, transposed tiles
+//             (keys x queries) so Pᵀ, dSᵀ are A operands straight from registers:
+//             Pᵀ = exp(Sᵀ − L); dV += ψ(Pᵀ)·dÔ; dPᵀ = V·dOᵀ; dSᵀ = Pᵀ ∘ (dPᵀ − δ);
+//             dK += ψ(dSᵀ)·Q̂ (+ smooth_q: c·(dSᵀ1)·μ_Qᵀ)
+//   dQ        per query block, key blocks 0 .. diagonal: P, dP, dS as above;
+//             dQ += c·ψ(dS)·K̂
+// ψ of Pᵀ and dS: one scale per row of the warp's tile (= per key for dV and dK,
+// per query for dQ: "rowcol"), or one per 64x64 tile ("tile").
+// Deterministic: every output element has one writer; sums run in a fixed order.
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+#include "attention/int8_operands.cuh"
+#include "attention/online_softmax.cuh"
+#include "attention/quant.cuh"
+#include "attention/sage.cuh"
+#include "attention/tile_mma.cuh"
+
+namespace qattn::cuda {
+namespace {
+
+using namespace flash;
+
+constexpr int kWarps = 4, kThreads = 32 * kWarps;
+constexpr int kTile = kSageBlock;  // rows of every tile; 16 per warp
+constexpr int kTileN = kTile / 8;  // 8-column accumulator tiles across a tile
+
+struct SageParams {
+  SageWorkspace ws;
+  float* lse_out;    // (B, H, T) L, written by the forward
+  const float* lse;  // (B, H, T) L, read by the backward
+  bf16* o;           // (B, T, H, d), forward
+  bf16* dqkv;        // (B, T, 3, H, d), backward
+  int B, H, T;
+  float c;           // 1 / sqrt(d)
+  // Precision of each product (SPEC §3 keys): true = int8, false = bf16.
+  bool qk8, pv8, dv8, dp8, dq8, dk8;
+  bool tile_scales;  // bwd_granularity "tile": one scale per 64x64 tile of P and dS
+  bool smooth_q;     // add the bias to S and the dK correction
+};
+
+// Bytes of a 64-row tile in shared memory: (64, d) for products over d (S, dP),
+// (d, 64) transposed for products over T (int8 only: bf16 keeps (64, d)).
+template <int D>
+__host__ __device__ constexpr int natural_bytes(bool int8) {
+  return int8 ? Int8Tile<kTile, D>::kBytes : kTile * D * 2;
+}
+template <int D>
+__host__ __device__ constexpr int transposed_bytes(bool int8) {
+  return int8 ? Int8Tile<D, kTile>::kBytes : kTile * D * 2;
+}
+
+// Shared-memory layout of a kernel whose slot sizes depend on the precisions:
+// kResident slots, then two stages of kStaged slots (double buffering).
+template <int kResident, int kStaged>
+struct SmemPlan {
+  int resident[kResident], staged[kStaged];  // byte offsets; staged[] in stage 0
+  int stage_bytes = 0, total = 0;
+  __host__ __device__ SmemPlan(const int (&resident_bytes)[kResident], const int (&staged_bytes)[kStaged]) {
+    int at = 0;
+    for (int i = 0; i < kResident; ++i) resident[i] = at, at += resident_bytes[i];
+    for (int i = 0; i < kStaged; ++i) staged[i] = at + stage_bytes, stage_bytes += staged_bytes[i];
+    total = at + 2 * stage_bytes;
+  }
+  __host__ __device__ int slot(int stage, int i) const { return staged[i] + stage * stage_bytes; }
+};
+
+// forward: resident Q (qk); staged K (qk), V (pv)
+template <int D>
+__host__ __device__ SmemPlan<1, 2> forward_plan(const SageParams& p) {
+  return SmemPlan<1, 2>({natural_bytes<D>(p.qk8)}, {natural_bytes<D>(p.qk8), transposed_bytes<D>(p.pv8)});
+}
+// dK/dV: resident K (qk), V (dp); staged Q (qk), Q (dk), dO (dp), dO (dv), L, δ
+template <int D>
+__host__ __device__ SmemPlan<2, 6> dkdv_plan(const SageParams& p) {
+  return SmemPlan<2, 6>({natural_bytes<D>(p.qk8), natural_bytes<D>(p.dp8)},
+                        {natural_bytes<D>(p.qk8), transposed_bytes<D>(p.dk8), natural_bytes<D>(p.dp8),
+                         transposed_bytes<D>(p.dv8), kTile * 4, kTile * 4});
+}
+// dQ: resident Q (qk), dO (dp); staged K (qk), K (dq), V (dp)
+template <int D>
+__host__ __device__ SmemPlan<2, 3> dq_plan(const SageParams& p) {
+  return SmemPlan<2, 3>({natural_bytes<D>(p.qk8), natural_bytes<D>(p.dp8)},
+                        {natural_bytes<D>(p.qk8), transposed_bytes<D>(p.dq8), natural_bytes<D>(p.dp8)});
+}
+
+// Block `blk` of operand x of head bh into a slot, as the product reading it wants.
+template <int D>
+__device__ __forceinline__ void load_natural(unsigned char* slot, const QuantOperand& x, bool int8,
+                                             const SageWorkspace& ws, int bh, int blk) {
+  const size_t row0 = static_cast<size_t>(bh) * ws.Tp + static_cast<size_t>(blk) * kTile;
+  if (int8)
+    load_int8_tile_async<kThreads>(Int8Tile<kTile, D>{reinterpret_cast<int8_t*>(slot)}, x.i8 + row0 * D, D);
+  else
+    load_tile_async<kThreads>(SmemTile<kTile, D>{reinterpret_cast<bf16*>(slot)}, x.bf + row0 * D, D, kTile);
+}
+template <int D>
+__device__ __forceinline__ void load_transposed(unsigned char* slot, const QuantOperand& x, bool int8,
+                                                const SageWorkspace& ws, int bh, int blk) {
+  if (int8)
+    load_int8_tile_async<kThreads>(Int8Tile<D, kTile>{reinterpret_cast<int8_t*>(slot)},
+                                   x.i8t + static_cast<size_t>(bh) * D * ws.Tp + static_cast<size_t>(blk) * kTile,
+                                   ws.Tp);
+  else
+    load_natural<D>(slot, x, false, ws, bh, blk);
+}
+
+// acc (16, 64) = rows [row0, row0 + 16) of tile a times tile bᵀ, over d: S or dP
+// (transposed in the dK/dV pass). int8: times the two block scales `scale`.
+template <int D>
+__device__ __forceinline__ void product_over_d(float (&acc)[1][kTileN][4], bool int8, unsigned char* a,
+                                               int row0, unsigned char* b, float scale) {
+  if (int8) {
+    int8_product_nk(acc, Int8Tile<kTile, D>{reinterpret_cast<int8_t*>(a)}, row0,
+                    Int8Tile<kTile, D>{reinterpret_cast<int8_t*>(b)}, scale);
+  } else {
+    uint32_t frag[1][D / 16][4];
+    load_a(frag, SmemTile<kTile, D>{reinterpret_cast<bf16*>(a)}, row0);
+    zero(acc);
+    mma_b_nk(acc, frag, SmemTile<kTile, D>{reinterpret_cast<bf16*>(b)});
+  }
+}
+
+// acc (16, d) += w (16, 64) · tile b, over the 64 rows of the tile: O += P V,
+// dV += Pᵀ dO, dK += dSᵀ Q, dQ += dS K. int8: w quantised per row of the warp
+// (or per block tile) and the product times that scale and scale_b. Every
+// thread of the block calls it (the per-tile scale is a block reduction).
+template <int D>
+__device__ __forceinline__ void product_over_t(float (&acc)[1][D / 8][4], bool int8, const float (&w)[1][kTileN][4],
+                                               bool per_tile, float* scratch, unsigned char* b, float scale_b) {
+  if (int8) {
+    float scale[2], inv[2];
+    weight_scales<kWarps>(w, per_tile, scratch, scale, inv);
+    int8_product_weights(acc, w, scale, inv, Int8Tile<D, kTile>{reinterpret_cast<int8_t*>(b)}, scale_b);
+  } else {
+    uint32_t frag[1][kTileN / 2][4];
+    acc_to_a(frag, w);
+    mma_b_kn(acc, frag, SmemTile<kTile, D>{reinterpret_cast<bf16*>(b)});
+  }
+}
+
+// Row (within the warp's 16) and column of accumulator element (nt, e) of a
+// 16x8 tile nt, as tile_mma.cuh lays them out (lane = 4g + t: rows g, g + 8).
+__device__ __forceinline__ int frag_row(int e) { return (threadIdx.x % 32) / 4 + (e / 2) * 8; }
+__device__ __forceinline__ int frag_col(int nt, int e) { return nt * 8 + 2 * (threadIdx.x % 4) + e % 2; }
+
+// Rows [t0, t0 + 64) of slot (0 q, 1 k, 2 v) of head h in dqkv, or of o, from a
+// staged bf16 tile; rows past T are skipped.
+template <int D>
+__device__ __forceinline__ void store_rows(SmemTile<kTile, D> tile, bf16* base, size_t ld, int t0, int T) {
+  store_tile<kThreads>(tile, base + static_cast<size_t>(t0) * ld, ld, T - t0);
+}
+
+// ---------------------------------------------------------------------------
+// Forward. Grid (blocks, B·H); the heaviest (last) query blocks start first.
+template <int D, class Softmax>
+__global__ void __launch_bounds__(kThreads) sage_forward_kernel(const SageParams p) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  const SmemPlan<1, 2> plan = forward_plan<D>(p);
+  const SageWorkspace& ws = p.ws;
+  const int q_block = gridDim.x - 1 - blockIdx.x, bh = blockIdx.y, b = bh / p.H, h = bh % p.H;
+  const int row0 = (threadIdx.x / 32) * 16;  // the warp's first row in the tile
+  const int q0 = q_block * kTile;
+  unsigned char* q_slot = smem + plan.resident[0];
+  auto k_slot = [&](int s) { return smem + plan.slot(s, 0); };
+  auto v_slot = [&](int s) { return smem + plan.slot(s, 1); };
+  auto load_kv = [&](int j, int s) {
+    load_natural<D>(k_slot(s), ws.k, p.qk8, ws, bh, j);
+    load_transposed<D>(v_slot(s), ws.v, p.pv8, ws, bh, j);
+  };
+
+  load_natural<D>(q_slot, ws.q, p.qk8, ws, bh, q_block);
+  load_kv(0, 0);
+  cp_async_commit();
+  const float* scale_q = ws.q.scale + static_cast<size_t>(bh) * ws.blocks;
+  const float* scale_k = ws.k.scale + static_cast<size_t>(bh) * ws.blocks;
+  const float* scale_v = ws.v.scale + static_cast<size_t>(bh) * ws.blocks;
+  const float* bias = p.smooth_q ? ws.query_bias + (static_cast<size_t>(bh) * ws.blocks + q_block) * ws.Tp : nullptr;
+
+  float o_acc[1][D / 8][4];  // (16, d) rows of O owned by this warp
+  zero(o_acc);
+  Softmax softmax(kLog2e);   // S already carries c (Q̂ = ψ(c·Q))
+  for (int j = 0; j <= q_block; ++j) {
+    if (j < q_block) {  // prefetch the next K, V while this block computes
+      load_kv(j + 1, (j + 1) % 2);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    float s[1][kTileN][4];  // (16, 64) scores
+    product_over_d<D>(s, p.qk8, q_slot, row0, k_slot(j % 2), scale_q[q_block] * scale_k[j]);
+#pragma unroll
+    for (int nt = 0; nt < kTileN; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        if (bias) s[0][nt][e] += bias[j * kTile + frag_col(nt, e)];
+        if (j == q_block && frag_col(nt, e) > row0 + frag_row(e)) s[0][nt][e] = -INFINITY;
+      }
+    softmax.update(s, o_acc);  // s now holds P̃ = exp(S − m)
+    product_over_t<D>(o_acc, p.pv8, s, false, nullptr, v_slot(j % 2), scale_v[j]);
+    __syncthreads();  // the stage just read is refilled by the next prefetch
+  }
+
+  softmax.finalize(o_acc);
+  softmax.store_lse(p.lse_out + static_cast<size_t>(bh) * p.T, q0 + row0, p.T);
+  const SmemTile<kTile, D> o_tile{reinterpret_cast<bf16*>(smem)};  // every slot is free now
+  store_acc(o_tile, o_acc, row0, 1.0f);
+  __syncthreads();
+  store_rows<D>(o_tile, p.o + static_cast<size_t>(b) * p.T * p.H * D + static_cast<size_t>(h) * D,
+                static_cast<size_t>(p.H) * D, q0, p.T);
+}
+
+// ---------------------------------------------------------------------------
+// dK, dV. Grid (blocks, B·H); block 0, which sees every query, starts first.
+template <int D, class Softmax>
+__global__ void __launch_bounds__(kThreads) sage_backward_dkdv_kernel(const SageParams p) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  __shared__ float scratch[2][kWarps];  // per-tile scales of Pᵀ and dSᵀ
+  const SmemPlan<2, 6> plan = dkdv_plan<D>(p);
+  const SageWorkspace& ws = p.ws;
+  const int k_block = blockIdx.x, bh = blockIdx.y, b = bh / p.H, h = bh % p.H;
+  const int row0 = (threadIdx.x / 32) * 16;
+  const int k0 = k_block * kTile;
+  unsigned char* k_slot = smem + plan.resident[0];
+  unsigned char* v_slot = smem + plan.resident[1];
+  auto q_slot = [&](int s) { return smem + plan.slot(s, 0); };     // Q̂ for Sᵀ
+  auto qt_slot = [&](int s) { return smem + plan.slot(s, 1); };    // Q̂ for dK
+  auto do_slot = [&](int s) { return smem + plan.slot(s, 2); };    // dO for dPᵀ
+  auto dot_slot = [&](int s) { return smem + plan.slot(s, 3); };   // dÔ for dV
+  auto lse_slot = [&](int s) { return reinterpret_cast<float*>(smem + plan.slot(s, 4)); };
+  auto delta_slot = [&](int s) { return reinterpret_cast<float*>(smem + plan.slot(s, 5)); };
+  const float* lse_src = p.lse + static_cast<size_t>(bh) * p.T;
+  const float* delta_src = ws.delta + static_cast<size_t>(bh) * ws.Tp;
+  auto load_queries = [&](int i, int s) {
+    load_natural<D>(q_slot(s), ws.q, p.qk8, ws, bh, i);
+    load_transposed<D>(qt_slot(s), ws.q, p.dk8, ws, bh, i);
+    load_natural<D>(do_slot(s), ws.dout, p.dp8, ws, bh, i);
+    load_transposed<D>(dot_slot(s), ws.dout, p.dv8, ws, bh, i);
+    load_row_values_async<kThreads, kTile>(lse_slot(s), lse_src + i * kTile, p.T - i * kTile);
+    load_row_values_async<kThreads, kTile>(delta_slot(s), delta_src + i * kTile, kTile);
+  };
+
+  load_natural<D>(k_slot, ws.k, p.qk8, ws, bh, k_block);
+  load_natural<D>(v_slot, ws.v, p.dp8, ws, bh, k_block);
+  load_queries(k_block, 0);  // causal: earlier query blocks see none of these keys
+  cp_async_commit();
+  const size_t scale0 = static_cast<size_t>(bh) * ws.blocks;
+  const float s_k = ws.k.scale[scale0 + k_block], s_v = ws.v.scale[scale0 + k_block];
+
+  float dk_acc[1][D / 8][4], dv_acc[1][D / 8][4];  // (16, d) rows of dK, dV owned by this warp
+  zero(dk_acc);
+  zero(dv_acc);
+  for (int i = k_block; i < ws.blocks; ++i) {
+    const int s = (i - k_block) % 2;
+    if (i + 1 < ws.blocks) {
+      load_queries(i + 1, 1 - s);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const int q0 = i * kTile;
+    const float s_q = ws.q.scale[scale0 + i], s_do = ws.dout.scale[scale0 + i];
+    const float* lse = lse_slot(s);
+    const float* delta = delta_slot(s);
+    const float* bias = p.smooth_q ? ws.query_bias + (scale0 + i) * ws.Tp : nullptr;
+    float w[1][kTileN][4];  // (16 keys, 64 queries): Sᵀ, then Pᵀ, then dSᵀ
+    product_over_d<D>(w, p.qk8, k_slot, row0, q_slot(s), s_k * s_q);
+#pragma unroll
+    for (int nt = 0; nt < kTileN; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = k0 + row0 + frag_row(e), qi = frag_col(nt, e), query = q0 + qi;
+        const float score = w[0][nt][e] + (bias ? bias[key] : 0.0f);
+        w[0][nt][e] = (query < p.T && key <= query) ? Softmax::probability(score, lse[qi], kLog2e) : 0.0f;
+      }
+    product_over_t<D>(dv_acc, p.dv8, w, p.tile_scales, scratch[0], dot_slot(s), s_do);
+    float dp[1][kTileN][4];  // (16 keys, 64 queries): dPᵀ
+    product_over_d<D>(dp, p.dp8, v_slot, row0, do_slot(s), s_v * s_do);
+#pragma unroll
+    for (int nt = 0; nt < kTileN; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        w[0][nt][e] = Softmax::grad_score(w[0][nt][e], dp[0][nt][e], delta[frag_col(nt, e)]);
+    product_over_t<D>(dk_acc, p.dk8, w, p.tile_scales, scratch[1], qt_slot(s), s_q);
+    if (p.smooth_q) {  // dK_j += c (dSᵀ 1) μ_Qiᵀ, from the unquantised dS
+      float row_sum[2] = {0.0f, 0.0f};
+#pragma unroll
+      for (int nt = 0; nt < kTileN; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) row_sum[e / 2] += w[0][nt][e];
+      row_sum[0] = row_sum4(row_sum[0]);
+      row_sum[1] = row_sum4(row_sum[1]);
+      const float* mu_q = ws.query_mean + (scale0 + i) * D;
+#pragma unroll
+      for (int dt = 0; dt < D / 8; ++dt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dk_acc[0][dt][e] += p.c * row_sum[e / 2] * mu_q[frag_col(dt, e)];
+    }
+    __syncthreads();  // the stage just read is refilled by the next prefetch
+  }
+
+  // Every slot is free: stage dK (Q̂ carried c) and dV, then store both.
+  const SmemTile<kTile, D> dk_tile{reinterpret_cast<bf16*>(smem)};
+  const SmemTile<kTile, D> dv_tile{dk_tile.data + kTile * D};
+  store_acc(dk_tile, dk_acc, row0, 1.0f);
+  store_acc(dv_tile, dv_acc, row0, 1.0f);
+  __syncthreads();
+  const size_t ld = static_cast<size_t>(3) * p.H * D;
+  bf16* head = p.dqkv + static_cast<size_t>(b) * p.T * ld + static_cast<size_t>(h) * D;
+  store_rows<D>(dk_tile, head + static_cast<size_t>(p.H) * D, ld, k0, p.T);
+  store_rows<D>(dv_tile, head + static_cast<size_t>(2) * p.H * D, ld, k0, p.T);
+}
+
+// ---------------------------------------------------------------------------
+// dQ. Grid (blocks, B·H); the heaviest (last) query blocks start first.
+template <int D, class Softmax>
+__global__ void __launch_bounds__(kThreads) sage_backward_dq_kernel(const SageParams p) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  __shared__ float scratch[kWarps];  // per-tile scale of dS
+  const SmemPlan<2, 3> plan = dq_plan<D>(p);
+  const SageWorkspace& ws = p.ws;
+  const int q_block = gridDim.x - 1 - blockIdx.x, bh = blockIdx.y, b = bh / p.H, h = bh % p.H;
+  const int row0 = (threadIdx.x / 32) * 16;
+  const int q0 = q_block * kTile;
+  unsigned char* q_slot = smem + plan.resident[0];
+  unsigned char* do_slot = smem + plan.resident[1];
+  auto k_slot = [&](int s) { return smem + plan.slot(s, 0); };   // K̂ for S
+  auto kt_slot = [&](int s) { return smem + plan.slot(s, 1); };  // K̂ for dQ
+  auto v_slot = [&](int s) { return smem + plan.slot(s, 2); };   // V for dP
+  auto load_keys = [&](int j, int s) {
+    load_natural<D>(k_slot(s), ws.k, p.qk8, ws, bh, j);
+    load_transposed<D>(kt_slot(s), ws.k, p.dq8, ws, bh, j);
+    load_natural<D>(v_slot(s), ws.v, p.dp8, ws, bh, j);
+  };
+
+  load_natural<D>(q_slot, ws.q, p.qk8, ws, bh, q_block);
+  load_natural<D>(do_slot, ws.dout, p.dp8, ws, bh, q_block);
+  load_keys(0, 0);
+  cp_async_commit();
+  const size_t scale0 = static_cast<size_t>(bh) * ws.blocks;
+  const float s_q = ws.q.scale[scale0 + q_block], s_do = ws.dout.scale[scale0 + q_block];
+  const float* bias = p.smooth_q ? ws.query_bias + (scale0 + q_block) * ws.Tp : nullptr;
+
+  // L and δ of this thread's two rows (rows past T: 0, their P is masked to 0).
+  float lse[2], delta[2];
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int row = q0 + row0 + frag_row(2 * half);
+    lse[half] = row < p.T ? p.lse[static_cast<size_t>(bh) * p.T + row] : 0.0f;
+    delta[half] = ws.delta[static_cast<size_t>(bh) * ws.Tp + row];
+  }
+
+  float dq_acc[1][D / 8][4];  // (16, d) rows of dQ owned by this warp
+  zero(dq_acc);
+  for (int j = 0; j <= q_block; ++j) {
+    if (j < q_block) {
+      load_keys(j + 1, (j + 1) % 2);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const float s_k = ws.k.scale[scale0 + j], s_v = ws.v.scale[scale0 + j];
+    float w[1][kTileN][4];  // (16 queries, 64 keys): S, then P, then dS
+    product_over_d<D>(w, p.qk8, q_slot, row0, k_slot(j % 2), s_q * s_k);
+#pragma unroll
+    for (int nt = 0; nt < kTileN; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = j * kTile + frag_col(nt, e), row = q0 + row0 + frag_row(e);
+        const float score = w[0][nt][e] + (bias ? bias[key] : 0.0f);
+        w[0][nt][e] = (row < p.T && key <= row) ? Softmax::probability(score, lse[e / 2], kLog2e) : 0.0f;
+      }
+    float dp[1][kTileN][4];  // (16 queries, 64 keys): dP
+    product_over_d<D>(dp, p.dp8, do_slot, row0, v_slot(j % 2), s_do * s_v);
+#pragma unroll
+    for (int nt = 0; nt < kTileN; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) w[0][nt][e] = Softmax::grad_score(w[0][nt][e], dp[0][nt][e], delta[e / 2]);
+    product_over_t<D>(dq_acc, p.dq8, w, p.tile_scales, scratch, kt_slot(j % 2), s_k);
+    __syncthreads();
+  }
+
+  const SmemTile<kTile, D> dq_tile{reinterpret_cast<bf16*>(smem)};  // every slot is free now
+  store_acc(dq_tile, dq_acc, row0, p.c);
+  __syncthreads();
+  const size_t ld = static_cast<size_t>(3) * p.H * D;
+  store_rows<D>(dq_tile, p.dqkv + static_cast<size_t>(b) * p.T * ld + static_cast<size_t>(h) * D, ld, q0, p.T);
+}
+
+// ---------------------------------------------------------------------------
+// Launchers.
+
+// Raises the kernel's dynamic shared-memory limit (above 48 KB needs it) and launches it.
+void launch(void (*kernel)(SageParams), dim3 grid, int smem_bytes, cudaStream_t stream, const SageParams& p) {
+  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
+  kernel<<<grid, kThreads, smem_bytes, stream>>>(p);
+  CUDA_CHECK_LAUNCH();
+}
+
+SageParams make_params(const SageOptions& opt, const AttentionShape& s, void* workspace) {
+  SageParams p{};
+  p.ws = sage_workspace(opt, s, workspace);
+  p.B = s.B, p.H = s.H, p.T = s.T;
+  p.c = 1.0f / std::sqrt(static_cast<float>(s.d));
+  const SagePrecision& pr = opt.precision;
+  p.qk8 = pr.qk == Precision::int8, p.pv8 = pr.pv == Precision::int8, p.dv8 = pr.dv == Precision::int8;
+  p.dp8 = pr.dp == Precision::int8, p.dq8 = pr.dq == Precision::int8, p.dk8 = pr.dk == Precision::int8;
+  p.tile_scales = opt.bwd_granularity == BwdGranularity::tile;
+  p.smooth_q = opt.smooth_q;
+  return p;
+}
+
+// The pre-pass writes every quantised operand there: a null one is a caller's bug.
+void require_workspace(const SageOptions& opt, const AttentionShape& s, const void* workspace) {
+  if (workspace == nullptr)
+    throw std::invalid_argument("CUDA attention kind sage: workspace is null (needs " +
+                                std::to_string(sage_workspace_bytes(opt, s)) +
+                                " bytes, attention_workspace_bytes)");
+}
+
+using Softmax = OnlineSoftmax<1>;
+
+template <int D>
+void forward(const SageParams& p, cudaStream_t stream) {
+  launch(sage_forward_kernel<D, Softmax>, dim3(p.ws.blocks, p.B * p.H), forward_plan<D>(p).total, stream, p);
+}
+
+template <int D>
+void backward(const SageParams& p, cudaStream_t stream) {
+  const dim3 grid(p.ws.blocks, p.B * p.H);
+  launch(sage_backward_dkdv_kernel<D, Softmax>, grid, dkdv_plan<D>(p).total, stream, p);
+  launch(sage_backward_dq_kernel<D, Softmax>, grid, dq_plan<D>(p).total, stream, p);
+}
+
+}  // namespace
+
+void sage_check_options(const SageOptions& opt) {
+  if (opt.block_q != kSageBlock || opt.block_k != kSageBlock)
+    throw std::invalid_argument("attention.sage.block_q/block_k = " + std::to_string(opt.block_q) + "/" +
+                                std::to_string(opt.block_k) + ": the CUDA kernels quantise per tile of " +
+                                std::to_string(kSageBlock) + " rows (allowed: 64/64)");
+  if (opt.softmax)
+    throw std::invalid_argument(
+        "attention.sage.softmax: the K-interval composition has no CUDA kernel yet (allowed: no softmax block)");
+}
+
+void sage_forward(const SageOptions& opt, const AttentionShape& s, const bf16* qkv, bf16* o, float* lse,
+                  void* workspace, cudaStream_t stream) {
+  sage_check_options(opt);
+  require_workspace(opt, s, workspace);
+  SageParams p = make_params(opt, s, workspace);
+  p.lse_out = lse;
+  p.o = o;
+  sage_quantise(opt, s, qkv, nullptr, nullptr, p.ws, stream);
+  if (s.d == 64) return forward<64>(p, stream);
+  return forward<128>(p, stream);
+}
+
+void sage_backward(const SageOptions& opt, const AttentionShape& s, const bf16* qkv, const bf16* o,
+                   const bf16* dout, const float* lse, bf16* dqkv, void* workspace, cudaStream_t stream) {
+  sage_check_options(opt);
+  require_workspace(opt, s, workspace);
+  SageParams p = make_params(opt, s, workspace);
+  p.lse = lse;
+  p.dqkv = dqkv;
+  sage_quantise(opt, s, qkv, o, dout, p.ws, stream);
+  if (s.d == 64) return backward<64>(p, stream);
+  return backward<128>(p, stream);
+}
+
+}  // namespace qattn::cuda

@@ -1,0 +1,27 @@
+// SageBwd INT8 attention (SPEC §3) on the GPU: launchers called by dispatch.cu.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstddef>
+
+#include "attention/attention.cuh"
+#include "attention/quant.cuh"
+#include "common.cuh"
+
+namespace qattn::cuda {
+
+// Throws std::invalid_argument naming the option when the kernels cannot run it.
+// The workspace is sage_workspace_bytes (quant.cuh).
+void sage_check_options(const SageOptions& opt);
+
+// qkv (B, T, 3C) -> o (B, T, C), lse (B, H, T) = L = m + log l of the quantised scores.
+void sage_forward(const SageOptions& opt, const AttentionShape& s, const bf16* qkv, bf16* o,
+                  float* lse, void* workspace, cudaStream_t stream);
+
+// dout (B, T, C) -> dqkv (B, T, 3C), deterministic; re-quantises Q, K, V (the
+// workspace need not survive from the forward).
+void sage_backward(const SageOptions& opt, const AttentionShape& s, const bf16* qkv,
+                   const bf16* o, const bf16* dout, const float* lse, bf16* dqkv,
+                   void* workspace, cudaStream_t stream);
+
+}  // namespace qattn::cuda
