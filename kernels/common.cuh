@@ -25,17 +25,6 @@ inline void cuda_check(cudaError_t err, const char* what, const char* file, int 
 
 inline int ceil_div(long long a, long long b) { return static_cast<int>((a + b - 1) / b); }
 
-// The number of multiprocessors of the current device, read once.
-inline int num_sms() {
-  static const int n = [] {
-    int dev = 0, count = 0;
-    CUDA_CHECK(cudaGetDevice(&dev));
-    CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, dev));
-    return count;
-  }();
-  return n;
-}
-
 // Device helpers below; host files (tests, launcher users) see only the above.
 #ifdef __CUDACC__
 
@@ -44,11 +33,6 @@ struct alignas(16) Bf16x8 {
   bf16 v[8];
 };
 __device__ __forceinline__ Bf16x8 load8(const bf16* p) { return *reinterpret_cast<const Bf16x8*>(p); }
-// Streaming load: read once, do not keep in L1/L2 longer than needed.
-__device__ __forceinline__ Bf16x8 load8_cs(const bf16* p) {
-  int4 r = __ldcs(reinterpret_cast<const int4*>(p));
-  return *reinterpret_cast<Bf16x8*>(&r);
-}
 __device__ __forceinline__ void store8(bf16* p, const Bf16x8& x) { *reinterpret_cast<Bf16x8*>(p) = x; }
 __device__ __forceinline__ void load8_f32(const bf16* p, float (&out)[8]) {
   Bf16x8 x = load8(p);
