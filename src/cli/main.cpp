@@ -12,6 +12,12 @@ int main(int argc, char** argv) {
   qattn::cli::add_validate_command(app);
   qattn::cli::add_info_command(app);
   qattn::cli::add_probe_command(app);
+  qattn::cli::add_bench_command(app);
+  qattn::cli::add_tokenize_command(app);
+  qattn::cli::add_detokenize_command(app);
+  qattn::cli::add_sweep_command(app);
+  qattn::cli::add_sample_command(app);
+  qattn::cli::add_export_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,146 @@
+// qattn tokenize: text files -> llm.c shards; qattn detokenize: shards or ids -> text.
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include "commands.hpp"
+#include "qattn/data.hpp"
+#include "qattn/tokenizer.hpp"
+
+namespace qattn::cli {
+
+namespace {
+
+void add_tokenizer_options(CLI::App* cmd, std::string& kind, std::string& vocab) {
+  cmd->add_option("--tokenizer", kind, "bytes (vocab 257) or gpt2 (vocab 50257)")
+      ->required()
+      ->check(CLI::IsMember({"bytes", "gpt2"}));
+  cmd->add_option("--vocab", vocab, "gpt2: directory with encoder.json and vocab.bpe")
+      ->capture_default_str();
+}
+
+// Paths listed one per line in list ("-": standard input).
+std::vector<std::string> read_file_list(const std::string& list) {
+  std::ifstream file;
+  if (list != "-") {
+    file.open(list);
+    if (!file) throw TokenizerError("tokenize: cannot read --files-from " + list);
+  }
+  std::istream& in = list == "-" ? std::cin : file;
+  std::vector<std::string> paths;
+  for (std::string line; std::getline(in, line);)
+    if (!line.empty()) paths.push_back(line);
+  return paths;
+}
+
+// "15496 995" or "15496,995" -> ids, each checked to fit a token.
+std::vector<uint16_t> parse_ids(const std::string& list) {
+  std::string spaced = list;
+  for (char& c : spaced)
+    if (c == ',') c = ' ';
+  std::istringstream in(spaced);
+  std::vector<uint16_t> ids;
+  for (std::string word; in >> word;) {
+    size_t used = 0;
+    long value = -1;
+    try {
+      value = std::stol(word, &used);
+    } catch (const std::exception&) {
+    }
+    if (used != word.size() || value < 0 || value > 65535)
+      throw TokenizerError("detokenize: --ids: '" + word + "' is not a token id (0..65535)");
+    ids.push_back(static_cast<uint16_t>(value));
+  }
+  return ids;
+}
+
+}  // namespace
+
+void add_tokenize_command(CLI::App& app) {
+  struct Args {
+    std::string kind, vocab = "data/cache/gpt2", files_from;
+    CorpusOptions corpus;
+  };
+  auto args = std::make_shared<Args>();
+  CorpusOptions& c = args->corpus;
+  CLI::App* cmd = app.add_subcommand(
+      "tokenize", "Text files -> llm.c token shards (<name>_val_000000.bin, <name>_train_000001.bin, ...)");
+  add_tokenizer_options(cmd, args->kind, args->vocab);
+  cmd->add_option("files", c.files, "input text files, in order; each is one document unless "
+                                    "--doc-separator cuts it");
+  cmd->add_option("--files-from", args->files_from, "also read input paths from this file, one per "
+                                                    "line ('-': standard input)");
+  cmd->add_option("--out", c.out_dir, "output directory")->required();
+  cmd->add_option("--name", c.name, "shard name prefix (default: the output directory's name)");
+  cmd->add_option("--doc-separator", c.doc_separator,
+                  "cut files into documents at this exact string (e.g. $'\\n\\n\\n')");
+  cmd->add_option("--shard-tokens", c.shard_tokens, "tokens per shard")->capture_default_str();
+  auto* fraction = cmd->add_option("--val-fraction", c.val_fraction,
+                                   "validation split: the leading documents that start within "
+                                   "this fraction of the input bytes")
+                       ->capture_default_str();
+  cmd->add_option("--val-docs", c.val_docs, "validation split: the first N documents")
+      ->excludes(fraction);
+  cmd->add_option("--threads", c.threads, "encoding threads (0: all cores)")->capture_default_str();
+  cmd->callback([args] {
+    CorpusOptions& o = args->corpus;
+    if (!args->files_from.empty()) {
+      const auto listed = read_file_list(args->files_from);
+      o.files.insert(o.files.end(), listed.begin(), listed.end());
+    }
+    if (o.name.empty()) {
+      const auto dir = std::filesystem::absolute(o.out_dir).lexically_normal();
+      o.name = (dir.has_filename() ? dir : dir.parent_path()).filename().string();
+    }
+    const auto tokenizer = make_tokenizer(args->kind, args->vocab);
+    const auto start = std::chrono::steady_clock::now();
+    const CorpusStats s = tokenize_corpus(*tokenizer, o);
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (s.utf8_replacements > 0)
+      spdlog::warn("tokenize: replaced {} invalid UTF-8 sequences by U+FFFD", s.utf8_replacements);
+    for (const auto& shard : s.shards) spdlog::info("wrote {} ({} tokens)", shard, validate_shard(shard));
+    std::cout << "tokenize: " << tokenizer->name() << ", " << s.documents << " documents ("
+              << s.val_documents << " val), " << s.bytes << " bytes -> " << s.val_tokens
+              << " val tokens + " << s.train_tokens << " train tokens in " << s.shards.size()
+              << " shards\n";
+    std::printf("tokenize: %.3f MB in %.3f s = %.2f MB/s with %d threads\n", s.bytes / 1e6, seconds,
+                s.bytes / 1e6 / seconds, s.threads);
+  });
+}
+
+void add_detokenize_command(CLI::App& app) {
+  struct Args {
+    std::string kind, vocab = "data/cache/gpt2", ids, out;
+    std::vector<std::string> shards;
+  };
+  auto args = std::make_shared<Args>();
+  CLI::App* cmd = app.add_subcommand(
+      "detokenize", "Shards or token ids -> text (end-of-text reads <|endoftext|>)");
+  add_tokenizer_options(cmd, args->kind, args->vocab);
+  cmd->add_option("shards", args->shards, "llm.c token shards, decoded in order");
+  cmd->add_option("--ids", args->ids, "token ids instead of shards: \"15496 995\" or \"15496,995\"");
+  cmd->add_option("--out", args->out, "write the text here instead of standard output");
+  cmd->callback([args] {
+    if (args->shards.empty() == args->ids.empty())
+      throw TokenizerError("detokenize: give either shard files or --ids");
+    const auto tokenizer = make_tokenizer(args->kind, args->vocab);
+    std::ofstream file;
+    if (!args->out.empty()) {
+      file.open(args->out, std::ios::binary | std::ios::trunc);
+      if (!file) throw TokenizerError("detokenize: cannot write --out " + args->out);
+    }
+    std::ostream& out = args->out.empty() ? std::cout : file;
+    if (!args->ids.empty()) out << tokenizer->decode(parse_ids(args->ids));
+    for (const auto& shard : args->shards) out << tokenizer->decode(read_shard(shard));
+    out.flush();
+    if (!out) throw TokenizerError("detokenize: write failed");
+  });
+}
+
+}  // namespace qattn::cli
