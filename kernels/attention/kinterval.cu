@@ -1,0 +1,584 @@
+// K-interval quantised-softmax attention (SPEC §4), fused: T x T is never
+// materialised. Built from the flash skeleton's tiles and products
+// (tile_mma.cuh, bf16_operands.cuh); the per-score maths is in kinterval_softmax.cuh.
+//
+// Forward, one kernel per query block, two passes over the visible keys:
+//   pass 1: raw S = Q Kᵀ -> each row's max and min with their lowest indices
+//           -> the row's grid (RowStats);
+//   pass 2: S again -> ŵ -> Ẑ = Σ ŵ, O += ŵ V; at the end O /= Ẑ.
+//   Saved per row: the grid, 1/Ẑ, argmax and argmin (8 fp32, RowStats).
+// Backward, deterministic (every output element has one writer, sums in a fixed order):
+//   δ = rowsum(dO ∘ O) = ḡ (the skeleton's delta pre-pass; O = p̂ V);
+//   dQ pass (per query block, over key blocks): S, dP, dS_direct by the rule,
+//     dQ += dS_direct K, and the row sums dL/dm, dL/dℓ of the calibration terms;
+//     at the end dQ_i += dL/dm_i k_argmax + dL/dℓ_i k_argmin; dL/dm, dL/dℓ saved;
+//   dK/dV pass (per key block, over query blocks, after the dQ pass): Sᵀ, dPᵀ,
+//     p̂ᵀ for dV += p̂ᵀ dO, dSᵀ = dS_direct plus dL/dm_i where the key is row
+//     i's argmax and dL/dℓ_i where it is its argmin, dK += dSᵀ Q.
+// The probability STE's dS is the exact softmax gradient: its backward runs
+// FPA's forward (exact L and output, hence δ) and FPA's dQ pass, then the
+// dK/dV pass above with exact P for dK and p̂ for dV.
+//
+// Tile shapes are FPA's (fpa.cu): forward d=64 4 warps x 32 rows, d=128 8 x 16;
+// dK/dV and dQ 8 warps x 16 rows; 64-wide steps.
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+#include "attention/bf16_operands.cuh"
+#include "attention/flash_skeleton.cuh"
+#include "attention/fpa.cuh"
+#include "attention/kinterval.cuh"
+#include "attention/kinterval_softmax.cuh"
+
+namespace qattn::cuda {
+namespace {
+
+using namespace flash;
+using namespace kinterval;
+
+struct Params {
+  const bf16* qkv;   // (B, T, 3, H, d)
+  bf16* o;           // (B, T, H, d): the forward's output
+  const bf16* dout;  // (B, T, H, d)
+  bf16* dqkv;        // (B, T, 3, H, d)
+  RowStats* stats;   // (B, H, T)
+  float* delta;      // (B, H, T): ḡ = dO·O; for the probability STE the exact softmax's δ
+  float* dm;         // (B, H, T): dL/dm of each row (0 when detached)
+  float* dl;         // (B, H, T): dL/dℓ of each row
+  const float* lse;  // (B, H, T): the exact softmax's L (probability STE)
+  int B, H, T;
+  float scale;       // c
+  float scale_log2;  // c · log2(e)
+  GridOptions grid;
+  float window;       // fwm's W in nats
+  bool fwm;
+  bool mask_window;  // weight STE: entries below the fwm window get dS = 0
+  bool detach;       // no derivative through m and ℓ
+};
+
+// Steps [first, last) with two shared-memory stages: step i + 1 loads
+// (load(i + 1, stage)) while step i computes (body(i, stage)). Loads issued
+// before the call join the first step's group.
+template <class Load, class Body>
+__device__ __forceinline__ void pipelined(int first, int last, Load&& load, Body&& body) {
+  load(first, 0);
+  cp_async_commit();
+  for (int i = first; i < last; ++i) {
+    const int s = (i - first) % 2;
+    if (i + 1 < last) {
+      load(i + 1, 1 - s);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    body(i, s);
+    __syncthreads();  // the stage just read is refilled by the next load
+  }
+}
+
+// kRows RowStats into shared memory (two 16-byte chunks each); rows past rows_valid read as 0.
+template <int kThreads, int kRows>
+__device__ __forceinline__ void load_row_stats_async(RowStats* dst, const RowStats* src,
+                                                     int rows_valid) {
+  for (int c = threadIdx.x; c < 2 * kRows; c += kThreads) {
+    const int r = c / 2;
+    const bool valid = r < rows_valid;
+    cp_async_16(reinterpret_cast<float4*>(dst) + c,
+                reinterpret_cast<const float4*>(src + (valid ? r : 0)) + c % 2, valid);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Forward. Grid (ceil(T / kBlockM), H, B); the heaviest (last) query blocks start first.
+template <class Tr, Rounding kRounding>
+__global__ void __launch_bounds__(Tr::kThreads) forward_kernel(const Params p) {
+  constexpr int D = Tr::kHeadDim, BM = Tr::kBlockM, BN = Tr::kBlockN, RT = Tr::kRowTiles;
+  extern __shared__ __align__(128) unsigned char smem[];
+  const SmemTile<BM, D> q_tile{reinterpret_cast<bf16*>(smem)};  // (BM, d)
+  bf16* kv_stages = q_tile.data + BM * D;                         // 2 x [(BN, d) K, (BN, d) V]
+
+  const int q_block = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int warp_row0 = (threadIdx.x / 32) * 16 * RT;  // first row of the warp, within the block
+  const int q0 = q_block * BM, row_first = q0 + warp_row0, row_last = row_first + 16 * RT - 1;
+  const size_t ld = static_cast<size_t>(3) * p.H * D;
+  const bf16* k_src = p.qkv + qkv_offset(b, 0, 1, h, p.T, p.H, D);  // (T, d), row stride ld
+  const bf16* v_src = p.qkv + qkv_offset(b, 0, 2, h, p.T, p.H, D);
+  auto k_stage = [&](int s) { return SmemTile<BN, D>{kv_stages + (2 * s) * BN * D}; };
+  auto v_stage = [&](int s) { return SmemTile<BN, D>{kv_stages + (2 * s + 1) * BN * D}; };
+  auto load_k = [&](int j, int s) {
+    load_tile_async<Tr::kThreads>(k_stage(s), k_src + j * BN * ld, ld, p.T - j * BN);
+  };
+  auto load_kv = [&](int j, int s) {
+    load_k(j, s);
+    load_tile_async<Tr::kThreads>(v_stage(s), v_src + j * BN * ld, ld, p.T - j * BN);
+  };
+  auto visible = [&](int k0, int mt, int nt, int e) {
+    return k0 + acc_col(nt, e) <= row_first + acc_row(mt, e);
+  };
+  const int n_kblocks = (min(p.T, q0 + BM) + BN - 1) / BN;  // causal: keys up to the block's last row
+
+  load_tile_async<Tr::kThreads>(q_tile, p.qkv + qkv_offset(b, q0, 0, h, p.T, p.H, D), ld, p.T - q0);
+  uint32_t q_frag[RT][D / 16][4];
+
+  // Pass 1: max and min of each row's visible raw scores (this thread's columns, then the row's four threads).
+  Extremum hi[RT][2], lo[RT][2];
+#pragma unroll
+  for (int mt = 0; mt < RT; ++mt)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      hi[mt][half] = {-INFINITY, 0};
+      lo[mt][half] = {INFINITY, 0};
+    }
+  pipelined(0, n_kblocks, load_k, [&](int j, int s) {
+    if (j == 0) load_a(q_frag, q_tile, warp_row0);
+    const int k0 = j * BN;
+    if (k0 > row_last) return;  // every key of the block is in the future of every row of the warp
+    float r[RT][BN / 8][4];     // (16 RT, BN) raw scores
+    zero(r);
+    Bf16Operands::qk(r, q_frag, k_stage(s));
+#pragma unroll
+    for (int mt = 0; mt < RT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < BN / 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int key = k0 + acc_col(nt, e);
+          if (!visible(k0, mt, nt, e)) continue;
+          if (above(r[mt][nt][e], key, hi[mt][e / 2])) hi[mt][e / 2] = {r[mt][nt][e], key};
+          if (below(r[mt][nt][e], key, lo[mt][e / 2])) lo[mt][e / 2] = {r[mt][nt][e], key};
+        }
+  });
+  RowStats st[RT][2];
+#pragma unroll
+  for (int mt = 0; mt < RT; ++mt)
+#pragma unroll
+    for (int half = 0; half < 2; ++half)
+      st[mt][half] = make_row_stats(row_extremum4<true>(hi[mt][half]), row_extremum4<false>(lo[mt][half]),
+                                    p.scale, p.grid, p.fwm, p.window);
+
+  // Pass 2: the quantised weights, their row sums Ẑ and O = Σ ŵ V.
+  float o_acc[RT][D / 8][4];  // (16 RT, d) rows of O owned by this warp
+  float z[RT][2];             // Ẑ over this thread's columns
+  zero(o_acc);
+#pragma unroll
+  for (int mt = 0; mt < RT; ++mt) z[mt][0] = z[mt][1] = 0.0f;
+  pipelined(0, n_kblocks, load_kv, [&](int j, int s) {
+    const int k0 = j * BN;
+    if (k0 > row_last) return;
+    float w[RT][BN / 8][4];  // (16 RT, BN): raw scores, then ŵ
+    zero(w);
+    Bf16Operands::qk(w, q_frag, k_stage(s));
+#pragma unroll
+    for (int mt = 0; mt < RT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < BN / 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const RowStats& r = st[mt][e / 2];
+          w[mt][nt][e] = visible(k0, mt, nt, e)
+                             ? quantised_weight<kRounding>(grid_coord(r, w[mt][nt][e], p.grid), r, p.grid)
+                             : 0.0f;
+          z[mt][e / 2] += w[mt][nt][e];
+        }
+    Bf16Operands::pv(o_acc, w, v_stage(s));
+  });
+
+  RowStats* stats = p.stats + (static_cast<size_t>(b) * p.H + h) * p.T;  // (T)
+#pragma unroll
+  for (int mt = 0; mt < RT; ++mt)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      st[mt][half].inv_z = 1.0f / row_sum4(z[mt][half]);
+#pragma unroll
+      for (int dt = 0; dt < D / 8; ++dt) {
+        o_acc[mt][dt][2 * half] *= st[mt][half].inv_z;
+        o_acc[mt][dt][2 * half + 1] *= st[mt][half].inv_z;
+      }
+      const int row = row_first + acc_row(mt, 2 * half);
+      if (threadIdx.x % 4 == 0 && row < p.T) stats[row] = st[mt][half];
+    }
+  store_acc(q_tile, o_acc, warp_row0, 1.0f);  // the Q tile is free: stage O there
+  __syncthreads();
+  store_tile<Tr::kThreads>(q_tile, p.o + head_offset(b, q0, h, p.T, p.H, D),
+                           static_cast<size_t>(p.H) * D, p.T - q0);
+}
+
+// ---------------------------------------------------------------------------
+// dQ for the lerp and weight-STE rules. Grid (ceil(T / kBlockM), H, B).
+template <class Tr, Rule kRule>
+__global__ void __launch_bounds__(Tr::kThreads) dq_kernel(const Params p) {
+  static_assert(kRule != Rule::prob_ste, "the probability STE uses FPA's dQ pass");
+  constexpr int D = Tr::kHeadDim, BM = Tr::kBlockM, BN = Tr::kBlockN, RT = Tr::kRowTiles;
+  extern __shared__ __align__(128) unsigned char smem[];
+  const SmemTile<BM, D> q_tile{reinterpret_cast<bf16*>(smem)};  // (BM, d)
+  const SmemTile<BM, D> do_tile{q_tile.data + BM * D};          // (BM, d)
+  bf16* kv_stages = do_tile.data + BM * D;                      // 2 x [(BN, d) K, (BN, d) V]
+
+  const int q_block = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int warp_row0 = (threadIdx.x / 32) * 16 * RT;
+  const int q0 = q_block * BM, row_first = q0 + warp_row0, row_last = row_first + 16 * RT - 1;
+  const size_t ld = static_cast<size_t>(3) * p.H * D, ld_o = static_cast<size_t>(p.H) * D;
+  const size_t stat0 = (static_cast<size_t>(b) * p.H + h) * p.T;  // (b, h) slice of the row values
+  const bf16* k_src = p.qkv + qkv_offset(b, 0, 1, h, p.T, p.H, D);
+  const bf16* v_src = p.qkv + qkv_offset(b, 0, 2, h, p.T, p.H, D);
+  auto k_stage = [&](int s) { return SmemTile<BN, D>{kv_stages + (2 * s) * BN * D}; };
+  auto v_stage = [&](int s) { return SmemTile<BN, D>{kv_stages + (2 * s + 1) * BN * D}; };
+  auto load_kv = [&](int j, int s) {
+    load_tile_async<Tr::kThreads>(k_stage(s), k_src + j * BN * ld, ld, p.T - j * BN);
+    load_tile_async<Tr::kThreads>(v_stage(s), v_src + j * BN * ld, ld, p.T - j * BN);
+  };
+  const int n_kblocks = (min(p.T, q0 + BM) + BN - 1) / BN;
+
+  load_tile_async<Tr::kThreads>(q_tile, p.qkv + qkv_offset(b, q0, 0, h, p.T, p.H, D), ld, p.T - q0);
+  load_tile_async<Tr::kThreads>(do_tile, p.dout + head_offset(b, q0, h, p.T, p.H, D), ld_o, p.T - q0);
+
+  // This thread's two rows per row tile (rows past T: zero statistics, never stored).
+  RowStats st[RT][2];
+  float delta[RT][2], inv_delta[RT][2];  // ḡ; 1/Δ
+  float dm[RT][2], dl[RT][2];            // this thread's share of dL/dm, dL/dℓ
+#pragma unroll
+  for (int mt = 0; mt < RT; ++mt)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = row_first + acc_row(mt, 2 * half);
+      st[mt][half] = row < p.T ? p.stats[stat0 + row] : RowStats{};
+      delta[mt][half] = row < p.T ? p.delta[stat0 + row] : 0.0f;
+      inv_delta[mt][half] = st[mt][half].u_scale / p.scale;
+      dm[mt][half] = dl[mt][half] = 0.0f;
+    }
+
+  uint32_t q_frag[RT][D / 16][4], do_frag[RT][D / 16][4];
+  float dq_acc[RT][D / 8][4];  // (16 RT, d) rows of dQ owned by this warp
+  zero(dq_acc);
+  pipelined(0, n_kblocks, load_kv, [&](int j, int s) {
+    if (j == 0) {
+      load_a(q_frag, q_tile, warp_row0);
+      load_a(do_frag, do_tile, warp_row0);
+    }
+    const int k0 = j * BN;
+    if (k0 > row_last) return;
+    float w[RT][BN / 8][4];  // (16 RT queries, BN keys): raw S, then dS_direct
+    zero(w);
+    Bf16Operands::qk(w, q_frag, k_stage(s));
+    float dp[RT][BN / 8][4];  // (16 RT queries, BN keys): dP
+    zero(dp);
+    Bf16Operands::dp(dp, do_frag, v_stage(s));
+#pragma unroll
+    for (int mt = 0; mt < RT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < BN / 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int half = e / 2;
+          const RowStats& r = st[mt][half];
+          float ds = 0.0f;
+          if (k0 + acc_col(nt, e) <= row_first + acc_row(mt, e)) {
+            const float raw = w[mt][nt][e], u = grid_coord(r, raw, p.grid);
+            const float hgrad = (dp[mt][nt][e] - delta[mt][half]) * r.inv_z;  // dL/dŵ
+            if constexpr (kRule == Rule::lerp) {
+              const LerpGrad g = lerp_grad(u, hgrad, r, inv_delta[mt][half], p.grid, p.fwm);
+              ds = g.ds;
+              dm[mt][half] += g.dm;
+              dl[mt][half] += g.dl;
+            } else {  // weight STE: w = exp(s − m) in place of ŵ, and its path through m
+              if (!(p.mask_window && u < 0.0f))
+                ds = fast_exp2(fmaf(raw, p.scale_log2, -r.w_base)) * hgrad;
+              dm[mt][half] -= ds;
+            }
+          }
+          w[mt][nt][e] = ds;
+        }
+    Bf16Operands::dq(dq_acc, w, k_stage(s));
+  });
+
+  // The calibration terms land on the argmax and argmin keys: dQ_i += dL/dm k_argmax + dL/dℓ k_argmin.
+#pragma unroll
+  for (int mt = 0; mt < RT; ++mt)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const RowStats& r = st[mt][half];
+      float m_grad = row_sum4(dm[mt][half]), l_grad = row_sum4(dl[mt][half]);
+      // A flat lerp row has constant weights: nothing flows through m or ℓ.
+      if (p.detach || (kRule == Rule::lerp && r.u_scale == 0.0f)) m_grad = l_grad = 0.0f;
+      const int row = row_first + acc_row(mt, 2 * half);
+      if (row >= p.T) continue;
+      const bf16* k_max = k_src + static_cast<size_t>(r.argmax) * ld;
+      const bf16* k_min = k_src + static_cast<size_t>(r.argmin) * ld;
+#pragma unroll
+      for (int dt = 0; dt < D / 8; ++dt) {
+        const int col = acc_col(dt, 0);
+        const float2 kx = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(k_max + col));
+        const float2 kn = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(k_min + col));
+        dq_acc[mt][dt][2 * half] += m_grad * kx.x + l_grad * kn.x;
+        dq_acc[mt][dt][2 * half + 1] += m_grad * kx.y + l_grad * kn.y;
+      }
+      if (threadIdx.x % 4 == 0) {
+        p.dm[stat0 + row] = m_grad;
+        p.dl[stat0 + row] = l_grad;
+      }
+    }
+
+  store_acc(q_tile, dq_acc, warp_row0, p.scale);  // the Q tile is free: stage dQ (times c) there
+  __syncthreads();
+  store_tile<Tr::kThreads>(q_tile, p.dqkv + qkv_offset(b, q0, 0, h, p.T, p.H, D), ld, p.T - q0);
+}
+
+// ---------------------------------------------------------------------------
+// dK, dV for every rule, after the dQ pass. Grid (ceil(T / kBlockN), H, B).
+// Each warp owns 16 kRowTiles keys and computes the transposed tiles (keys x
+// queries) so p̂ᵀ and dSᵀ go from accumulators straight into the A operands.
+template <int kHeadDim, int kBlockN, int kBlockM>
+constexpr int dkdv_smem_bytes() {
+  // K and V tiles, two stages of (Q tile, dO tile), two stages of the queries'
+  // RowStats and three row values (δ, then dL/dm and dL/dℓ, or L).
+  return (2 * kBlockN + 4 * kBlockM) * kHeadDim * 2 + 2 * kBlockM * (sizeof(RowStats) + 3 * 4);
+}
+
+template <class Tr, Rule kRule>
+__global__ void __launch_bounds__(Tr::kThreads) dkdv_kernel(const Params p) {
+  constexpr int D = Tr::kHeadDim, BM = Tr::kBlockM, BN = Tr::kBlockN, RT = Tr::kRowTiles;
+  constexpr Rounding kRounding = kRule == Rule::lerp ? Rounding::lerp : Rounding::nearest;
+  extern __shared__ __align__(128) unsigned char smem[];
+  const SmemTile<BN, D> k_tile{reinterpret_cast<bf16*>(smem)};  // (BN, d)
+  const SmemTile<BN, D> v_tile{k_tile.data + BN * D};           // (BN, d)
+  bf16* q_stages = v_tile.data + BN * D;                        // 2 x [(BM, d) Q, (BM, d) dO]
+  RowStats* stat_stages = reinterpret_cast<RowStats*>(q_stages + 4 * BM * D);  // 2 x (BM)
+  float* value_stages = reinterpret_cast<float*>(stat_stages + 2 * BM);       // 2 x 3 x (BM)
+
+  const int k_block = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int k0 = k_block * BN;
+  const int warp_row0 = (threadIdx.x / 32) * 16 * RT;  // first key of the warp, within the block
+  const int warp_key0 = k0 + warp_row0;
+  const size_t ld = static_cast<size_t>(3) * p.H * D, ld_o = static_cast<size_t>(p.H) * D;
+  const size_t stat0 = (static_cast<size_t>(b) * p.H + h) * p.T;
+  const bf16* q_src = p.qkv + qkv_offset(b, 0, 0, h, p.T, p.H, D);
+  const bf16* do_src = p.dout + head_offset(b, 0, h, p.T, p.H, D);
+  // The two row values besides δ: dL/dm and dL/dℓ, or for the probability STE the exact L.
+  const float* second = kRule == Rule::prob_ste ? p.lse : p.dm;
+  auto q_stage = [&](int s) { return SmemTile<BM, D>{q_stages + (2 * s) * BM * D}; };
+  auto do_stage = [&](int s) { return SmemTile<BM, D>{q_stages + (2 * s + 1) * BM * D}; };
+  auto value_stage = [&](int s, int v) { return value_stages + (3 * s + v) * BM; };
+  auto load_queries = [&](int i, int s) {
+    const int q0 = i * BM;
+    load_tile_async<Tr::kThreads>(q_stage(s), q_src + q0 * ld, ld, p.T - q0);
+    load_tile_async<Tr::kThreads>(do_stage(s), do_src + q0 * ld_o, ld_o, p.T - q0);
+    load_row_stats_async<Tr::kThreads, BM>(stat_stages + s * BM, p.stats + stat0 + q0, p.T - q0);
+    load_row_values_async<Tr::kThreads, BM>(value_stage(s, 0), p.delta + stat0 + q0, p.T - q0);
+    load_row_values_async<Tr::kThreads, BM>(value_stage(s, 1), second + stat0 + q0, p.T - q0);
+    if constexpr (kRule != Rule::prob_ste)
+      load_row_values_async<Tr::kThreads, BM>(value_stage(s, 2), p.dl + stat0 + q0, p.T - q0);
+  };
+
+  load_tile_async<Tr::kThreads>(k_tile, p.qkv + qkv_offset(b, k0, 1, h, p.T, p.H, D), ld, p.T - k0);
+  load_tile_async<Tr::kThreads>(v_tile, p.qkv + qkv_offset(b, k0, 2, h, p.T, p.H, D), ld, p.T - k0);
+  const float inv_scale = 1.0f / p.scale;
+
+  float dk_acc[RT][D / 8][4], dv_acc[RT][D / 8][4];  // (16 RT, d) rows of dK, dV owned by this warp
+  zero(dk_acc);
+  zero(dv_acc);
+  // Causal: queries before the block's first key see none of it.
+  pipelined(k0 / BM, (p.T + BM - 1) / BM, load_queries, [&](int i, int s) {
+    const int q0 = i * BM;
+    // Skip when every key of the warp is after every query of the block, or past T.
+    if (warp_key0 > q0 + BM - 1 || warp_key0 >= p.T) return;
+    const RowStats* stats = stat_stages + s * BM;
+    const float* delta = value_stage(s, 0);
+    const float* m_grad = value_stage(s, 1);  // or L
+    const float* l_grad = value_stage(s, 2);
+    uint32_t k_frag[RT][D / 16][4];
+    load_a(k_frag, k_tile, warp_row0);
+    float w[RT][BM / 8][4];  // (16 RT keys, BM queries): raw Sᵀ, then p̂ᵀ
+    zero(w);
+    Bf16Operands::qk(w, k_frag, q_stage(s));
+    uint32_t v_frag[RT][D / 16][4];
+    load_a(v_frag, v_tile, warp_row0);
+    float dp[RT][BM / 8][4];  // (16 RT keys, BM queries): dPᵀ, then dSᵀ
+    zero(dp);
+    Bf16Operands::dp(dp, v_frag, do_stage(s));
+#pragma unroll
+    for (int mt = 0; mt < RT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < BM / 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int key = warp_key0 + acc_row(mt, e), qi = acc_col(nt, e), query = q0 + qi;
+          float p_hat = 0.0f, ds = 0.0f;
+          if (query < p.T && key <= query) {
+            const RowStats& r = stats[qi];
+            const float raw = w[mt][nt][e], u = grid_coord(r, raw, p.grid);
+            const float g = dp[mt][nt][e] - delta[qi];
+            p_hat = quantised_weight<kRounding>(u, r, p.grid) * r.inv_z;
+            if constexpr (kRule == Rule::lerp) {
+              ds = lerp_grad(u, g * r.inv_z, r, r.u_scale * inv_scale, p.grid, p.fwm).ds;
+            } else if constexpr (kRule == Rule::weight_ste) {
+              if (!(p.mask_window && u < 0.0f))
+                ds = fast_exp2(fmaf(raw, p.scale_log2, -r.w_base)) * g * r.inv_z;
+            } else {  // exact P = exp(c r − L)
+              ds = fast_exp2(fmaf(raw, p.scale_log2, -m_grad[qi] * kLog2e)) * g;
+            }
+            if constexpr (kRule != Rule::prob_ste) {
+              if (key == r.argmax) ds += m_grad[qi];
+              if (key == r.argmin) ds += l_grad[qi];
+            }
+          }
+          w[mt][nt][e] = p_hat;
+          dp[mt][nt][e] = ds;
+        }
+    Bf16Operands::dv(dv_acc, w, do_stage(s));
+    Bf16Operands::dk(dk_acc, dp, q_stage(s));
+  });
+
+  // K and V tiles are free: stage dK (times c) and dV there, then store both.
+  store_acc(k_tile, dk_acc, warp_row0, p.scale);
+  store_acc(v_tile, dv_acc, warp_row0, 1.0f);
+  __syncthreads();
+  store_tile<Tr::kThreads>(k_tile, p.dqkv + qkv_offset(b, k0, 1, h, p.T, p.H, D), ld, p.T - k0);
+  store_tile<Tr::kThreads>(v_tile, p.dqkv + qkv_offset(b, k0, 2, h, p.T, p.H, D), ld, p.T - k0);
+}
+
+// ---------------------------------------------------------------------------
+// Launchers.
+
+template <int D>
+struct Tiles;
+template <>
+struct Tiles<64> {
+  using Forward = ForwardTraits<64, 4, 2, 64>;
+  using DkDv = DkDvTraits<64, 8, 1, 64>;
+  using Dq = DqTraits<64, 8, 1, 64>;
+};
+template <>
+struct Tiles<128> {
+  using Forward = ForwardTraits<128, 8, 1, 64>;
+  using DkDv = DkDvTraits<128, 8, 1, 64>;
+  using Dq = DqTraits<128, 8, 1, 64>;
+};
+
+// Raises the kernel's dynamic shared-memory limit (above 48 KB needs it) and launches it.
+template <class P>
+void launch(void (*kernel)(P), dim3 grid, int threads, int smem_bytes, cudaStream_t stream,
+            const P& params) {
+  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
+  kernel<<<grid, threads, smem_bytes, stream>>>(params);
+  CUDA_CHECK_LAUNCH();
+}
+
+void check_options(const KIntervalOptions& opt) {
+  if (opt.K < 1)
+    throw std::invalid_argument("kinterval: K = " + std::to_string(opt.K) + " is not allowed (K >= 1)");
+  if (opt.calibration == Calibration::fwm && !(opt.window > 0.0))
+    throw std::invalid_argument("kinterval: window = " + std::to_string(opt.window) +
+                                " is not allowed (fwm needs a window > 0)");
+}
+
+// Workspace: δ, dL/dm, dL/dℓ, then (probability STE) L and the exact output (B, T, C) bf16.
+struct Workspace {
+  float *delta, *dm, *dl, *lse;
+  bf16* o_exact;
+};
+Workspace carve(void* base, const AttentionShape& s) {
+  const size_t rows = static_cast<size_t>(s.B) * s.H * s.T;
+  float* f = static_cast<float*>(base);
+  return {f, f + rows, f + 2 * rows, f + 3 * rows, reinterpret_cast<bf16*>(f + 4 * rows)};
+}
+
+Params make_params(const KIntervalOptions& opt, const AttentionShape& s) {
+  Params p{};
+  p.B = s.B, p.H = s.H, p.T = s.T;
+  p.scale = 1.0f / std::sqrt(static_cast<float>(s.d));
+  p.scale_log2 = p.scale * kLog2e;
+  p.fwm = opt.calibration == Calibration::fwm;
+  p.grid = {static_cast<float>(opt.K), p.fwm ? -INFINITY : 0.0f};
+  p.window = static_cast<float>(opt.window);
+  p.mask_window = p.fwm && opt.ste_window_mask;
+  p.detach = opt.detach_extrema;
+  return p;
+}
+
+template <int D>
+void forward(const KIntervalOptions& opt, const Params& p, cudaStream_t stream) {
+  using Tr = typename Tiles<D>::Forward;
+  const dim3 grid(ceil_div(p.T, Tr::kBlockM), p.H, p.B);
+  if (opt.rounding == Rounding::lerp)
+    launch(forward_kernel<Tr, Rounding::lerp>, grid, Tr::kThreads, Tr::kSmemBytes, stream, p);
+  else
+    launch(forward_kernel<Tr, Rounding::nearest>, grid, Tr::kThreads, Tr::kSmemBytes, stream, p);
+}
+
+template <int D, Rule kRule>
+void launch_dkdv(const Params& p, cudaStream_t stream) {
+  using Tr = typename Tiles<D>::DkDv;
+  launch(dkdv_kernel<Tr, kRule>, dim3(ceil_div(p.T, Tr::kBlockN), p.H, p.B), Tr::kThreads,
+         dkdv_smem_bytes<D, Tr::kBlockN, Tr::kBlockM>(), stream, p);
+}
+
+template <int D, Rule kRule>
+void launch_dq_dkdv(const Params& p, cudaStream_t stream) {
+  using Tr = typename Tiles<D>::Dq;
+  launch(dq_kernel<Tr, kRule>, dim3(ceil_div(p.T, Tr::kBlockM), p.H, p.B), Tr::kThreads,
+         Tr::kSmemBytes, stream, p);
+  launch_dkdv<D, kRule>(p, stream);
+}
+
+template <int D>
+void backward(const KIntervalOptions& opt, const AttentionShape& s, const Params& p, const bf16* o,
+              const Workspace& ws, cudaStream_t stream) {
+  const Rule rule = rule_of(opt);
+  // The skeleton's delta pre-pass and (probability STE) FPA's dQ pass read these.
+  BackwardParams fb{p.qkv, o, p.dout, ws.lse, ws.delta, p.dqkv, p.B, p.H, p.T, p.scale, p.scale_log2};
+  if (rule == Rule::prob_ste) {
+    fpa_forward(s, p.qkv, ws.o_exact, ws.lse, stream);  // exact L, and the exact output for δ
+    fb.o = ws.o_exact;
+  }
+  constexpr int kDeltaRowsPerBlock = 8;  // one warp per row
+  attention_delta_kernel<<<ceil_div(static_cast<long long>(p.B) * p.T * p.H, kDeltaRowsPerBlock),
+                           32 * kDeltaRowsPerBlock, 0, stream>>>(fb, D);
+  CUDA_CHECK_LAUNCH();
+  switch (rule) {
+    case Rule::lerp: return launch_dq_dkdv<D, Rule::lerp>(p, stream);
+    case Rule::weight_ste: return launch_dq_dkdv<D, Rule::weight_ste>(p, stream);
+    case Rule::prob_ste: {
+      using Dq = typename Tiles<D>::Dq;
+      launch(flash_backward_dq_kernel<Dq, Bf16Operands, OnlineSoftmax<Dq::kRowTiles>>,
+             dim3(ceil_div(p.T, Dq::kBlockM), p.H, p.B), Dq::kThreads, Dq::kSmemBytes, stream, fb);
+      return launch_dkdv<D, Rule::prob_ste>(p, stream);
+    }
+  }
+}
+
+}  // namespace
+
+int kinterval_row_stats() { return kRowStats; }
+
+size_t kinterval_workspace_bytes(const KIntervalOptions& opt, const AttentionShape& s) {
+  const size_t rows = static_cast<size_t>(s.B) * s.H * s.T;
+  const size_t exact = rule_of(opt) == Rule::prob_ste ? rows * s.d * sizeof(bf16) : 0;
+  return 4 * rows * sizeof(float) + exact;
+}
+
+void kinterval_forward(const KIntervalOptions& opt, const AttentionShape& s, const bf16* qkv,
+                       bf16* o, float* stats, cudaStream_t stream) {
+  check_options(opt);
+  Params p = make_params(opt, s);
+  p.qkv = qkv, p.o = o, p.stats = reinterpret_cast<RowStats*>(stats);
+  if (s.d == 64) return forward<64>(opt, p, stream);
+  return forward<128>(opt, p, stream);
+}
+
+void kinterval_backward(const KIntervalOptions& opt, const AttentionShape& s, const bf16* qkv,
+                        const bf16* o, const bf16* dout, const float* stats, bf16* dqkv,
+                        void* workspace, cudaStream_t stream) {
+  check_options(opt);
+  const Workspace ws = carve(workspace, s);
+  Params p = make_params(opt, s);
+  p.qkv = qkv, p.dout = dout, p.dqkv = dqkv;
+  p.stats = reinterpret_cast<RowStats*>(const_cast<float*>(stats));  // read only in the backward
+  p.delta = ws.delta, p.dm = ws.dm, p.dl = ws.dl, p.lse = ws.lse;
+  if (s.d == 64) return backward<64>(opt, s, p, o, ws, stream);
+  return backward<128>(opt, s, p, o, ws, stream);
+}
+
+}  // namespace qattn::cuda

@@ -1,0 +1,25 @@
+// K-interval quantised-softmax attention (SPEC §4) on the GPU: launchers called by dispatch.cu.
+#pragma once
+#include <cuda_runtime.h>
+
+#include "attention/attention.cuh"
+#include "common.cuh"
+
+namespace qattn::cuda {
+
+// fp32 per (b, h, row) saved by the forward (kinterval_softmax.cuh, RowStats).
+int kinterval_row_stats();
+// Scratch of the backward: δ, dL/dm, dL/dℓ per row, and for the probability STE
+// also the exact softmax's L and output.
+size_t kinterval_workspace_bytes(const KIntervalOptions& opt, const AttentionShape& s);
+
+// qkv (B, T, 3C) -> o (B, T, C), stats (B, H, T, kinterval_row_stats()).
+void kinterval_forward(const KIntervalOptions& opt, const AttentionShape& s, const bf16* qkv,
+                       bf16* o, float* stats, cudaStream_t stream);
+
+// dout (B, T, C) -> dqkv (B, T, 3C), deterministic.
+void kinterval_backward(const KIntervalOptions& opt, const AttentionShape& s, const bf16* qkv,
+                        const bf16* o, const bf16* dout, const float* stats, bf16* dqkv,
+                        void* workspace, cudaStream_t stream);
+
+}  // namespace qattn::cuda

@@ -1,0 +1,158 @@
+// The K-interval quantised softmax (SPEC §4) one score at a time, for the
+// kernels of kinterval.cu. Everything works on raw scores r = q·k (the
+// kernels' fp32 accumulators, before the factor c = 1/√d), with per-row
+// constants fixed by the forward's first pass and saved in RowStats:
+//
+//   u   = clamp((r − g0) · u_scale, u_floor, K)       grid coordinate
+//   v_a = 2^((a − K) · step) = exp(−(K − a) Δ)          grid values, v_K = 1
+//   nearest: ŵ = v_{floor(u + 1/2)};  lerp: ŵ = v_a + t (v_{a+1} − v_a),
+//   a = min(floor(u), K − 1), t = u − a;  u < 0 (below the fwm window): ŵ = 0.
+//
+// A flat minmax row (m − ℓ < 1e-6) has u_scale = 0 and step = 0, so every
+// grid value is 1 and every weight is 1, as the SPEC asks.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cmath>
+
+#include "attention/online_softmax.cuh"
+#include "qattn/attention.hpp"
+
+namespace qattn::cuda::kinterval {
+
+using flash::fast_exp2;
+
+// What the backward's dS follows (SPEC §4): lerp's exact derivative, or for
+// nearest rounding the weight STE or the probability STE.
+enum class Rule { lerp, weight_ste, prob_ste };
+
+inline Rule rule_of(const KIntervalOptions& opt) {
+  if (opt.rounding == Rounding::lerp) return Rule::lerp;
+  return opt.ste == Ste::weight ? Rule::weight_ste : Rule::prob_ste;
+}
+
+// Saved by the forward for each (b, h, row): the attention_row_stats = 8 fp32
+// of the kind, laid out (B, H, T, 8) as this struct (the two indices are int bits).
+struct alignas(16) RowStats {
+  float g0;       // raw score of the grid's first point g_0 (minmax: ℓ / c; fwm: (m − W) / c)
+  float u_scale;  // c / Δ; 0 for a flat row
+  float step;     // Δ · log2(e); 0 for a flat row
+  float ratio;    // v_{a+1} / v_a = e^Δ
+  float w_base;   // raw max · c · log2(e): the weight STE's w = 2^(r c log2(e) − w_base)
+  float inv_z;    // 1 / Σ_j ŵ_j (Σ ≥ 1: the max has ŵ = 1)
+  int argmax;     // visible key with the largest score, the lowest index on ties
+  int argmin;     // likewise the smallest
+};
+constexpr int kRowStats = sizeof(RowStats) / sizeof(float);
+static_assert(kRowStats == 8);
+
+// The grid's options as the kernels use them.
+struct GridOptions {
+  float K;        // intervals
+  float u_floor;  // minmax: 0 (u never leaves the grid); fwm: −inf (u < 0 is below the window)
+};
+
+__device__ __forceinline__ float grid_coord(const RowStats& r, float raw, const GridOptions& g) {
+  return fminf(fmaxf((raw - r.g0) * r.u_scale, g.u_floor), g.K);
+}
+
+__device__ __forceinline__ float grid_value(float a, const RowStats& r, const GridOptions& g) {
+  return fast_exp2((a - g.K) * r.step);
+}
+
+// The lerp cell of u >= 0: a and t.
+__device__ __forceinline__ void lerp_cell(float u, float K, float& a, float& t) {
+  a = fminf(floorf(u), K - 1.0f);
+  t = u - a;
+}
+
+// ŵ at coordinate u.
+template <Rounding kRounding>
+__device__ __forceinline__ float quantised_weight(float u, const RowStats& r, const GridOptions& g) {
+  if (u < 0.0f) return 0.0f;
+  if constexpr (kRounding == Rounding::nearest) {
+    return grid_value(floorf(u + 0.5f), r, g);
+  } else {
+    float a, t;
+    lerp_cell(u, g.K, a, t);
+    const float va = grid_value(a, r, g);
+    return fmaf(t, va * r.ratio - va, va);
+  }
+}
+
+// Lerp's exact derivative at one entry, given h = dL/dŵ_j = (g_j − ḡ) / Ẑ:
+// ds, the direct part dL/ds_j, and the entry's share of dL/dm and dL/dℓ (SPEC §4;
+// fwm has no ℓ and its grid values do not depend on m). inv_delta = 1/Δ.
+struct LerpGrad {
+  float ds, dm, dl;
+};
+__device__ __forceinline__ LerpGrad lerp_grad(float u, float h, const RowStats& r, float inv_delta,
+                                              const GridOptions& g, bool fwm) {
+  if (u < 0.0f) return {0.0f, 0.0f, 0.0f};  // below the fwm window: ŵ is the constant 0
+  float a, t;
+  lerp_cell(u, g.K, a, t);
+  const float va = grid_value(a, r, g), vb = va * r.ratio, dv = vb - va;
+  const float ds = h * dv * inv_delta;
+  if (fwm) return {ds, -ds, 0.0f};
+  // minmax, C = m − ℓ = KΔ: v_a = exp(−(K − a) C / K) gives dv_a/dC = −(1 − a/K) v_a.
+  const float inv_c = inv_delta / g.K;
+  const float dv_dc = -(1.0f - t) * (1.0f - a / g.K) * va - t * (1.0f - (a + 1.0f) / g.K) * vb;
+  return {ds, h * (-(u * inv_c) * dv + dv_dc), h * (-((g.K - u) * inv_c) * dv - dv_dc)};
+}
+
+// Row max and min with their indices, ties to the lowest index.
+struct Extremum {
+  float value;
+  int index;
+};
+__device__ __forceinline__ bool above(float v, int i, const Extremum& e) {
+  return v > e.value || (v == e.value && i < e.index);
+}
+__device__ __forceinline__ bool below(float v, int i, const Extremum& e) {
+  return v < e.value || (v == e.value && i < e.index);
+}
+// Combines the four threads that share a row.
+template <bool kMax>
+__device__ __forceinline__ Extremum row_extremum4(Extremum e) {
+#pragma unroll
+  for (int offset = 1; offset <= 2; offset *= 2) {
+    const float v = __shfl_xor_sync(0xffffffffu, e.value, offset);
+    const int i = __shfl_xor_sync(0xffffffffu, e.index, offset);
+    if (kMax ? above(v, i, e) : below(v, i, e)) e = {v, i};
+  }
+  return e;
+}
+
+// The row's grid from its raw max and min (SPEC §4 calibration); inv_z is set
+// by the forward's second pass. scale = c.
+__device__ __forceinline__ RowStats make_row_stats(const Extremum& hi, const Extremum& lo,
+                                                   float scale, const GridOptions& g, bool fwm,
+                                                   float window) {
+  RowStats r;
+  r.argmax = hi.index;
+  r.argmin = lo.index;
+  r.w_base = hi.value * scale * flash::kLog2e;
+  r.inv_z = 0.0f;
+  float delta;
+  if (fwm) {
+    delta = window / g.K;
+    r.g0 = hi.value - window / scale;
+    r.u_scale = scale / delta;
+  } else {
+    r.g0 = lo.value;
+    const float range = scale * (hi.value - lo.value);  // C = m − ℓ
+    if (range < 1e-6f) {  // flat: every grid value, hence every weight, is 1
+      r.u_scale = 0.0f;
+      r.step = 0.0f;
+      r.ratio = 1.0f;
+      return r;
+    }
+    delta = range / g.K;
+    r.u_scale = g.K / (hi.value - lo.value);
+  }
+  r.step = delta * flash::kLog2e;
+  r.ratio = expf(delta);
+  return r;
+}
+
+}  // namespace qattn::cuda::kinterval
