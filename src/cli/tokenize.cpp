@@ -1,5 +1,6 @@
 // qattn tokenize: text files -> llm.c shards; qattn detokenize: shards or ids -> text.
 #include <spdlog/spdlog.h>
+#include <sys/resource.h>
 
 #include <chrono>
 #include <cstdio>
@@ -59,6 +60,15 @@ std::vector<uint16_t> parse_ids(const std::string& list) {
   return ids;
 }
 
+// CPU seconds this process has used (all threads), to tell encoding speed
+// from time spent waiting for a busy machine.
+double cpu_seconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-6;
+}
+
 }  // namespace
 
 void add_tokenize_command(CLI::App& app) {
@@ -99,9 +109,11 @@ void add_tokenize_command(CLI::App& app) {
     }
     const auto tokenizer = make_tokenizer(args->kind, args->vocab);
     const auto start = std::chrono::steady_clock::now();
+    const double cpu_start = cpu_seconds();
     const CorpusStats s = tokenize_corpus(*tokenizer, o);
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double cpu = cpu_seconds() - cpu_start;
     if (s.utf8_replacements > 0)
       spdlog::warn("tokenize: replaced {} invalid UTF-8 sequences by U+FFFD", s.utf8_replacements);
     for (const auto& shard : s.shards) spdlog::info("wrote {} ({} tokens)", shard, validate_shard(shard));
@@ -109,8 +121,8 @@ void add_tokenize_command(CLI::App& app) {
               << s.val_documents << " val), " << s.bytes << " bytes -> " << s.val_tokens
               << " val tokens + " << s.train_tokens << " train tokens in " << s.shards.size()
               << " shards\n";
-    std::printf("tokenize: %.3f MB in %.3f s = %.2f MB/s with %d threads\n", s.bytes / 1e6, seconds,
-                s.bytes / 1e6 / seconds, s.threads);
+    std::printf("tokenize: %.3f MB in %.3f s = %.2f MB/s with %d threads (%.2f MB per CPU-second)\n",
+                s.bytes / 1e6, seconds, s.bytes / 1e6 / seconds, s.threads, s.bytes / 1e6 / cpu);
   });
 }
 

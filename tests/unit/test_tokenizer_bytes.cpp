@@ -144,3 +144,12 @@ TEST_CASE("tokenize_corpus: bad input names what is wrong", "[tokenizer][corpus]
   o.doc_separator.clear();
   CHECK_THROWS_WITH(tokenize_corpus(*tok, o), Catch::Contains("all 1 documents went to the validation"));
 }
+
+TEST_CASE("qattn tokenize | detokenize round-trips (bytes)", "[tokenizer][bytes][cli]") {
+  const auto dir = tokenizer_temp_dir("cli_bytes");
+  const std::string a = "caf\xC3\xA9\n\n", b = std::string("\0\xFF\x80 binary", 10);
+  write_file(dir / "a.txt", a);
+  write_file(dir / "b.txt", b);
+  CHECK(cli_round_trip("bytes", {dir / "a.txt", dir / "b.txt"}, dir) ==
+        "<|endoftext|>" + a + "<|endoftext|>" + b);
+}

@@ -320,3 +320,17 @@ TEST_CASE("gpt2: equals the reference encoder on real English (>= 1 MB)", "[toke
   }
   check_against_reference(*tok, docs, "real");
 }
+
+TEST_CASE("qattn tokenize | detokenize round-trips (gpt2)", "[tokenizer][gpt2][cli]") {
+  if (!gpt2_or_skip()) return;
+  const auto dir = tokenizer_temp_dir("cli_gpt2");
+  const auto docs = adversarial_documents();
+  std::string a, b;
+  for (size_t i = 0; i < docs.size(); ++i) (i % 2 ? a : b) += docs[i] + "\n";
+  write_file(dir / "a.txt", a);
+  write_file(dir / "b.txt", b);
+  repair_utf8(a);
+  repair_utf8(b);
+  CHECK(cli_round_trip("gpt2", {dir / "a.txt", dir / "b.txt"}, dir) ==
+        "<|endoftext|>" + a + "<|endoftext|>" + b);
+}
