@@ -19,12 +19,10 @@
 #include <cstdint>
 
 #include "attention/online_softmax.cuh"
+#include "attention/quant.cuh"  // kPermuted: the T order of the transposed copies
 #include "attention/tile_mma.cuh"
 
 namespace qattn::cuda::flash {
-
-// Physical column (key or query within a 16-group) at logical k position p.
-__host__ __device__ constexpr int kPermuted(int p) { return 2 * (p / 4) + (p % 2) + 8 * ((p % 4) / 2); }
 
 // A (kRows, kCols) int8 tile in shared memory, row-major with 16 bytes of
 // padding per row: row strides of 80 or 144 bytes put the eight rows of an

@@ -5,7 +5,6 @@
 //   query_bias       smooth_q's fp32 bias c·μ_Qi·(K_j − μ_K), one row per query block
 #include <cmath>
 
-#include "attention/int8_operands.cuh"
 #include "attention/quant.cuh"
 
 namespace qattn::cuda {
@@ -115,7 +114,7 @@ __global__ void __launch_bounds__(kQuantThreads) quantise_kernel(const QuantiseP
   // (d, Tp): position pos of the block holds row kPermuted of its 16-group.
   for (int i = threadIdx.x; i < kSageBlock * D; i += kQuantThreads) {
     const int col = i / kSageBlock, pos = i % kSageBlock;
-    const int r = (pos / 16) * 16 + flash::kPermuted(pos % 16);
+    const int r = (pos / 16) * 16 + kPermuted(pos % 16);
     out.i8t[(static_cast<size_t>(bh) * D + col) * ws.Tp + t0 + pos] = quantise_level(x[r][col], scale);
   }
 

@@ -19,6 +19,11 @@ namespace qattn::cuda {
 // Rows per quantisation block = the kernels' tile (SPEC's block_q, block_k).
 constexpr int kSageBlock = 64;
 
+// The transposed copies hold T permuted within each group of 16: position p of
+// a group holds its row kPermuted(p), the order in which a thread's fp32
+// accumulator columns form an int8 A fragment (int8_operands.cuh).
+__host__ __device__ constexpr int kPermuted(int p) { return 2 * (p / 4) + (p % 2) + 8 * ((p % 4) / 2); }
+
 // One operand of one attention call, all (b, h) heads: X quantised per block
 // of kSageBlock rows, and the same X rounded to bf16 (for products set to bf16).
 struct QuantOperand {
