@@ -3,6 +3,7 @@
 // results are deterministic for a given build and thread count.
 #include "qattn/cpu/ops.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 namespace qattn::cpu {
@@ -89,18 +90,27 @@ void layernorm_backward(F* dinp, F* dw, F* db, const F* dout, const F* inp, cons
   }
 }
 
+// The matmuls work on blocks of kRows rows (forward, dinp) or kCols output
+// channels (dw) so that each weight row or input row loaded from cache is used
+// several times. Summation order is fixed: results do not depend on threads.
+constexpr int kRows = 4, kCols = 8;
+
 template <typename F>
 void matmul_forward(F* out, const F* inp, const F* w, const F* bias, int N, int IC, int OC) {
 #pragma omp parallel for
-  for (int n = 0; n < N; ++n) {
-    const F* x = inp + static_cast<size_t>(n) * IC;   // (IC)
-    F* o = out + static_cast<size_t>(n) * OC;         // (OC)
+  for (int n0 = 0; n0 < N; n0 += kRows) {
+    const int rows = std::min(kRows, N - n0);
     for (int oc = 0; oc < OC; ++oc) {
-      const F* wr = w + static_cast<size_t>(oc) * IC;
-      F acc = bias ? bias[oc] : F(0);
-#pragma omp simd reduction(+ : acc)
-      for (int i = 0; i < IC; ++i) acc += x[i] * wr[i];
-      o[oc] = acc;
+      const F* wr = w + static_cast<size_t>(oc) * IC;  // (IC)
+      F acc[kRows] = {};
+      for (int r = 0; r < rows; ++r) {
+        const F* x = inp + static_cast<size_t>(n0 + r) * IC;
+        F a = 0;
+#pragma omp simd reduction(+ : a)
+        for (int i = 0; i < IC; ++i) a += x[i] * wr[i];
+        acc[r] = a;
+      }
+      for (int r = 0; r < rows; ++r) out[static_cast<size_t>(n0 + r) * OC + oc] = acc[r] + (bias ? bias[oc] : F(0));
     }
   }
 }
@@ -109,28 +119,34 @@ template <typename F>
 void matmul_backward(F* dinp, F* dw, F* dbias, const F* dout, const F* inp, const F* w, int N,
                      int IC, int OC) {
 #pragma omp parallel for
-  for (int n = 0; n < N; ++n) {  // dinp (N, IC) += dout (N, OC) . w (OC, IC)
-    const F* d = dout + static_cast<size_t>(n) * OC;
-    F* di = dinp + static_cast<size_t>(n) * IC;
+  for (int n0 = 0; n0 < N; n0 += kRows) {  // dinp (N, IC) += dout (N, OC) . w (OC, IC)
+    const int rows = std::min(kRows, N - n0);
     for (int oc = 0; oc < OC; ++oc) {
-      const F g = d[oc];
       const F* wr = w + static_cast<size_t>(oc) * IC;
+      for (int r = 0; r < rows; ++r) {
+        const F g = dout[static_cast<size_t>(n0 + r) * OC + oc];
+        F* di = dinp + static_cast<size_t>(n0 + r) * IC;
 #pragma omp simd
-      for (int i = 0; i < IC; ++i) di[i] += g * wr[i];
+        for (int i = 0; i < IC; ++i) di[i] += g * wr[i];
+      }
     }
   }
 #pragma omp parallel for
-  for (int oc = 0; oc < OC; ++oc) {  // dw (OC, IC) += dout^T (OC, N) . inp (N, IC)
-    F* dwr = dw + static_cast<size_t>(oc) * IC;
-    F db = 0;
+  for (int o0 = 0; o0 < OC; o0 += kCols) {  // dw (OC, IC) += dout^T (OC, N) . inp (N, IC)
+    const int cols = std::min(kCols, OC - o0);
+    F db[kCols] = {};
     for (int n = 0; n < N; ++n) {
-      const F g = dout[static_cast<size_t>(n) * OC + oc];
-      db += g;
       const F* x = inp + static_cast<size_t>(n) * IC;
+      for (int c = 0; c < cols; ++c) {
+        const F g = dout[static_cast<size_t>(n) * OC + o0 + c];
+        db[c] += g;
+        F* dwr = dw + static_cast<size_t>(o0 + c) * IC;
 #pragma omp simd
-      for (int i = 0; i < IC; ++i) dwr[i] += g * x[i];
+        for (int i = 0; i < IC; ++i) dwr[i] += g * x[i];
+      }
     }
-    if (dbias) dbias[oc] += db;
+    if (dbias)
+      for (int c = 0; c < cols; ++c) dbias[o0 + c] += db[c];
   }
 }
 
