@@ -177,7 +177,7 @@ __global__ void __launch_bounds__(Tr::kThreads) flash_forward_kernel(const Forwa
 
 // ---------------------------------------------------------------------------
 // Backward pre-pass: δ = rowsum(dO ∘ O) in fp32, one warp per (b, t, h) row.
-__global__ void attention_delta_kernel(const BackwardParams p, int d) {
+static __global__ void attention_delta_kernel(const BackwardParams p, int d) {
   const long long row = static_cast<long long>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   if (row >= static_cast<long long>(p.B) * p.T * p.H) return;
   const int lane = threadIdx.x % 32;
