@@ -4,6 +4,7 @@
 // intervals after warm-up, on random normal inputs; the error column compares
 // head (0, 0) with the fp64 CPU reference (relative L2).
 #include <algorithm>
+#include <map>
 #include <memory>
 #include <cstdio>
 #include <random>
@@ -32,6 +33,7 @@ struct BenchOptions {
   std::vector<std::string> shapes;
   int warmup = 5, reps = 20;
   bool no_check = false;  // skip the CPU-reference error column
+  KIntervalOptions kinterval;  // used with --kind kinterval
 };
 
 AttentionKind parse_kind(const std::string& name) {
@@ -153,6 +155,7 @@ void bench_shape(const AttentionConfig& cfg, const AttentionShape& s, const Benc
 void run_bench_attention(const BenchOptions& opt) {
   AttentionConfig cfg;
   cfg.kind = parse_kind(opt.kind);
+  cfg.kinterval = opt.kinterval;
 #ifdef QATTN_HAVE_CUDA
   std::vector<AttentionShape> shapes;
   for (const auto& text : opt.shapes) shapes.push_back(parse_shape(text));
@@ -168,6 +171,10 @@ void run_bench_attention(const BenchOptions& opt) {
               "(fwd 2BHT^2d, bwd 2.5x)%s\n",
               prop.name, prop.major, prop.minor, opt.warmup, opt.reps,
               !opt.no_check ? "; err = rel. L2 of head (0,0) vs fp64 CPU" : "");
+  if (cfg.kind == AttentionKind::kinterval)
+    std::printf("kinterval: K=%d calibration=%s window=%g rounding=%s ste=%s\n", cfg.kinterval.K,
+                to_string(cfg.kinterval.calibration).c_str(), cfg.kinterval.window,
+                to_string(cfg.kinterval.rounding).c_str(), to_string(cfg.kinterval.ste).c_str());
   std::printf("%-6s %3s %3s %6s %4s  %8s %8s  %8s %8s  %9s%s\n", "kind", "B", "H", "T", "d", "fwd ms",
               "TFLOP/s", "bwd ms", "TFLOP/s", "total ms", !opt.no_check ? "  err o   dq      dk      dv" : "");
   unsigned long long seed = std::random_device{}();
@@ -189,6 +196,18 @@ void add_bench_command(CLI::App& app) {
   attn->add_option("--warmup", opt->warmup, "untimed runs first")->capture_default_str();
   attn->add_option("--reps", opt->reps, "timed runs (the median is printed)")->capture_default_str();
   attn->add_flag("--no-check", opt->no_check, "skip the comparison with the CPU reference");
+  const std::map<std::string, Calibration> calibrations{{"minmax", Calibration::minmax}, {"fwm", Calibration::fwm}};
+  const std::map<std::string, Rounding> roundings{{"nearest", Rounding::nearest}, {"lerp", Rounding::lerp}};
+  const std::map<std::string, Ste> stes{{"weight", Ste::weight}, {"prob", Ste::prob}};
+  attn->add_option("--K", opt->kinterval.K, "kinterval: intervals")->check(CLI::PositiveNumber)->capture_default_str();
+  attn->add_option("--calibration", opt->kinterval.calibration, "kinterval: minmax or fwm")
+      ->transform(CLI::CheckedTransformer(calibrations))->capture_default_str();
+  attn->add_option("--window", opt->kinterval.window, "kinterval: fwm window W in nats")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  attn->add_option("--rounding", opt->kinterval.rounding, "kinterval: nearest or lerp")
+      ->transform(CLI::CheckedTransformer(roundings))->capture_default_str();
+  attn->add_option("--ste", opt->kinterval.ste, "kinterval: weight or prob (nearest only)")
+      ->transform(CLI::CheckedTransformer(stes))->capture_default_str();
   attn->callback([opt] { run_bench_attention(*opt); });
 }
 
