@@ -27,7 +27,8 @@ struct TokenizerError : std::runtime_error {
 class Encoder {
  public:
   virtual ~Encoder() = default;
-  // Appends the tokens of text[begin, end). begin and end must be boundaries
+  // Appends the tokens of text[begin, end). text must have been through
+  // Tokenizer::make_encodable, begin and end must be boundaries
   // (Tokenizer::is_boundary); the whole text is passed because GPT-2's
   // pattern looks one character past the end of a piece.
   virtual void encode(std::string_view text, size_t begin, size_t end,

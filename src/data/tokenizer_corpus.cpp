@@ -5,12 +5,13 @@
 #include <omp.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <deque>
+#include <exception>
 #include <filesystem>
 #include <fstream>
-#include <regex>
 #include <sstream>
 
 #include "qattn/data.hpp"
@@ -93,14 +94,26 @@ void check_options(const CorpusOptions& o) {
       throw TokenizerError("tokenize: input file " + f + " does not exist or is not a file");
 }
 
+// NAME_val_NNNNNN.bin or NAME_train_NNNNNN.bin.
+bool is_shard_of(const std::string& file, const std::string& name) {
+  if (file.rfind(name, 0) != 0) return false;
+  const std::string_view rest = std::string_view(file).substr(name.size());
+  for (const std::string_view split : {"_val_", "_train_"}) {
+    if (rest.size() != split.size() + 10 || rest.substr(0, split.size()) != split ||
+        rest.substr(split.size() + 6) != ".bin")
+      continue;
+    const std::string_view digits = rest.substr(split.size(), 6);
+    if (std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
+      return true;
+  }
+  return false;
+}
+
 // Shards from an earlier run with the same name would otherwise mix into the
 // data globs.
 void remove_old_shards(const CorpusOptions& o) {
-  const std::regex shard(o.name + "_(val|train)_[0-9]{6}\\.bin", std::regex::ECMAScript);
-  for (const auto& entry : fs::directory_iterator(o.out_dir)) {
-    const std::string file = entry.path().filename().string();
-    if (file.rfind(o.name, 0) == 0 && std::regex_match(file, shard)) fs::remove(entry.path());
-  }
+  for (const auto& entry : fs::directory_iterator(o.out_dir))
+    if (is_shard_of(entry.path().filename().string(), o.name)) fs::remove(entry.path());
 }
 
 struct Document {
@@ -133,12 +146,19 @@ void encode_batch(const Tokenizer& tokenizer, std::vector<std::unique_ptr<Encode
                   const std::vector<Document>& docs, ShardWriter& writer) {
   const std::vector<Piece> pieces = cut_pieces(tokenizer, docs);
   std::vector<std::vector<uint16_t>> tokens(pieces.size());
+  std::vector<std::exception_ptr> errors(pieces.size());  // exceptions cannot leave an OpenMP loop
   const int n = static_cast<int>(pieces.size());
 #pragma omp parallel for schedule(dynamic, 1) num_threads(static_cast<int>(encoders.size()))
   for (int i = 0; i < n; ++i) {
     const Piece& p = pieces[i];
-    encoders[omp_get_thread_num()]->encode(docs[p.document].text, p.begin, p.end, tokens[i]);
+    try {
+      encoders[omp_get_thread_num()]->encode(docs[p.document].text, p.begin, p.end, tokens[i]);
+    } catch (...) {
+      errors[i] = std::current_exception();
+    }
   }
+  for (const auto& e : errors)
+    if (e) std::rethrow_exception(e);
   const uint16_t eot = tokenizer.eot();
   size_t next_piece = 0;
   for (size_t d = 0; d < docs.size(); ++d) {
