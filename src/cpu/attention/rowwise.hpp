@@ -13,8 +13,9 @@
 
 namespace qattn::cpu {
 
+// sum_x a_x b_x over one row of n entries.
 template <typename F>
-F dot(const F* a, const F* b, int n) {
+F row_dot(const F* a, const F* b, int n) {
   F acc = 0;
   for (int x = 0; x < n; x++) acc += a[x] * b[x];
   return acc;
@@ -24,7 +25,7 @@ F dot(const F* a, const F* b, int n) {
 template <typename F>
 void causal_scores_row(int i, int d, const F* q, const F* k, F* s) {
   const F c = F(1) / std::sqrt(F(d));
-  for (int j = 0; j <= i; j++) s[j] = c * dot(q + (size_t)i * d, k + (size_t)j * d, d);
+  for (int j = 0; j <= i; j++) s[j] = c * row_dot(q + (size_t)i * d, k + (size_t)j * d, d);
 }
 
 template <typename F, typename Rows>
@@ -60,7 +61,7 @@ void rowwise_backward(const Rows& rows, int T, int d, const F* q, const F* k, co
     const F* doi = dout + (size_t)i * d;
     causal_scores_row(i, d, q, k, s.data());
     rows.probs(n, s.data(), p.data());
-    for (int j = 0; j < n; j++) g[j] = dot(doi, v + (size_t)j * d, d);
+    for (int j = 0; j < n; j++) g[j] = row_dot(doi, v + (size_t)j * d, d);
     rows.grad(n, s.data(), p.data(), g.data(), ds.data());
     F* dqi = dq + (size_t)i * d;
     for (int j = 0; j < n; j++) {

@@ -91,7 +91,7 @@ struct SageInputs {
     const Operand<F>& b = khat[kb];
     const int ri = i - qblocks[qb].begin, rj = j - kblocks[kb].begin;
     F s = operand_dot(qk, a.row(ri), 1, b.row(rj), 1, d) * a.scale[0] * b.scale[0];
-    if (bias) s += c * dot(q_mean.data() + (size_t)qb * d, k_smooth.data() + (size_t)j * d, d);
+    if (bias) s += c * row_dot(q_mean.data() + (size_t)qb * d, k_smooth.data() + (size_t)j * d, d);
     return s;
   }
   // s (i + 1) = row i of S over the visible keys.
@@ -179,7 +179,7 @@ void sage_backward(const SageOptions& opt, int T, int d, const F* q, const F* k,
     F l = 0;
     for (int j = 0; j < n; j++) l += std::exp(s[j] - m);
     const F L = m + std::log(l);  // the forward's saved log-sum-exp
-    const F delta = dot(dout + (size_t)i * d, o + (size_t)i * d, d);
+    const F delta = row_dot(dout + (size_t)i * d, o + (size_t)i * d, d);
     for (int j = 0; j < n; j++) {
       p[j] = std::exp(s[j] - L);
       ds[j] = p[j] * (dp[j] - delta);
