@@ -7,7 +7,8 @@
 //   the backward deterministic;
 // - all six products bf16 against the CUDA FPA kernel;
 // - the Gaussian accuracy table (T = 4096) against fp64 FPA, as SageBwd's Table 1;
-// - causality: how much changing future tokens moves past outputs.
+// - causality: how much changing future tokens moves past outputs;
+// - options the kernels cannot run are refused with the option's name.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -425,4 +426,19 @@ TEST_CASE("sage causality: how far future tokens move past outputs (SPEC 3 known
     if (c.exact) CHECK(err == 0.0);
     CHECK(std::sqrt(err / ref) < 5e-2);  // the leak redraws quantisation noise; signal would be O(1)
   }
+}
+
+TEST_CASE("sage kernels refuse what they cannot run, naming the option", "[sage]") {
+  const AttentionShape s{1, 1, 64, 64};
+  SageOptions small_blocks, composed;
+  small_blocks.block_q = 32;
+  composed.softmax = qattn::KIntervalOptions{};
+  CHECK_THROWS_WITH(qattn::cuda::attention_forward(sage_config(small_blocks), s, nullptr, nullptr, nullptr,
+                                                   nullptr, nullptr),
+                    Catch::Contains("attention.sage.block_q/block_k = 32/64"));
+  CHECK_THROWS_WITH(qattn::cuda::attention_backward(sage_config(composed), s, nullptr, nullptr, nullptr, nullptr,
+                                                    nullptr, nullptr, nullptr),
+                    Catch::Contains("attention.sage.softmax"));
+  CHECK_THROWS_WITH(qattn::cuda::attention_forward(sage_config(), s, nullptr, nullptr, nullptr, nullptr, nullptr),
+                    Catch::Contains("workspace is null"));
 }
