@@ -5,6 +5,7 @@
 # See data/README.md for the recipes, their sizes and licences.
 set -euo pipefail
 shopt -s inherit_errexit  # a failure inside $(...) stops the script too
+export LC_ALL=C  # file lists sort the same everywhere, so the shuffles and splits do too
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CACHE="$ROOT/data/cache"
