@@ -10,8 +10,8 @@
 namespace qattn::cuda {
 namespace {
 
-[[noreturn]] void no_kernel(AttentionKind kind) {
-  throw std::runtime_error("attention kind " + to_string(kind) + " has no CUDA kernel yet");
+[[noreturn]] void unknown_kind(AttentionKind kind) {
+  throw std::invalid_argument("CUDA attention: unknown kind " + std::to_string(static_cast<int>(kind)));
 }
 
 void check_shape(const AttentionShape& s) {
@@ -32,32 +32,39 @@ int attention_row_stats(const AttentionConfig& cfg) {
 }
 
 size_t attention_workspace_bytes(const AttentionConfig& cfg, const AttentionShape& s) {
-  if (cfg.kind == AttentionKind::sage) return sage_workspace_bytes(cfg.sage, s);
-  if (cfg.kind == AttentionKind::kinterval) return kinterval_workspace_bytes(cfg.kinterval, s);
-  if (cfg.kind != AttentionKind::fpa) no_kernel(cfg.kind);
-  return static_cast<size_t>(s.B) * s.H * s.T * sizeof(float);  // δ of the backward
+  switch (cfg.kind) {
+    case AttentionKind::fpa: return static_cast<size_t>(s.B) * s.H * s.T * sizeof(float);  // δ
+    case AttentionKind::sage: return sage_workspace_bytes(cfg.sage, s);
+    case AttentionKind::kinterval: return kinterval_workspace_bytes(cfg.kinterval, s);
+  }
+  unknown_kind(cfg.kind);
 }
 
 void attention_forward(const AttentionConfig& cfg, const AttentionShape& s, const bf16* qkv,
                        bf16* o, float* stats, void* workspace /* FPA's forward needs none */,
                        cudaStream_t stream) {
   check_shape(s);
-  if (cfg.kind == AttentionKind::sage) return sage_forward(cfg.sage, s, qkv, o, stats, workspace, stream);
-  if (cfg.kind == AttentionKind::kinterval) return kinterval_forward(cfg.kinterval, s, qkv, o, stats, stream);
-  if (cfg.kind != AttentionKind::fpa) no_kernel(cfg.kind);
-  fpa_forward(s, qkv, o, stats, stream);
+  switch (cfg.kind) {
+    case AttentionKind::fpa: return fpa_forward(s, qkv, o, stats, stream);
+    case AttentionKind::sage: return sage_forward(cfg.sage, s, qkv, o, stats, workspace, stream);
+    case AttentionKind::kinterval: return kinterval_forward(cfg.kinterval, s, qkv, o, stats, stream);
+  }
+  unknown_kind(cfg.kind);
 }
 
 void attention_backward(const AttentionConfig& cfg, const AttentionShape& s, const bf16* qkv,
                         const bf16* o, const bf16* dout, const float* stats, bf16* dqkv,
                         void* workspace, cudaStream_t stream) {
   check_shape(s);
-  if (cfg.kind == AttentionKind::sage)
-    return sage_backward(cfg.sage, s, qkv, o, dout, stats, dqkv, workspace, stream);
-  if (cfg.kind == AttentionKind::kinterval)
-    return kinterval_backward(cfg.kinterval, s, qkv, o, dout, stats, dqkv, workspace, stream);
-  if (cfg.kind != AttentionKind::fpa) no_kernel(cfg.kind);
-  fpa_backward(s, qkv, o, dout, stats, static_cast<float*>(workspace), dqkv, stream);
+  switch (cfg.kind) {
+    case AttentionKind::fpa:
+      return fpa_backward(s, qkv, o, dout, stats, static_cast<float*>(workspace), dqkv, stream);
+    case AttentionKind::sage:
+      return sage_backward(cfg.sage, s, qkv, o, dout, stats, dqkv, workspace, stream);
+    case AttentionKind::kinterval:
+      return kinterval_backward(cfg.kinterval, s, qkv, o, dout, stats, dqkv, workspace, stream);
+  }
+  unknown_kind(cfg.kind);
 }
 
 }  // namespace qattn::cuda

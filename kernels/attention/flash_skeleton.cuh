@@ -28,10 +28,12 @@
 //   at the end O /= l and L = c m + log l.
 // Backward, deterministic (no atomics; every output element has one writer):
 //   δ = rowsum(dO ∘ O)                                  (delta pre-pass)
+//   then one launch whose blocks do either of
 //   per key block, over query blocks:   Pᵀ, dV += Pᵀ dO, dSᵀ = Pᵀ ∘ (dPᵀ − δ), dK += dSᵀ Q
 //   per query block, over key blocks:   P, dS = P ∘ (dP − δ), dQ += dS K
-// The dQ pass recomputes S and dP (two more products than an atomic dQ) so that
-// dQ is summed in a fixed order.
+// The dQ blocks recompute S and dP (two more products than an atomic dQ) so that
+// dQ is summed in a fixed order; sharing one launch lets them fill the tail of
+// the dK/dV blocks.
 #pragma once
 #include "tile_mma.cuh"
 
@@ -176,7 +178,8 @@ __global__ void __launch_bounds__(Tr::kThreads) flash_forward_kernel(const Forwa
 }
 
 // ---------------------------------------------------------------------------
-// Backward pre-pass: δ = rowsum(dO ∘ O) in fp32, one warp per (b, t, h) row.
+// Backward pre-pass: δ = rowsum(dO ∘ O) in fp32, one warp per (b, t, h) row
+// (launch: 32 x rows-per-block threads, ceil(B T H / rows-per-block) blocks).
 static __global__ void attention_delta_kernel(const BackwardParams p, int d) {
   const long long row = static_cast<long long>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   if (row >= static_cast<long long>(p.B) * p.T * p.H) return;
@@ -194,20 +197,20 @@ static __global__ void attention_delta_kernel(const BackwardParams p, int d) {
 }
 
 // ---------------------------------------------------------------------------
-// dK, dV. Grid (ceil(T / kBlockN), H, B); block 0, which sees every query, starts first.
+// dK, dV of one key block (k_block) of head blockIdx.y, batch blockIdx.z.
 // Each warp owns 16 kRowTiles keys and computes the transposed tiles Sᵀ, Pᵀ, dPᵀ, dSᵀ
 // (keys x queries), so Pᵀ and dSᵀ go from accumulators straight into the A
 // operand of dV += Pᵀ dO and dK += dSᵀ Q without a trip through shared memory.
 template <class Tr, class Operands, class Softmax>
-__global__ void __launch_bounds__(Tr::kThreads) flash_backward_dkdv_kernel(const BackwardParams p) {
+__device__ __noinline__ void backward_dkdv_block(const BackwardParams p, int k_block,
+                                                    unsigned char* smem) {
   constexpr int D = Tr::kHeadDim, BM = Tr::kBlockM, BN = Tr::kBlockN, RT = Tr::kRowTiles;
-  extern __shared__ __align__(128) unsigned char smem[];
   const SmemTile<BN, D> k_tile{reinterpret_cast<bf16*>(smem)};  // (BN, d)
   const SmemTile<BN, D> v_tile{k_tile.data + BN * D};           // (BN, d)
   bf16* q_stages = v_tile.data + BN * D;                        // 2 x [(BM, d) Q, (BM, d) dO]
   float* stat_stages = reinterpret_cast<float*>(q_stages + 4 * BM * D);  // 2 x [(BM) L, (BM) δ]
 
-  const int k_block = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int h = blockIdx.y, b = blockIdx.z;
   const int warp = threadIdx.x / 32;
   const int k0 = k_block * BN;
   const int warp_row0 = warp * 16 * RT;  // first key of the warp, within the block
@@ -296,16 +299,16 @@ __global__ void __launch_bounds__(Tr::kThreads) flash_backward_dkdv_kernel(const
 }
 
 // ---------------------------------------------------------------------------
-// dQ. Grid (ceil(T / kBlockM), H, B); the heaviest (last) query blocks start first.
+// dQ of one query block (q_block) of head blockIdx.y, batch blockIdx.z.
 template <class Tr, class Operands, class Softmax>
-__global__ void __launch_bounds__(Tr::kThreads) flash_backward_dq_kernel(const BackwardParams p) {
+__device__ __noinline__ void backward_dq_block(const BackwardParams p, int q_block,
+                                                  unsigned char* smem) {
   constexpr int D = Tr::kHeadDim, BM = Tr::kBlockM, BN = Tr::kBlockN, RT = Tr::kRowTiles;
-  extern __shared__ __align__(128) unsigned char smem[];
   const SmemTile<BM, D> q_tile{reinterpret_cast<bf16*>(smem)};  // (BM, d)
   const SmemTile<BM, D> do_tile{q_tile.data + BM * D};          // (BM, d)
   bf16* kv_stages = do_tile.data + BM * D;                      // 2 x [(BN, d) K, (BN, d) V]
 
-  const int q_block = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int h = blockIdx.y, b = blockIdx.z;
   const int warp = threadIdx.x / 32;
   const int q0 = q_block * BM;
   const int warp_row0 = warp * 16 * RT;
@@ -386,6 +389,32 @@ __global__ void __launch_bounds__(Tr::kThreads) flash_backward_dq_kernel(const B
   store_acc(q_tile, dq_acc, warp_row0, p.scale);  // the Q tile is free: stage dQ (times c) there
   __syncthreads();
   store_tile<Tr::kThreads>(q_tile, p.dqkv + qkv_offset(b, q0, 0, h, p.T, p.H, D), ld, p.T - q0);
+}
+
+// The two halves as launches of their own (grids as in flash_backward_kernel).
+template <class Tr, class Operands, class Softmax>
+__global__ void __launch_bounds__(Tr::kThreads) flash_backward_dkdv_kernel(const BackwardParams p) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  backward_dkdv_block<Tr, Operands, Softmax>(p, blockIdx.x, smem);
+}
+template <class Tr, class Operands, class Softmax>
+__global__ void __launch_bounds__(Tr::kThreads) flash_backward_dq_kernel(const BackwardParams p) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  backward_dq_block<Tr, Operands, Softmax>(p, gridDim.x - 1 - blockIdx.x, smem);
+}
+
+// The backward as one launch. Grid (ceil(T / DkDvTr::kBlockN) + ceil(T / DqTr::kBlockM), H, B):
+// the dK/dV blocks first, key block 0 (which sees every query) leading, then the
+// dQ blocks, the last query block (which sees every key) leading.
+template <class DkDvTr, class DqTr, class Operands, class Softmax>
+__global__ void __launch_bounds__(DkDvTr::kThreads) flash_backward_kernel(const BackwardParams p) {
+  static_assert(DkDvTr::kThreads == DqTr::kThreads, "both halves of the launch share its block size");
+  extern __shared__ __align__(128) unsigned char smem[];
+  const int n_kv_blocks = (p.T + DkDvTr::kBlockN - 1) / DkDvTr::kBlockN;
+  if (static_cast<int>(blockIdx.x) < n_kv_blocks)
+    backward_dkdv_block<DkDvTr, Operands, Softmax>(p, blockIdx.x, smem);
+  else
+    backward_dq_block<DqTr, Operands, Softmax>(p, gridDim.x - 1 - blockIdx.x, smem);
 }
 
 }  // namespace qattn::cuda::flash

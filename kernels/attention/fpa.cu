@@ -1,9 +1,11 @@
 // FPA: the flash skeleton with bf16 operands and the exact online softmax.
-// Tile shapes per head dim (16 rows per warp and row tile; registers hold the
-// warp's fp32 accumulators, so wider heads get fewer rows per warp):
-//   forward  d=64: 4 warps x 32 query rows, 64-key steps; d=128: 8 warps x 16 rows
-//   dK/dV    8 warps x 16 keys, 64-query steps
-//   dQ       8 warps x 16 query rows, 64-key steps
+// Tile shapes per head dim, from tools/attention_tiles.cu on an H200 (see
+// docs/performance.md). A warp owns 16 x row-tiles rows and keeps their fp32
+// accumulators in registers, so wider heads get fewer rows per warp:
+//   forward  d=64: 4 warps x 32 query rows, 64-key steps; d=128: 8 warps x 16 rows, 128-key steps
+//   backward d=64: 4 warps; dK/dV 16 keys per warp, 64-query steps; dQ 32 rows per warp, 64-key steps
+//            d=128: 8 warps; dK/dV 16 keys per warp, 64-query steps; dQ 16 rows per warp, 64-key steps
+#include <algorithm>
 #include <cmath>
 
 #include "attention/bf16_operands.cuh"
@@ -21,12 +23,12 @@ struct FpaTiles;
 template <>
 struct FpaTiles<64> {
   using Forward = ForwardTraits<64, 4, 2, 64>;
-  using DkDv = DkDvTraits<64, 8, 1, 64>;
-  using Dq = DqTraits<64, 8, 1, 64>;
+  using DkDv = DkDvTraits<64, 4, 1, 64>;
+  using Dq = DqTraits<64, 4, 2, 64>;
 };
 template <>
 struct FpaTiles<128> {
-  using Forward = ForwardTraits<128, 8, 1, 64>;
+  using Forward = ForwardTraits<128, 8, 1, 128>;
   using DkDv = DkDvTraits<128, 8, 1, 64>;
   using Dq = DqTraits<128, 8, 1, 64>;
 };
@@ -60,10 +62,9 @@ void backward(const AttentionShape& s, const bf16* qkv, const bf16* o, const bf1
   attention_delta_kernel<<<ceil_div(static_cast<long long>(s.B) * s.T * s.H, kDeltaRowsPerBlock),
                            32 * kDeltaRowsPerBlock, 0, stream>>>(p, D);
   CUDA_CHECK_LAUNCH();
-  launch(flash_backward_dkdv_kernel<DkDv, Bf16Operands, OnlineSoftmax<1>>,
-         dim3(ceil_div(s.T, DkDv::kBlockN), s.H, s.B), DkDv::kThreads, DkDv::kSmemBytes, stream, p);
-  launch(flash_backward_dq_kernel<Dq, Bf16Operands, OnlineSoftmax<1>>,
-         dim3(ceil_div(s.T, Dq::kBlockM), s.H, s.B), Dq::kThreads, Dq::kSmemBytes, stream, p);
+  launch(flash_backward_kernel<DkDv, Dq, Bf16Operands, OnlineSoftmax<1>>,
+         dim3(ceil_div(s.T, DkDv::kBlockN) + ceil_div(s.T, Dq::kBlockM), s.H, s.B), DkDv::kThreads,
+         std::max(DkDv::kSmemBytes, Dq::kSmemBytes), stream, p);
 }
 
 }  // namespace
