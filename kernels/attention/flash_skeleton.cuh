@@ -1,23 +1,22 @@
 // The tiled flash-attention skeleton: causal, T x T never materialised, bf16
-// tiles in shared memory, fp32 accumulators in registers. Three kernels and a
-// pre-pass, each parameterised by two policies:
+// tiles in shared memory, fp32 accumulators in registers. A forward kernel, a
+// backward (one launch, or its dK/dV and dQ halves as launches of their own) and
+// the δ pre-pass, parameterised by two policies, so that a kind that differs
+// only in these swaps them and keeps the loops:
 //
 //   Operands  the precision of each of the six products (qk, pv, dp, dv, dk, dq):
-//             Bf16Operands (bf16_operands.cuh) for FPA.
+//             Bf16Operands (bf16_operands.cuh) for FPA; an int8 policy holds
+//             quantised tiles and multiplies int32 results by the block scales.
 //   Softmax   how scores become weights: forward state (update per key block,
 //             finalize, the saved row statistic) and the backward's P and dS:
 //             OnlineSoftmax (online_softmax.cuh) for FPA.
 //
-// How the other kinds reuse it (SPEC §3, §4):
-// - SageBwd INT8: an Int8Operands policy whose qk/pv/dv/dk/dq read int8 tiles
-//   (Q̂, K̂, V̂ quantised per block by a pre-pass into the workspace, one scale per
-//   block) with mma.m16n8k32.s8 and multiply the int32 result by the two scales;
-//   P̂ and dŜ are quantised in registers per row/column of the tile just before
-//   pv/dv/dk/dq. The online softmax and the loops stay as they are.
-// - K-interval: a Softmax policy with fixed per-row grid bounds (m and ℓ from a
-//   first pass over the row's visible keys, saved as two row statistics) whose
-//   update() maps scores to the quantised weights ŵ and never rescales; its
-//   backward needs per-row sums beside δ (computed in the same pre-pass).
+// What the other kinds take (SPEC §3, §4): SageBwd (sage.cu) reads its operands
+// from a quantised workspace with run-time precision flags, so it keeps loops of
+// its own and shares the warp primitives (tile_mma.cuh) and OnlineSoftmax;
+// K-interval (kinterval.cu) needs a first pass for each row's max and min and
+// extra row terms in the backward, so it shares the tiles, the products, the δ
+// pre-pass and, for its probability STE, FPA's dQ kernel as is.
 //
 // Layouts (attention.cuh): q, k, v are rows of the fused activation
 // (B, T, 3, H, d), row stride 3·H·d; o, dout are (B, T, H, d); L and δ are
