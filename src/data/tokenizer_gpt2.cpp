@@ -5,7 +5,7 @@
 #include <pcre2.h>
 
 #include <algorithm>
-#include <unordered_map>
+#include <cstring>
 
 #include "qattn/tokenizer.hpp"
 #include "tokenizer_gpt2_vocab.hpp"
@@ -52,15 +52,54 @@ struct Pattern {
   Pattern& operator=(const Pattern&) = delete;
 };
 
-// Pre-token bytes -> tokens, per thread. Cleared when it grows past its cap so
-// a huge corpus cannot exhaust memory; the output never depends on it.
-struct StringHash {
-  using is_transparent = void;
-  size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+// The merge cache, per thread: pre-token bytes -> tokens. Direct-mapped (a
+// piece has one slot, chosen by its hash; a collision overwrites) in 64-byte
+// slots of one 8 MB array, so a lookup touches one cache line, where a
+// node-based hash map of the same pieces stalls on memory. Frequent pieces
+// stay in it; the output never depends on it.
+class MergeCache {
+ public:
+  static constexpr size_t kMaxPiece = 30, kMaxTokens = 16;
+  MergeCache() : slots_(kSlots) {}
+
+  // Appends the cached tokens of piece and returns true, or returns false.
+  bool find(std::string_view piece, std::vector<uint16_t>& out) const {
+    if (piece.size() > kMaxPiece) return false;
+    const Slot& s = slots_[slot_of(piece)];
+    if (s.piece_len != piece.size() || std::memcmp(s.piece, piece.data(), piece.size()) != 0)
+      return false;
+    out.insert(out.end(), s.tokens, s.tokens + s.n_tokens);
+    return true;
+  }
+
+  void put(std::string_view piece, std::span<const uint16_t> tokens) {
+    if (piece.size() > kMaxPiece || tokens.size() > kMaxTokens) return;
+    Slot& s = slots_[slot_of(piece)];
+    s.piece_len = static_cast<uint8_t>(piece.size());
+    s.n_tokens = static_cast<uint8_t>(tokens.size());
+    std::memcpy(s.piece, piece.data(), piece.size());
+    std::copy(tokens.begin(), tokens.end(), s.tokens);
+  }
+
+ private:
+  struct Slot {
+    uint8_t piece_len = 0, n_tokens = 0;  // piece_len 0: empty (pieces of 1 byte skip the cache)
+    char piece[kMaxPiece];
+    uint16_t tokens[kMaxTokens];
+  };
+  static_assert(sizeof(Slot) == 64);
+  static constexpr int kSlotBits = 17;
+  static constexpr size_t kSlots = size_t{1} << kSlotBits;
+
+  // FNV-1a, then Fibonacci hashing onto the slots.
+  static size_t slot_of(std::string_view piece) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (const char c : piece) h = (h ^ static_cast<unsigned char>(c)) * 0x100000001b3ull;
+    return static_cast<size_t>((h * 0x9E3779B97F4A7C15ull) >> (64 - kSlotBits));
+  }
+
+  std::vector<Slot> slots_;
 };
-using MergeCache = std::unordered_map<std::string, std::vector<uint16_t>, StringHash, std::equal_to<>>;
-constexpr size_t kCacheEntries = 1 << 19;
-constexpr size_t kCacheMaxPieceBytes = 64;
 
 class Gpt2Encoder final : public Encoder {
  public:
@@ -100,16 +139,10 @@ class Gpt2Encoder final : public Encoder {
       out.push_back(vocab_.byte_token[static_cast<unsigned char>(piece[0])]);
       return;
     }
-    if (const auto hit = cache_.find(piece); hit != cache_.end()) {
-      out.insert(out.end(), hit->second.begin(), hit->second.end());
-      return;
-    }
+    if (cache_.find(piece, out)) return;
     const size_t first = out.size();
     merge(piece, out);
-    if (piece.size() <= kCacheMaxPieceBytes) {
-      if (cache_.size() >= kCacheEntries) cache_.clear();
-      cache_.emplace(std::string(piece), std::vector<uint16_t>(out.begin() + first, out.end()));
-    }
+    cache_.put(piece, std::span<const uint16_t>(out).subspan(first));
   }
 
   // BPE on one pre-token: repeatedly merge the lowest-ranked adjacent pair,
@@ -128,9 +161,9 @@ class Gpt2Encoder final : public Encoder {
     const auto push = [&](int left) {
       if (left < 0 || symbols_[left].next < 0) return;
       const int right = symbols_[left].next;
-      const auto it = vocab_.merges.find(gpt2::pair_key(symbols_[left].id, symbols_[right].id));
-      if (it != vocab_.merges.end()) {
-        heap_.push_back({it->second.rank, left, right, symbols_[left].id, symbols_[right].id});
+      const gpt2::Merge* m = vocab_.merges.find(symbols_[left].id, symbols_[right].id);
+      if (m) {
+        heap_.push_back({m->rank, left, right, symbols_[left].id, symbols_[right].id, m->merged});
         std::push_heap(heap_.begin(), heap_.end(), std::greater<>{});
       }
     };
@@ -143,7 +176,7 @@ class Gpt2Encoder final : public Encoder {
       Symbol& r = symbols_[c.right];
       if (!l.alive || !r.alive || l.next != c.right || l.id != c.left_id || r.id != c.right_id)
         continue;
-      l.id = vocab_.merges.at(gpt2::pair_key(c.left_id, c.right_id)).merged;
+      l.id = c.merged;
       r.alive = false;
       l.next = r.next;
       if (r.next >= 0) symbols_[r.next].prev = c.left;
@@ -161,7 +194,7 @@ class Gpt2Encoder final : public Encoder {
   struct Candidate {
     uint32_t rank;
     int left, right;
-    uint16_t left_id, right_id;
+    uint16_t left_id, right_id, merged;
     bool operator>(const Candidate& o) const {
       return rank != o.rank ? rank > o.rank : left > o.left;
     }

@@ -3,6 +3,7 @@
 // 0xAE..0xFF stand for themselves, the other 68 bytes for U+0100.. in order.
 #include "tokenizer_gpt2_vocab.hpp"
 
+#include <bit>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -133,15 +134,40 @@ void load_merges(const std::filesystem::path& path, const std::vector<int>& alph
       throw TokenizerError("gpt2 vocab: " + where() + "the merge of \"" + line +
                            "\" is not a token of encoder.json");
     const auto rank = static_cast<uint32_t>(vocab.merges.size());
-    if (!vocab.merges.emplace(pair_key(ids[0], ids[1]), Merge{rank, merged->second}).second)
+    if (!vocab.merges.insert(ids[0], ids[1], Merge{rank, merged->second}))
       throw TokenizerError("gpt2 vocab: " + where() + "the merge \"" + line +
                            "\" appears twice");
   }
-  if (vocab.merges.empty())
+  if (vocab.merges.size() == 0)
     throw TokenizerError("gpt2 vocab: " + path.string() + " has no merges");
 }
 
 }  // namespace
+
+bool MergeTable::insert(uint16_t left, uint16_t right, Merge merge) {
+  if (2 * (size_ + 1) > slots_.size()) grow();
+  const uint32_t key = pair_key(left, right);
+  uint32_t i = slot_of(key);
+  for (; slots_[i].used; i = (i + 1) & mask_)
+    if (slots_[i].key == key) return false;
+  slots_[i] = {key, merge, true};
+  ++size_;
+  return true;
+}
+
+void MergeTable::grow() {
+  std::vector<Slot> old = std::move(slots_);
+  const size_t capacity = old.empty() ? 1024 : 2 * old.size();
+  slots_.assign(capacity, Slot{});
+  mask_ = static_cast<uint32_t>(capacity - 1);
+  shift_ = 32 - static_cast<uint32_t>(std::countr_zero(capacity));
+  for (const Slot& s : old) {
+    if (!s.used) continue;
+    uint32_t i = slot_of(s.key);
+    while (slots_[i].used) i = (i + 1) & mask_;
+    slots_[i] = s;
+  }
+}
 
 Vocab load_vocab(const std::string& dir) {
   if (!std::filesystem::is_directory(dir))
