@@ -44,8 +44,10 @@ struct Pattern {
     if (!code)
       throw TokenizerError("gpt2: the pre-tokenisation pattern does not compile at " +
                            std::to_string(offset) + ": " + pcre2_message(error));
-    const int jit = pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);
-    if (jit != 0) throw TokenizerError("gpt2: PCRE2 JIT is unavailable: " + pcre2_message(jit));
+    if (const int jit = pcre2_jit_compile(code, PCRE2_JIT_COMPLETE); jit != 0) {
+      pcre2_code_free(code);
+      throw TokenizerError("gpt2: PCRE2 JIT is unavailable: " + pcre2_message(jit));
+    }
   }
   ~Pattern() { pcre2_code_free(code); }
   Pattern(const Pattern&) = delete;
