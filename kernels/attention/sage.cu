@@ -27,6 +27,7 @@
 // per query for dQ: "rowcol"), or one per 64x64 tile ("tile").
 // Deterministic: every output element has one writer; sums run in a fixed order.
 #include <cmath>
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 
@@ -436,12 +437,14 @@ SageParams make_params(const SageOptions& opt, const AttentionShape& s, void* wo
   return p;
 }
 
-// The pre-pass writes every quantised operand there: a null one is a caller's bug.
+// The pre-pass writes every quantised operand there, and the kernels read it
+// with 16-byte copies: null or misaligned is a caller's bug.
 void require_workspace(const SageOptions& opt, const AttentionShape& s, const void* workspace) {
-  if (workspace == nullptr)
-    throw std::invalid_argument("CUDA attention kind sage: workspace is null (needs " +
+  if (workspace == nullptr || reinterpret_cast<uintptr_t>(workspace) % 256 != 0)
+    throw std::invalid_argument("CUDA attention kind sage: workspace " +
+                                std::string(workspace ? "is not 256-byte aligned" : "is null") + " (needs " +
                                 std::to_string(sage_workspace_bytes(opt, s)) +
-                                " bytes, attention_workspace_bytes)");
+                                " bytes, attention_workspace_bytes, 256-byte aligned)");
 }
 
 using Softmax = OnlineSoftmax<1>;
