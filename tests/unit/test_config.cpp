@@ -93,7 +93,7 @@ TEST_CASE("train.tokens derives train.steps", "[config]") {
   CHECK(qattn::config_from_json(j).train.steps == 10);
 }
 
-TEST_CASE("--set parses JSON values and bare words", "[config]") {
+TEST_CASE("set-overrides parse JSON values and bare words", "[config]") {
   json j = good();
   qattn::apply_override(j, "attention.kind=kinterval");
   qattn::apply_override(j, "attention.kinterval.K=16");
