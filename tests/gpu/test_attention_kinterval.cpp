@@ -216,9 +216,10 @@ TEST_CASE("K-interval attention: dS rows sum to zero on the GPU, except with det
 }
 
 TEST_CASE("K-interval attention: ties route the calibration terms to the lowest index", "[kinterval]") {
-  // Every key is one of four vectors, so every row's max and min are shared by
-  // many keys; the reference takes the lowest index, and dK shows where the
-  // terms went (a wrong key gets them in full).
+  // Tokens 0-3 keep their keys and every later key repeats one of them, so every
+  // row's max and min are shared by many keys; the reference takes the lowest
+  // index, and dK shows where the terms went (a wrong key gets them in full).
+  // (Keys all equal would make every dQ zero: tokens 0-3 keep four distinct keys.)
   const AttentionShape s{1, 2, 256, 64};
   std::vector<Case> cases;
   for (int K : {2, 4})
@@ -226,8 +227,8 @@ TEST_CASE("K-interval attention: ties route the calibration terms to the lowest 
       Case c = make_case(opt, s, {0, 1});
       const size_t row = static_cast<size_t>(s.H) * s.d;  // one token's q, k or v
       std::uniform_int_distribution<int> pick(0, 3);
-      for (int t = 0; t < s.T; ++t) {
-        const int src = pick(qattn::test::rng());  // token whose k this token repeats
+      for (int t = 4; t < s.T; ++t) {
+        const int src = pick(qattn::test::rng());  // token (0-3) whose k this token repeats
         std::memcpy(&c.in.qkv[(static_cast<size_t>(t) * 3 + 1) * row],
                     &c.in.qkv[(static_cast<size_t>(src) * 3 + 1) * row], row * sizeof(bf16));
       }
