@@ -1,6 +1,9 @@
-// The training loop: config -> data -> backend -> steps -> metrics.
+// The training loop: config -> data -> backend -> steps -> metrics, with
+// checkpoints, resume, divergence handling and the loss-spike rule.
 #pragma once
+#include <atomic>
 #include <memory>
+#include <stdexcept>
 #include <string>
 
 #include "qattn/backend.hpp"
@@ -8,18 +11,51 @@
 
 namespace qattn {
 
+enum class RunStatus { finished, diverged, interrupted };
+std::string to_string(RunStatus s);
+
 struct TrainResult {
+  RunStatus status = RunStatus::finished;
   int64_t steps_done = 0;
   double last_val_loss = 0;
   bool diverged = false;
-  std::string reason;  // why the run stopped early ("" when it finished)
+  std::string reason;           // why the run stopped early ("" when it finished)
+  int64_t resumed_from = -1;    // step of the checkpoint the run continued from (-1: fresh)
+  std::string last_checkpoint;  // newest valid checkpoint when the run stopped ("" when none)
 };
 
-// Runs cfg on the backend, writing config.json, metrics.csv, diag.csv and
-// events.log into run_dir. Console progress goes through spdlog.
-TrainResult train(const Config& cfg, Backend& backend, const std::string& run_dir);
+enum class ResumeMode {
+  automatic,  // continue from the newest valid checkpoint when there is one
+  require,    // as automatic, but a run directory without a checkpoint is an error
+  fresh,      // delete the run's checkpoints and start from step 0
+};
+
+struct TrainOptions {
+  ResumeMode resume = ResumeMode::automatic;
+  // Set (from a SIGINT/SIGTERM handler) to stop after the current step with a
+  // final checkpoint; may be null.
+  const std::atomic<bool>* stop = nullptr;
+};
+
+// The run directory holds a checkpoint whose config differs from the one given
+// (or --resume found none). The message names every differing key.
+struct ResumeError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// Runs cfg on the backend, writing config.json, metrics.csv (step, tokens, lr,
+// train_loss, val_loss, grad_norm, step_ms, tokens_per_s, mfu, skipped, event),
+// diag.csv, events.log, status.json and checkpoints/ into run_dir. On resume
+// the rows after the checkpoint's step are dropped and the run continues
+// bit-exactly. Console progress goes through spdlog.
+TrainResult train(const Config& cfg, Backend& backend, const std::string& run_dir,
+                  const TrainOptions& options = {});
 
 // The run directory a config writes to: log.out / log.name.
 std::string run_directory(const Config& cfg);
+
+// Exit codes of `qattn train` (the sweep reads them).
+constexpr int kExitDiverged = 3;
+constexpr int kExitInterrupted = 4;
 
 }  // namespace qattn

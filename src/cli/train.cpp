@@ -1,9 +1,12 @@
-// qattn train CONFIG [--set json.path=value ...] [--out DIR]
+// qattn train CONFIG [--set json.path=value ...] [--out DIR] [--resume | --fresh]
+// Exit codes: 0 finished, 1 error, 2 bad config or resume mismatch,
+// 3 diverged, 4 stopped by SIGINT/SIGTERM after a final checkpoint.
 #include <spdlog/spdlog.h>
 
 #include "backend_select.hpp"
 #include "commands.hpp"
 #include "qattn/trainer.hpp"
+#include "stop_signal.hpp"
 
 namespace qattn::cli {
 
@@ -11,12 +14,17 @@ void add_train_command(CLI::App& app) {
   struct Args {
     std::string config, out;
     std::vector<std::string> sets;
+    bool resume = false, fresh = false;
   };
   auto args = std::make_shared<Args>();
   CLI::App* cmd = app.add_subcommand("train", "Train a GPT from a JSON config");
   cmd->add_option("config", args->config, "run config (JSON)")->required();
   cmd->add_option("--set", args->sets, "override a key: json.path=value (repeatable)");
   cmd->add_option("--out", args->out, "run directory (default: log.out/log.name)");
+  auto* resume = cmd->add_flag("--resume", args->resume,
+                               "continue from the run's newest valid checkpoint (an error when there is "
+                               "none); without it a run resumes when it has one and its config matches");
+  cmd->add_flag("--fresh", args->fresh, "delete the run's checkpoints and start from step 0")->excludes(resume);
   cmd->callback([args] {
     Config cfg;
     try {
@@ -28,11 +36,22 @@ void add_train_command(CLI::App& app) {
     for (const auto& w : cfg.warnings) spdlog::warn("{}", w);
     auto backend = make_backend(cfg);
     const std::string dir = args->out.empty() ? run_directory(cfg) : args->out;
-    const TrainResult r = train(cfg, *backend, dir);
-    if (r.diverged) {
-      spdlog::error("run diverged: {} (metrics in {}/metrics.csv)", r.reason, dir);
-      throw CLI::RuntimeError(3);
+    TrainOptions options;
+    options.resume = args->resume ? ResumeMode::require : args->fresh ? ResumeMode::fresh : ResumeMode::automatic;
+    options.stop = &install_stop_handlers();
+    TrainResult r;
+    try {
+      r = train(cfg, *backend, dir, options);
+    } catch (const ResumeError& e) {
+      spdlog::error("{}", e.what());
+      throw CLI::RuntimeError(2);
     }
+    if (r.status == RunStatus::diverged) {
+      spdlog::error("run diverged: {} (metrics in {}/metrics.csv, last good checkpoint: {})", r.reason, dir,
+                    r.last_checkpoint.empty() ? "none" : r.last_checkpoint);
+      throw CLI::RuntimeError(kExitDiverged);
+    }
+    if (r.status == RunStatus::interrupted) throw CLI::RuntimeError(kExitInterrupted);
   });
 }
 

@@ -31,6 +31,7 @@ void read_model(ObjectReader r, ModelConfig& m) {
   r.integer("dim", m.dim, 1, 1 << 16);
   r.integer("seq_len", m.seq_len, 1, 1 << 20);
   r.boolean("qk_norm", m.qk_norm);
+  r.string("init_from", m.init_from);
   if (m.heads > 0 && m.dim % m.heads != 0)
     r.error("dim", std::to_string(m.dim) + " is not divisible by model.heads = " +
                        std::to_string(m.heads) + "; allowed: a multiple of heads");

@@ -1,6 +1,8 @@
 // The training loop. One optimizer step = grad_accum micro-batches of
-// (micro_batch, seq_len) tokens, then clip, AdamW, a metrics row, and on its
-// schedule an evaluation and the SPEC §5 diagnostics.
+// (micro_batch, seq_len) tokens, then the divergence check, the loss-spike
+// rule, clip, AdamW, a metrics row, and on their schedules an evaluation, the
+// SPEC §5 diagnostics and a checkpoint. A run continues from its newest valid
+// checkpoint bit-exactly: the checkpoint holds everything the loop reads.
 #include "qattn/trainer.hpp"
 
 #include <spdlog/sinks/basic_file_sink.h>
@@ -11,15 +13,57 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
+#include <optional>
 
+#include "qattn/checkpoint.hpp"
 #include "qattn/data.hpp"
+#include "qattn/llmc_model.hpp"
 #include "qattn/optimizer.hpp"
 
 namespace qattn {
 
 namespace fs = std::filesystem;
+using nlohmann::json;
 
 namespace {
+
+constexpr const char* kMetricsHeader =
+    "step,tokens,lr,train_loss,val_loss,grad_norm,step_ms,tokens_per_s,mfu,skipped,event\n";
+constexpr const char* kDiagHeader =
+    "step,layer,q_rms,k_rms,max_abs_score,cos_o,cos_p,cos_ds,cos_dq,cos_dk,cos_dv,"
+    "rel_o,rel_p,rel_ds,rel_dq,rel_dk,rel_dv\n";
+
+// Loss-spike rule: exponential moving mean and variance of the train loss
+// (about the last 100 steps). A step whose loss lies more than spike_zscore
+// standard deviations above the mean, once 20 losses were seen, skips its
+// update. Every finite loss enters the statistics, skipped ones included, so a
+// lasting shift of the loss widens the variance instead of skipping forever.
+constexpr double kSpikeAlpha = 0.01;
+constexpr int64_t kSpikeWarmup = 20;
+
+double spike_zscore(const TrainState& s, double loss) {
+  if (s.spike_count < kSpikeWarmup || s.spike_var <= 0) return 0.0;
+  return (loss - s.spike_mean) / std::sqrt(s.spike_var);
+}
+
+void observe_loss(TrainState& s, double loss) {
+  if (s.spike_count == 0) {
+    s.spike_mean = loss;
+  } else {
+    const double d = loss - s.spike_mean;
+    s.spike_mean += kSpikeAlpha * d;
+    s.spike_var = (1 - kSpikeAlpha) * (s.spike_var + kSpikeAlpha * d * d);
+  }
+  ++s.spike_count;
+}
+
+// Test hook for the divergence path: QATTN_TEST_NAN_AT_STEP=N makes the train
+// loss of step N NaN, as a real overflow would.
+int64_t injected_nan_step() {
+  const char* s = std::getenv("QATTN_TEST_NAN_AT_STEP");
+  return s ? std::strtoll(s, nullptr, 10) : -1;
+}
 
 std::string fmt_or_empty(bool present, double x, const char* f = "{:.6f}") {
   return present ? fmt::format(fmt::runtime(f), x) : std::string();
@@ -47,25 +91,100 @@ void write_diag(std::ofstream& csv, int64_t step, const std::vector<LayerDiag>& 
   csv.flush();
 }
 
+// Opens a CSV for appending after resuming at `step`: rows of later steps
+// (written after the checkpoint by the session that died) are dropped.
+// A fresh run (step < 0) starts the file anew.
+std::ofstream open_csv(const std::string& path, const char* header, int64_t step) {
+  std::string kept = header;
+  if (step >= 0) {
+    std::ifstream in(path);
+    std::string line;
+    std::getline(in, line);  // the old header
+    while (std::getline(in, line)) {
+      const int64_t row_step = std::strtoll(line.c_str(), nullptr, 10);
+      if (row_step <= step) kept += line + '\n';
+    }
+  }
+  std::ofstream out(path, std::ios::trunc);
+  out << kept;
+  out.flush();
+  return out;
+}
+
+void write_status(const std::string& run_dir, const json& status) {
+  const fs::path path = fs::path(run_dir) / "status.json", tmp = fs::path(run_dir) / ".status.json.tmp";
+  {
+    std::ofstream f(tmp, std::ios::trunc);
+    f << status.dump(2) << '\n';
+  }
+  fs::rename(tmp, path);
+}
+
+// The checkpoint to continue from, per the resume mode (nullopt: start fresh).
+std::optional<Checkpoint> checkpoint_to_resume(const Config& cfg, const std::string& run_dir,
+                                               ResumeMode mode, std::vector<std::string>& passed_over) {
+  if (mode == ResumeMode::fresh) {
+    fs::remove_all(checkpoint_root(run_dir));
+    return std::nullopt;
+  }
+  const std::string dir = latest_checkpoint(run_dir, &passed_over);
+  if (dir.empty()) {
+    if (mode != ResumeMode::require) return std::nullopt;
+    std::string msg = run_dir + ": --resume given, but the run has no valid checkpoint";
+    for (const auto& p : passed_over) msg += "\n  passed over " + p;
+    throw ResumeError(msg);
+  }
+  Checkpoint ck = load_checkpoint(dir);
+  const auto diffs = config_differences(ck.config, cfg.effective);
+  if (!diffs.empty()) {
+    std::string msg = run_dir + " has a checkpoint (" + dir + ") whose config differs from this one in:";
+    for (const auto& d : diffs) msg += "\n  " + d;
+    msg += "\nresume with the same config, start over with --fresh, or pick another log.name";
+    throw ResumeError(msg);
+  }
+  return ck;
+}
+
 }  // namespace
+
+std::string to_string(RunStatus s) {
+  switch (s) {
+    case RunStatus::finished: return "finished";
+    case RunStatus::diverged: return "diverged";
+    case RunStatus::interrupted: return "interrupted";
+  }
+  return "?";
+}
 
 std::string run_directory(const Config& cfg) { return (fs::path(cfg.log.out) / cfg.log.name).string(); }
 
-TrainResult train(const Config& cfg, Backend& backend, const std::string& run_dir) {
+TrainResult train(const Config& cfg, Backend& backend, const std::string& run_dir,
+                  const TrainOptions& options) {
+  const auto wall_start = std::chrono::steady_clock::now();
   const TrainConfig& tc = cfg.train;
   const int B = tc.micro_batch, T = cfg.model.seq_len;
 
-  // ---- run directory and logs
+  // ---- resume or start fresh (decided before anything in run_dir is touched)
   fs::create_directories(run_dir);
+  std::vector<std::string> passed_over;
+  std::optional<Checkpoint> resume = checkpoint_to_resume(cfg, run_dir, options.resume, passed_over);
+  const int64_t resumed_step = resume ? resume->state.step : -1;
+  if (resume && resume->params.size() != backend.layout().total)
+    throw CheckpointError("checkpoint of step " + std::to_string(resumed_step) + " holds " +
+                          std::to_string(resume->params.size()) + " parameters; the model has " +
+                          std::to_string(backend.layout().total));
+
+  // ---- run directory and logs
   {
     std::ofstream f(run_dir + "/config.json");
     f << cfg.effective.dump(2) << '\n';
   }
-  auto file_sink = std::make_shared<spdlog::sinks::basic_file_sink_mt>(run_dir + "/events.log", true);
+  auto file_sink = std::make_shared<spdlog::sinks::basic_file_sink_mt>(run_dir + "/events.log", !resume);
   auto console_sink = std::make_shared<spdlog::sinks::stdout_color_sink_mt>();
   spdlog::logger log("train", {console_sink, file_sink});
   log.set_pattern("[%H:%M:%S] %v");
   log.flush_on(spdlog::level::info);
+  for (const auto& p : passed_over) log.warn("passed over invalid checkpoint {}", p);
 
   // ---- data
   DataLoader train_data(cfg.data.train, B, T, /*shuffle=*/true, tc.seed);
@@ -84,33 +203,89 @@ TrainResult train(const Config& cfg, Backend& backend, const std::string& run_di
            tc.grad_accum, tc.steps);
   if (backend.memory_bytes()) log.info("device memory reserved: {:.2f} GiB", backend.memory_bytes() / 1073741824.0);
 
-  std::ofstream metrics(run_dir + "/metrics.csv", std::ios::trunc);
-  metrics << "step,tokens,lr,train_loss,val_loss,grad_norm,step_ms,tokens_per_s,mfu,event\n";
+  // ---- state: from the checkpoint, from an llm.c model file, or fresh
+  TrainState st;
+  st.data_seed = tc.seed;
+  if (resume) {
+    st = resume->state;
+    backend.set_params(resume->params);
+    backend.set_adam_state(resume->adam_m, resume->adam_v);
+    train_data.seek(st.data_epoch, st.data_cursor);
+    log.info("resumed from checkpoint of step {} (epoch {}, batch {})", st.step, st.data_epoch, st.data_cursor);
+    resume.reset();  // free the host copy
+  } else if (!cfg.model.init_from.empty()) {
+    backend.set_params(params_from_llmc_model(cfg.model.init_from, cfg.model));
+    log.info("initialised from llm.c model file {}", cfg.model.init_from);
+  }
+  const double wall_before = st.wall_seconds;
+  auto wall_now = [&] {
+    return wall_before + std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();
+  };
+
+  std::ofstream metrics = open_csv(run_dir + "/metrics.csv", kMetricsHeader, resumed_step);
   std::ofstream diag;
   std::vector<int32_t> probe_in, probe_tg;
   if (cfg.log.diag_every > 0) {
-    diag.open(run_dir + "/diag.csv", std::ios::trunc);
-    diag << "step,layer,q_rms,k_rms,max_abs_score,cos_o,cos_p,cos_ds,cos_dq,cos_dk,cos_dv,"
-            "rel_o,rel_p,rel_ds,rel_dq,rel_dk,rel_dv\n";
+    diag = open_csv(run_dir + "/diag.csv", kDiagHeader, resumed_step);
     val_data.reset();
     val_data.next(probe_in, probe_tg);  // the fixed probe batch: the first val batch
   }
 
   TrainResult result;
-  auto evaluate = [&](int64_t step) {
-    result.last_val_loss = mean_val_loss(backend, val_data, cfg.eval.batches, B, T);
-    return result.last_val_loss;
+  result.resumed_from = resumed_step;
+  result.last_checkpoint = latest_checkpoint(run_dir);
+  auto status_json = [&](const std::string& status) {
+    return json{{"status", status},
+                {"reason", result.reason},
+                {"step", st.step},
+                {"steps", tc.steps},
+                {"tokens", st.step * tc.tokens_per_step},
+                {"last_val_loss", st.last_val_loss},
+                {"skipped", st.skipped},
+                {"train_seconds", st.train_seconds},
+                {"wall_seconds", wall_now()},
+                {"checkpoint", result.last_checkpoint}};
   };
-  // Step 0: the untrained model.
-  const double val0 = evaluate(0);
-  metrics << "0,0,,," << fmt::format("{:.6f}", val0) << ",,,,,\n";
-  log.info("step 0 | val loss {:.4f}", val0);
-  if (diag.is_open())
-    write_diag(diag, 0, backend.diagnostics(probe_in.data(), probe_tg.data(), B, T));
+  auto finish = [&](RunStatus s) {
+    result.status = s;
+    result.diverged = s == RunStatus::diverged;
+    result.steps_done = st.step;
+    result.last_val_loss = st.last_val_loss;
+    write_status(run_dir, status_json(to_string(s)));
+    return result;
+  };
+  auto save = [&] {
+    st.data_epoch = train_data.epoch();
+    st.data_cursor = train_data.cursor();
+    st.wall_seconds = wall_now();
+    Checkpoint ck{cfg.effective, st, {}, {}, {}};
+    backend.get_params(ck.params);
+    backend.get_adam_state(ck.adam_m, ck.adam_v);
+    result.last_checkpoint = save_checkpoint(run_dir, ck, tc.keep_checkpoints);
+    write_status(run_dir, status_json("running"));
+    log.info("checkpoint {}", result.last_checkpoint);
+  };
+  auto evaluate = [&] {
+    st.last_val_loss = mean_val_loss(backend, val_data, cfg.eval.batches, B, T);
+    return st.last_val_loss;
+  };
+  write_status(run_dir, status_json("running"));
 
+  if (resumed_step < 0) {  // step 0: the untrained model
+    const double val0 = evaluate();
+    metrics << "0,0,,," << fmt::format("{:.6f}", val0) << ",,,,,0,\n";
+    metrics.flush();
+    log.info("step 0 | val loss {:.4f}", val0);
+    if (diag.is_open())
+      write_diag(diag, 0, backend.diagnostics(probe_in.data(), probe_tg.data(), B, T));
+  }
+
+  const int64_t nan_step = injected_nan_step();
+  const bool spike_rule = tc.spike_zscore > 0;
+  double session_ms = 0;
+  int64_t session_steps = 0;
   std::vector<int32_t> in, tg;
-  double total_ms = 0;
-  for (int64_t step = 1; step <= tc.steps; ++step) {
+  for (int64_t step = st.step + 1; step <= tc.steps; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
     const double lr = learning_rate(tc, step - 1);
     backend.zero_grad();
@@ -120,46 +295,68 @@ TrainResult train(const Config& cfg, Backend& backend, const std::string& run_di
       loss += backend.forward_backward(in.data(), tg.data(), B, T, 1.0f / tc.grad_accum);
     }
     loss /= tc.grad_accum;
+    if (step == nan_step) loss = std::numeric_limits<double>::quiet_NaN();
     const double norm = backend.grad_norm();
     if (!std::isfinite(loss) || !std::isfinite(norm)) {
-      result.diverged = true;
       result.reason = !std::isfinite(loss) ? fmt::format("non-finite train loss ({}) at step {}", loss, step)
                                            : fmt::format("non-finite grad norm ({}) at step {}", norm, step);
       metrics << step << ',' << step * tc.tokens_per_step << ',' << lr << ',' << loss << ",," << norm
-              << ",,,,diverged: " << result.reason << '\n';
+              << ",,,," << st.skipped << ",diverged: " << result.reason << '\n';
       metrics.flush();
-      log.error("diverged: {}; stopping (no update applied at step {})", result.reason, step);
-      result.steps_done = step - 1;
-      return result;
+      log.error("diverged: {}; stopping (no update applied at step {}; last good checkpoint: {})",
+                result.reason, step, result.last_checkpoint.empty() ? "none" : result.last_checkpoint);
+      return finish(RunStatus::diverged);
     }
-    const float grad_mult = (tc.grad_clip > 0 && norm > tc.grad_clip) ? static_cast<float>(tc.grad_clip / norm) : 1.0f;
-    backend.adamw_step({static_cast<float>(lr), static_cast<float>(tc.beta1), static_cast<float>(tc.beta2),
-                        static_cast<float>(tc.eps), static_cast<float>(tc.weight_decay)},
-                       grad_mult, step);
+
+    // Loss-spike rule, then clip and AdamW (bias correction counts applied updates).
+    const double z = spike_zscore(st, loss);
+    const bool skip = spike_rule && z > tc.spike_zscore;
+    observe_loss(st, loss);
+    if (skip) {
+      ++st.skipped;
+    } else {
+      const float grad_mult = (tc.grad_clip > 0 && norm > tc.grad_clip) ? static_cast<float>(tc.grad_clip / norm) : 1.0f;
+      backend.adamw_step({static_cast<float>(lr), static_cast<float>(tc.beta1), static_cast<float>(tc.beta2),
+                          static_cast<float>(tc.eps), static_cast<float>(tc.weight_decay)},
+                         grad_mult, ++st.adam_t);
+    }
+    st.step = step;
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    total_ms += ms;
+    session_ms += ms;
+    ++session_steps;
+    st.train_seconds += ms / 1000.0;
     const double tok_s = tc.tokens_per_step / (ms / 1000.0);
     const double mfu = backend.peak_flops() > 0 ? fpt * tok_s / backend.peak_flops() : 0.0;
 
     const bool eval_now = (cfg.eval.every > 0 && step % cfg.eval.every == 0) || step == tc.steps;
-    const double val = eval_now ? evaluate(step) : 0.0;
+    const double val = eval_now ? evaluate() : 0.0;
+    const std::string event = skip ? fmt::format("spike: update skipped (z = {:.2f})", z) : "";
     metrics << step << ',' << step * tc.tokens_per_step << ',' << fmt::format("{:.6g}", lr) << ','
             << fmt::format("{:.6f}", loss) << ',' << fmt_or_empty(eval_now, val) << ','
             << fmt::format("{:.6f}", norm) << ',' << fmt::format("{:.2f}", ms) << ','
-            << fmt::format("{:.0f}", tok_s) << ',' << fmt_or_empty(mfu > 0, mfu, "{:.4f}") << ",\n";
+            << fmt::format("{:.0f}", tok_s) << ',' << fmt_or_empty(mfu > 0, mfu, "{:.4f}") << ','
+            << st.skipped << ',' << event << '\n';
     metrics.flush();
+    if (skip) log.warn("step {}: loss {:.4f} is {:.2f} sd above its running mean; update skipped", step, loss, z);
     if (diag.is_open() && step % cfg.log.diag_every == 0)
       write_diag(diag, step, backend.diagnostics(probe_in.data(), probe_tg.data(), B, T));
     if (step % cfg.log.every == 0 || eval_now || step == tc.steps) {
-      const double left_s = total_ms / step * (tc.steps - step) / 1000.0;
+      const double left_s = session_ms / session_steps * (tc.steps - step) / 1000.0;
       log.info("step {:>6}/{} | loss {:.4f}{} | norm {:.3f} | lr {:.2e} | {:.1f} ms | {:.0f} tok/s{} | {:.0f}s left",
                step, tc.steps, loss, eval_now ? fmt::format(" | val {:.4f}", val) : "", norm, lr, ms,
                tok_s, mfu > 0 ? fmt::format(" | MFU {:.1f}%", 100 * mfu) : "", left_s);
     }
-    result.steps_done = step;
+
+    const bool stop = options.stop && options.stop->load();
+    if ((tc.checkpoint_every > 0 && step % tc.checkpoint_every == 0) || step == tc.steps || stop) save();
+    if (stop && step < tc.steps) {
+      result.reason = fmt::format("stopped by a signal after step {}", step);
+      log.warn("{}; resume with the same command", result.reason);
+      return finish(RunStatus::interrupted);
+    }
   }
-  log.info("done: {} steps, final val loss {:.4f}, {:.1f} s", result.steps_done, result.last_val_loss, total_ms / 1000);
-  return result;
+  log.info("done: {} steps, final val loss {:.4f}, {:.1f} s in steps", st.step, st.last_val_loss, st.train_seconds);
+  return finish(RunStatus::finished);
 }
 
 }  // namespace qattn

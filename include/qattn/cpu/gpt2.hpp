@@ -28,6 +28,8 @@ class Gpt2 {
     std::vector<F> q, k, v, dout;
   };
   const std::vector<AttentionIO>& attention_io() const { return attn_io_; }
+  // Logits of the last forward, (B, T, vocab): what sampling reads.
+  const std::vector<F>& logits() const { return logits_; }
 
  private:
   struct LayerActs {

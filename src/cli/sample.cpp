@@ -1,0 +1,106 @@
+// qattn sample --checkpoint DIR --prompt TEXT --tokens N [--temperature T --top-k K --seed S]
+// Generates text from a checkpoint with the CPU model: the context is
+// end-of-text + the prompt, each new token is drawn from the softmax of the
+// last position's logits / T over the K most likely tokens (T = 0: greedy).
+#include <algorithm>
+#include <cmath>
+#include <iostream>
+#include <numeric>
+#include <random>
+
+#include "commands.hpp"
+#include "qattn/checkpoint.hpp"
+#include "qattn/cpu/gpt2.hpp"
+#include "qattn/tokenizer.hpp"
+
+namespace qattn::cli {
+
+namespace {
+
+// Draws a token id from one row of logits (vocab).
+int sample_token(const float* logits, int vocab, double temperature, int top_k, std::mt19937_64& rng) {
+  std::vector<int> ids(vocab);
+  std::iota(ids.begin(), ids.end(), 0);
+  if (temperature <= 0) return static_cast<int>(std::max_element(logits, logits + vocab) - logits);
+  const int k = top_k > 0 ? std::min(top_k, vocab) : vocab;
+  std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), [&](int a, int b) { return logits[a] > logits[b]; });
+  std::vector<double> p(k);
+  for (int i = 0; i < k; ++i) p[i] = std::exp((logits[ids[i]] - logits[ids[0]]) / temperature);
+  std::discrete_distribution<int> pick(p.begin(), p.end());
+  return ids[pick(rng)];
+}
+
+// The tokenizer a model's vocab implies (bytes: 257, gpt2: 50257), or the one asked for.
+std::unique_ptr<Tokenizer> tokenizer_for(const std::string& kind, int vocab, const std::string& vocab_dir) {
+  std::string k = kind;
+  if (k == "auto") {
+    if (vocab == 257) k = "bytes";
+    else if (vocab == 50257) k = "gpt2";
+    else
+      throw std::runtime_error("sample: model.vocab = " + std::to_string(vocab) +
+                               " matches no known tokenizer (bytes: 257, gpt2: 50257); give --tokenizer");
+  }
+  auto t = make_tokenizer(k, vocab_dir);
+  if (t->vocab_size() > vocab)
+    throw std::runtime_error("sample: tokenizer " + k + " has " + std::to_string(t->vocab_size()) +
+                             " tokens but the model only " + std::to_string(vocab));
+  return t;
+}
+
+}  // namespace
+
+void add_sample_command(CLI::App& app) {
+  struct Args {
+    std::string checkpoint, prompt, tokenizer = "auto", vocab_dir = "data/cache/gpt2";
+    int tokens = 200, top_k = 40;
+    double temperature = 1.0;
+    uint64_t seed = 1337;
+  };
+  auto args = std::make_shared<Args>();
+  CLI::App* cmd = app.add_subcommand("sample", "Generate text from a checkpoint");
+  cmd->add_option("--checkpoint", args->checkpoint, "checkpoint directory, or a run directory (its newest checkpoint)")
+      ->required();
+  cmd->add_option("--prompt", args->prompt, "text the generation continues")->capture_default_str();
+  cmd->add_option("--tokens", args->tokens, "tokens to generate")->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  cmd->add_option("--temperature", args->temperature, "softmax temperature (0: greedy)")
+      ->check(CLI::Range(0.0, 100.0))
+      ->capture_default_str();
+  cmd->add_option("--top-k", args->top_k, "sample among the K most likely tokens (0: all)")
+      ->check(CLI::Range(0, 1 << 20))
+      ->capture_default_str();
+  cmd->add_option("--seed", args->seed, "sampling seed")->capture_default_str();
+  cmd->add_option("--tokenizer", args->tokenizer, "auto (from model.vocab), bytes or gpt2")
+      ->check(CLI::IsMember({"auto", "bytes", "gpt2"}))
+      ->capture_default_str();
+  cmd->add_option("--vocab", args->vocab_dir, "gpt2: directory with encoder.json and vocab.bpe")->capture_default_str();
+  cmd->callback([args] {
+    const Checkpoint ck = load_checkpoint(resolve_checkpoint(args->checkpoint));
+    const Config cfg = config_of_checkpoint(ck.config);
+    cpu::Gpt2<float> model(cfg.model, cfg.attention);
+    if (ck.params.size() != model.params.size())
+      throw CheckpointError("sample: the checkpoint holds " + std::to_string(ck.params.size()) +
+                            " parameters; its config's model has " + std::to_string(model.params.size()));
+    model.params = ck.params;
+    const auto tokenizer = tokenizer_for(args->tokenizer, cfg.model.vocab, args->vocab_dir);
+
+    std::vector<int32_t> context = {tokenizer->eot()};
+    for (uint16_t t : tokenizer->encode(args->prompt)) context.push_back(t);
+    std::mt19937_64 rng(args->seed);
+    const int V = cfg.model.vocab, T_max = cfg.model.seq_len;
+    std::cout << args->prompt << std::flush;
+    for (int n = 0; n < args->tokens; ++n) {
+      // The last seq_len tokens; the targets are unused but the forward computes a loss.
+      const int T = std::min<int>(static_cast<int>(context.size()), T_max);
+      const std::vector<int32_t> window(context.end() - T, context.end()), targets(T, 0);
+      model.forward(window.data(), targets.data(), 1, T);
+      const int next = sample_token(model.logits().data() + static_cast<size_t>(T - 1) * V, V,
+                                    args->temperature, args->top_k, rng);
+      context.push_back(next);
+      const uint16_t tok = static_cast<uint16_t>(next);
+      std::cout << tokenizer->decode({&tok, 1}) << std::flush;
+    }
+    std::cout << '\n';
+  });
+}
+
+}  // namespace qattn::cli

@@ -1,0 +1,471 @@
+// Sweep files -> runs with stable ids, and run outcomes -> summary tables.
+#include "qattn/sweep.hpp"
+
+#include <cmath>
+#include <filesystem>
+#include <fmt/format.h>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+
+namespace qattn {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+constexpr const char* kSeedKey = "train.seed";
+constexpr size_t kMaxIdChars = 100;
+
+// ---------------------------------------------------------------------------
+// Expansion
+
+// One axis of the product: a grid key alone, or a zip group of keys advanced together.
+struct Axis {
+  std::vector<std::string> keys;
+  std::vector<std::vector<json>> values;  // values[i][k]: the i-th point, key k
+};
+
+const json& list_at(const json& j, const std::string& path) {
+  if (!j.is_array() || j.empty())
+    throw SweepError(path + ": " + j.dump() + " is not allowed; allowed: a non-empty list of values");
+  return j;
+}
+
+void check_key(const std::string& key, const std::string& where) {
+  if (key.empty() || key.front() == '.' || key.back() == '.' || key.find("..") != std::string::npos)
+    throw SweepError(where + ": '" + key + "' is not a JSON path; allowed: dotted keys like attention.kind");
+  if (key == kSeedKey) throw SweepError(where + ": give seeds with the sweep's \"seeds\" list, not " + key);
+}
+
+std::vector<Axis> read_axes(const json& j) {
+  std::vector<Axis> axes;
+  if (j.contains("grid")) {
+    if (!j["grid"].is_object()) throw SweepError("grid: expected an object {\"json.path\": [values]}");
+    for (const auto& [key, values] : j["grid"].items()) {
+      check_key(key, "grid");
+      Axis a{{key}, {}};
+      for (const auto& v : list_at(values, "grid." + key)) a.values.push_back({v});
+      axes.push_back(std::move(a));
+    }
+  }
+  if (j.contains("zip")) {
+    if (!j["zip"].is_array()) throw SweepError("zip: expected a list of objects {\"json.path\": [values]}");
+    for (size_t g = 0; g < j["zip"].size(); ++g) {
+      const json& group = j["zip"][g];
+      const std::string where = "zip[" + std::to_string(g) + "]";
+      if (!group.is_object() || group.empty()) throw SweepError(where + ": expected an object {\"json.path\": [values]}");
+      Axis a;
+      size_t n = 0;
+      for (const auto& [key, values] : group.items()) {
+        check_key(key, where);
+        const json& list = list_at(values, where + "." + key);
+        if (a.keys.empty()) n = list.size();
+        if (list.size() != n)
+          throw SweepError(where + "." + key + ": " + std::to_string(list.size()) + " values, but " + a.keys[0] +
+                           " has " + std::to_string(n) + "; allowed: lists of one length in a zip group");
+        a.keys.push_back(key);
+      }
+      a.values.assign(n, {});
+      for (size_t i = 0; i < n; ++i)
+        for (const auto& key : a.keys) a.values[i].push_back(group[key][i]);
+      axes.push_back(std::move(a));
+    }
+  }
+  std::set<std::string> seen;
+  for (const auto& a : axes)
+    for (const auto& k : a.keys)
+      if (!seen.insert(k).second) throw SweepError(k + ": varied twice (in grid and zip, or in two zip groups)");
+  return axes;
+}
+
+// Every point of the product of the axes, as {path: value}.
+std::vector<json> product(const std::vector<Axis>& axes) {
+  std::vector<json> points = {json::object()};
+  for (const auto& a : axes) {
+    std::vector<json> next;
+    for (const auto& p : points)
+      for (const auto& values : a.values) {
+        json q = p;
+        for (size_t k = 0; k < a.keys.size(); ++k) q[a.keys[k]] = values[k];
+        next.push_back(std::move(q));
+      }
+    points = std::move(next);
+  }
+  return points;
+}
+
+std::string slug_value(const json& v) {
+  std::string s = v.is_string() ? v.get<std::string>() : v.dump();
+  for (char& c : s)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '-' && c != '+') c = '-';
+  return s;
+}
+
+std::string hash_hex(const std::string& s) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ull;
+  return fmt::format("{:08x}", static_cast<uint32_t>(h ^ (h >> 32)));
+}
+
+json without_seed(json o) {
+  o.erase(kSeedKey);
+  return o;
+}
+
+// ---------------------------------------------------------------------------
+// Outcomes and summary
+
+std::string fmt_num(double x, const char* f = "{:.4f}") {
+  return std::isfinite(x) ? fmt::format(fmt::runtime(f), x) : std::string();
+}
+
+std::string csv_field(const std::string& s) {
+  if (s.find_first_of(",\"\n") == std::string::npos) return s;
+  std::string q = "\"";
+  for (char c : s) q += c == '"' ? std::string("\"\"") : std::string(1, c);
+  return q + "\"";
+}
+
+std::string md_cell(const std::string& s) {
+  std::string out;
+  for (char c : s) out += c == '|' ? std::string("\\|") : std::string(1, c);
+  return out;
+}
+
+std::string value_text(const json& overrides, const std::string& key) {
+  if (!overrides.contains(key)) return "";
+  const json& v = overrides[key];
+  return v.is_string() ? v.get<std::string>() : v.dump();
+}
+
+}  // namespace
+
+std::string Sweep::dir() const { return (fs::path(out) / name).string(); }
+
+std::string run_id(const json& overrides) {
+  std::map<std::string, int> last_count;
+  auto last = [](const std::string& k) { return k.substr(k.rfind('.') + 1); };
+  for (const auto& [k, v] : overrides.items()) ++last_count[last(k)];
+  std::string id;
+  auto add = [&](const std::string& k, const json& v) {
+    id += (id.empty() ? "" : "_") + (last_count[last(k)] > 1 ? k : last(k)) + "=" + slug_value(v);
+  };
+  for (const auto& [k, v] : overrides.items())  // json objects iterate in key order
+    if (k != kSeedKey) add(k, v);
+  if (overrides.contains(kSeedKey)) add(kSeedKey, overrides[kSeedKey]);
+  if (id.empty()) return "base";
+  if (id.size() > kMaxIdChars) id = id.substr(0, kMaxIdChars - 9) + "-" + hash_hex(overrides.dump());
+  return id;
+}
+
+Sweep expand_sweep(const json& j, const std::string& source) {
+  if (!j.is_object()) throw SweepError("expected a JSON object");
+  static const std::set<std::string> known = {"name", "base", "out", "set", "grid", "zip", "seeds", "baseline", "eval_last"};
+  for (const auto& [k, v] : j.items())
+    if (!known.count(k))
+      throw SweepError(k + ": unknown key; allowed keys: base, baseline, eval_last, grid, name, out, seeds, set, zip");
+  Sweep s;
+  for (const char* key : {"name", "base"})
+    if (!j.contains(key) || !j[key].is_string() || j[key].get<std::string>().empty())
+      throw SweepError(std::string(key) + ": required, a non-empty string");
+  s.name = j["name"];
+  if (s.name.find('/') != std::string::npos || s.name == "." || s.name == "..")
+    throw SweepError("name: \"" + s.name + "\" is not allowed; allowed: a folder name without '/'");
+  const fs::path base = j["base"].get<std::string>();
+  s.base = (base.is_absolute() || source.empty() ? base : fs::path(source).parent_path() / base).lexically_normal().string();
+  if (j.contains("out")) {
+    if (!j["out"].is_string()) throw SweepError("out: expected a string (the parent folder of runs/<name>)");
+    s.out = j["out"];
+  }
+  if (j.contains("set")) {
+    if (!j["set"].is_object()) throw SweepError("set: expected an object {\"json.path\": value}");
+    for (const auto& [k, v] : j["set"].items()) check_key(k, "set");
+    s.set = j["set"];
+  }
+  if (j.contains("eval_last")) {
+    if (!j["eval_last"].is_number_integer() || j["eval_last"].get<int>() < 1)
+      throw SweepError("eval_last: " + j["eval_last"].dump() + " is not allowed; allowed: an integer >= 1");
+    s.eval_last = j["eval_last"];
+  }
+  std::vector<json> seeds;
+  if (j.contains("seeds")) {
+    for (const auto& seed : list_at(j["seeds"], "seeds")) {
+      if (!seed.is_number_integer() || seed.get<int64_t>() < 0)
+        throw SweepError("seeds: " + seed.dump() + " is not allowed; allowed: integers >= 0");
+      seeds.push_back(seed);
+    }
+  }
+
+  const auto axes = read_axes(j);
+  for (const auto& a : axes) s.keys.insert(s.keys.end(), a.keys.begin(), a.keys.end());
+  auto with_seeds = [&](const json& point) {
+    std::vector<json> out;
+    if (seeds.empty()) return std::vector<json>{point};
+    for (const auto& seed : seeds) {
+      json o = point;
+      o[kSeedKey] = seed;
+      out.push_back(std::move(o));
+    }
+    return out;
+  };
+  std::map<std::string, size_t> index;  // id -> position in s.runs
+  auto add_run = [&](const json& overrides) -> SweepRun& {
+    const std::string id = run_id(overrides);
+    const auto it = index.find(id);
+    if (it != index.end()) {
+      if (s.runs[it->second].overrides != overrides)
+        throw SweepError("runs " + s.runs[it->second].overrides.dump() + " and " + overrides.dump() +
+                         " map to the same id '" + id + "'; change a value so their ids differ");
+      return s.runs[it->second];
+    }
+    index[id] = s.runs.size();
+    s.runs.push_back({id, run_id(without_seed(overrides)), overrides, false, ""});
+    return s.runs.back();
+  };
+  const auto points = product(axes);
+  for (const auto& p : points)
+    for (const auto& o : with_seeds(p)) add_run(o);
+
+  if (j.contains("baseline")) {
+    const json& b = j["baseline"];
+    if (!b.is_object() || !b.contains("set") || !b["set"].is_object() || b["set"].empty())
+      throw SweepError("baseline: expected {\"set\": {\"json.path\": value}, \"match\": [json paths]}");
+    for (const auto& [k, v] : b.items())
+      if (k != "set" && k != "match") throw SweepError("baseline." + k + ": unknown key; allowed keys: match, set");
+    std::vector<std::string> match;
+    if (b.contains("match")) {
+      if (!b["match"].is_array()) throw SweepError("baseline.match: expected a list of varied JSON paths");
+      for (const auto& m : b["match"]) {
+        if (!m.is_string() || std::find(s.keys.begin(), s.keys.end(), m.get<std::string>()) == s.keys.end())
+          throw SweepError("baseline.match: " + m.dump() + " is not one of the varied keys (grid or zip)");
+        match.push_back(m);
+      }
+    }
+    for (const auto& [k, v] : b["set"].items()) check_key(k, "baseline.set");
+    const size_t grid_runs = s.runs.size();
+    for (size_t i = 0; i < grid_runs; ++i) {
+      json bo = b["set"];
+      for (const auto& m : match) bo[m] = s.runs[i].overrides[m];
+      if (s.runs[i].overrides.contains(kSeedKey)) bo[kSeedKey] = s.runs[i].overrides[kSeedKey];
+      const std::string setting = run_id(without_seed(bo));
+      SweepRun& baseline = add_run(bo);  // may reallocate s.runs: index again below
+      baseline.is_baseline = true;
+      if (s.runs[i].setting != setting) s.runs[i].baseline = setting;
+    }
+    for (auto& r : s.runs)
+      if (r.is_baseline) r.baseline.clear();
+  }
+  if (seeds.size()) s.keys.push_back(kSeedKey);
+  return s;
+}
+
+Sweep load_sweep(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) throw SweepError(path + ": cannot open sweep file");
+  json j;
+  try {
+    j = json::parse(f, nullptr, true, /*ignore_comments=*/true);
+  } catch (const json::parse_error& e) {
+    throw SweepError(path + ": not valid JSON: " + e.what());
+  }
+  try {
+    return expand_sweep(j, path);
+  } catch (const SweepError& e) {
+    throw SweepError(path + ": " + e.what());
+  }
+}
+
+std::vector<std::string> train_assignments(const Sweep& s, const SweepRun& r) {
+  std::vector<std::string> out;
+  for (const auto& [k, v] : s.set.items()) out.push_back(k + "=" + v.dump());
+  for (const auto& [k, v] : r.overrides.items()) out.push_back(k + "=" + v.dump());
+  out.push_back("log.out=" + json(s.dir()).dump());
+  out.push_back("log.name=" + json(r.id).dump());
+  return out;
+}
+
+double mean_of_last(const std::vector<double>& xs, int count) {
+  if (xs.empty()) return std::numeric_limits<double>::quiet_NaN();
+  const size_t n = std::min(xs.size(), static_cast<size_t>(count));
+  double sum = 0;
+  for (size_t i = xs.size() - n; i < xs.size(); ++i) sum += xs[i];
+  return sum / n;
+}
+
+RunOutcome read_outcome(const std::string& run_dir, int eval_last) {
+  RunOutcome o;
+  const fs::path dir(run_dir);
+  if (!fs::exists(dir)) return o;
+  o.status = "incomplete";
+  if (std::ifstream f(dir / "status.json"); f) {
+    try {
+      const json st = json::parse(f);
+      const std::string status = st.value("status", "");
+      if (status != "running") o.status = status;  // "running" after the process is gone: it was killed
+      o.reason = st.value("reason", "");
+      o.steps = st.value("step", int64_t{0});
+      o.tokens = st.value("tokens", int64_t{0});
+      o.skipped = st.value("skipped", int64_t{0});
+      o.train_seconds = st.value("train_seconds", 0.0);
+      o.wall_seconds = st.value("wall_seconds", 0.0);
+    } catch (const json::exception& e) {
+      o.reason = std::string("status.json: ") + e.what();
+    }
+  }
+  // Final val loss: the evaluations after step 0 (step 0 alone when there is no other).
+  std::ifstream m(dir / "metrics.csv");
+  std::string line;
+  std::getline(m, line);
+  int val_col = -1;
+  {
+    std::stringstream ss(line);
+    std::string name;
+    for (int c = 0; std::getline(ss, name, ','); ++c)
+      if (name == "val_loss") val_col = c;
+  }
+  std::vector<double> vals;
+  double val0 = std::numeric_limits<double>::quiet_NaN();
+  while (val_col >= 0 && std::getline(m, line)) {
+    std::stringstream ss(line);
+    std::string field, step;
+    std::getline(ss, step, ',');
+    for (int c = 1; c <= val_col && std::getline(ss, field, ','); ++c) {}
+    if (field.empty() || val_col == 0) continue;
+    const double v = std::strtod(field.c_str(), nullptr);
+    if (std::strtoll(step.c_str(), nullptr, 10) == 0)
+      val0 = v;
+    else
+      vals.push_back(v);
+  }
+  o.final_val_loss = vals.empty() ? val0 : mean_of_last(vals, eval_last);
+  return o;
+}
+
+std::vector<SettingStats> setting_stats(const Sweep& s, const std::vector<RunOutcome>& outcomes) {
+  std::vector<SettingStats> stats;
+  std::map<std::string, size_t> where;
+  std::map<std::string, std::vector<double>> losses;
+  for (size_t i = 0; i < s.runs.size(); ++i) {
+    const SweepRun& r = s.runs[i];
+    if (!where.count(r.setting)) {
+      where[r.setting] = stats.size();
+      stats.push_back({r.setting, r.baseline});
+    }
+    SettingStats& st = stats[where[r.setting]];
+    ++st.runs;
+    if (outcomes[i].status == "diverged") ++st.diverged;
+    if (outcomes[i].status == "finished" && std::isfinite(outcomes[i].final_val_loss)) {
+      ++st.finished;
+      losses[r.setting].push_back(outcomes[i].final_val_loss);
+    }
+  }
+  for (auto& st : stats) {
+    const auto& xs = losses[st.setting];
+    if (xs.empty()) continue;
+    double sum = 0;
+    for (double x : xs) sum += x;
+    st.mean = sum / xs.size();
+    if (xs.size() > 1) {
+      double ss = 0;
+      for (double x : xs) ss += (x - st.mean) * (x - st.mean);
+      st.std = std::sqrt(ss / (xs.size() - 1));
+    }
+  }
+  for (auto& st : stats)
+    if (!st.baseline.empty() && where.count(st.baseline)) st.gap = st.mean - stats[where[st.baseline]].mean;
+  return stats;
+}
+
+double run_gap(const Sweep& s, const std::vector<RunOutcome>& outcomes, size_t i) {
+  const SweepRun& r = s.runs[i];
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  if (r.baseline.empty() || outcomes[i].status != "finished") return nan;
+  const json seed = r.overrides.contains(kSeedKey) ? r.overrides[kSeedKey] : json();
+  for (size_t k = 0; k < s.runs.size(); ++k) {
+    const SweepRun& b = s.runs[k];
+    const json bseed = b.overrides.contains(kSeedKey) ? b.overrides[kSeedKey] : json();
+    if (b.setting == r.baseline && bseed == seed)
+      return outcomes[k].status == "finished" ? outcomes[i].final_val_loss - outcomes[k].final_val_loss : nan;
+  }
+  return nan;
+}
+
+std::string write_summary(const Sweep& s, const std::vector<RunOutcome>& outcomes) {
+  const auto stats = setting_stats(s, outcomes);
+  std::map<std::string, const SettingStats*> by_setting;
+  for (const auto& st : stats) by_setting[st.setting] = &st;
+  fs::create_directories(s.dir());
+
+  std::ostringstream csv;
+  csv << "id,setting";
+  for (const auto& k : s.keys) csv << ',' << csv_field(k);
+  csv << ",status,reason,steps,tokens,final_val_loss,wall_s,tokens_per_s,skipped,baseline,gap_nats,"
+         "setting_runs,setting_mean,setting_std,setting_gap_nats\n";
+  for (size_t i = 0; i < s.runs.size(); ++i) {
+    const SweepRun& r = s.runs[i];
+    const RunOutcome& o = outcomes[i];
+    const SettingStats& st = *by_setting[r.setting];
+    csv << csv_field(r.id) << ',' << csv_field(r.setting);
+    for (const auto& k : s.keys) csv << ',' << csv_field(value_text(r.overrides, k));
+    csv << ',' << o.status << ',' << csv_field(o.reason) << ',' << o.steps << ',' << o.tokens << ','
+        << fmt_num(o.final_val_loss, "{:.6f}") << ',' << fmt_num(o.wall_seconds, "{:.1f}") << ','
+        << fmt_num(o.tokens_per_s(), "{:.0f}") << ',' << o.skipped << ','
+        << csv_field(r.is_baseline ? "(baseline)" : r.baseline) << ','
+        << fmt_num(run_gap(s, outcomes, i), "{:.6f}") << ',' << st.finished << ','
+        << fmt_num(st.mean, "{:.6f}") << ',' << fmt_num(st.std, "{:.6f}") << ','
+        << fmt_num(st.gap, "{:.6f}") << '\n';
+  }
+
+  std::ostringstream md;
+  md << "# Sweep " << s.name << "\n\nBase config `" << s.base << "`; final val loss = mean of the last "
+     << s.eval_last << " evaluation" << (s.eval_last > 1 ? "s" : "") << "; gaps in nats (run minus baseline).\n\n";
+  md << "## Settings\n\n| setting |";
+  for (const auto& k : s.keys)
+    if (k != kSeedKey) md << ' ' << md_cell(k) << " |";
+  md << " finished | val loss (mean ± std) | gap to baseline | diverged |\n|---|";
+  for (const auto& k : s.keys)
+    if (k != kSeedKey) md << "---|";
+  md << "---|---|---|---|\n";
+  for (const auto& st : stats) {
+    const SweepRun* first = nullptr;
+    for (const auto& r : s.runs)
+      if (r.setting == st.setting && !first) first = &r;
+    md << "| " << md_cell(st.setting) << " |";
+    for (const auto& k : s.keys)
+      if (k != kSeedKey) md << ' ' << md_cell(value_text(first->overrides, k)) << " |";
+    md << ' ' << st.finished << '/' << st.runs << " | "
+       << (std::isfinite(st.mean) ? fmt_num(st.mean) + (std::isfinite(st.std) ? " ± " + fmt_num(st.std) : "") : "—")
+       << " | "
+       << (first->is_baseline ? std::string("baseline")
+                              : std::isfinite(st.gap) ? fmt::format("{:+.4f}", st.gap) : std::string("—"))
+       << " | " << (st.diverged ? "**" + std::to_string(st.diverged) + " diverged**" : std::string()) << " |\n";
+  }
+  md << "\n## Runs\n\n| run | status | steps | tokens | final val loss | gap | wall s | tokens/s | skipped |\n"
+        "|---|---|---|---|---|---|---|---|---|\n";
+  for (size_t i = 0; i < s.runs.size(); ++i) {
+    const RunOutcome& o = outcomes[i];
+    const double gap = run_gap(s, outcomes, i);
+    std::string status = o.status == "finished" ? o.status : "**" + o.status + "**";
+    if (!o.reason.empty()) status += ": " + o.reason;
+    md << "| " << md_cell(s.runs[i].id) << " | " << md_cell(status) << " | " << o.steps << " | " << o.tokens
+       << " | " << fmt_num(o.final_val_loss) << " | " << (std::isfinite(gap) ? fmt::format("{:+.4f}", gap) : "")
+       << " | " << fmt_num(o.wall_seconds, "{:.1f}") << " | " << fmt_num(o.tokens_per_s(), "{:.0f}") << " | "
+       << o.skipped << " |\n";
+  }
+
+  for (const auto& [name, text] : {std::pair{"summary.csv", csv.str()}, std::pair{"summary.md", md.str()}}) {
+    const fs::path path = fs::path(s.dir()) / name, tmp = fs::path(s.dir()) / (std::string(".") + name + ".tmp");
+    {
+      std::ofstream f(tmp, std::ios::trunc);
+      f << text;
+      if (!f) throw SweepError(path.string() + ": write failed");
+    }
+    fs::rename(tmp, path);
+  }
+  return md.str();
+}
+
+}  // namespace qattn

@@ -1,0 +1,234 @@
+// Checkpoints and resume: the format and its verification, pruning, config
+// mismatch errors, bit-exact resume (in process and after SIGKILL mid-write),
+// SIGTERM's final checkpoint, and the divergence path.
+#include <omp.h>
+
+#include <catch2/catch.hpp>
+#include <random>
+
+#include "qattn/backend.hpp"
+#include "qattn/checkpoint.hpp"
+#include "qattn/trainer.hpp"
+#include "run_helpers.hpp"
+
+using namespace qattn;
+using namespace qattn::test;
+using nlohmann::json;
+
+namespace {
+
+Checkpoint random_checkpoint(int64_t step, size_t n) {
+  std::mt19937 rng(static_cast<unsigned>(step));
+  std::normal_distribution<float> normal;
+  Checkpoint ck;
+  ck.config = {{"model", {{"dim", 16}}}};
+  ck.state.step = step;
+  ck.state.adam_t = step - 1;
+  ck.state.data_epoch = 2;
+  ck.state.data_cursor = 17;
+  ck.state.data_seed = 42;
+  ck.state.spike_mean = 3.25;
+  ck.state.spike_var = 0.1 + 1e-17;
+  for (auto* v : {&ck.params, &ck.adam_m, &ck.adam_v})
+    for (size_t i = 0; i < n; ++i) v->push_back(normal(rng));
+  return ck;
+}
+
+// One OpenMP thread for the tiny models: on a loaded 2-core machine, waking a
+// second thread after every checkpoint's fsync costs more than the step.
+TrainResult train_in_process(const json& j, TrainOptions options = {}) {
+  const int threads = omp_get_max_threads();
+  omp_set_num_threads(1);
+  struct Restore {
+    int n;
+    ~Restore() { omp_set_num_threads(n); }
+  } restore{threads};
+  const Config cfg = config_from_json(j);
+  auto backend = make_cpu_backend(cfg);
+  return train(cfg, *backend, run_directory(cfg), options);
+}
+
+}  // namespace
+
+TEST_CASE("a checkpoint round-trips and a damaged one never loads", "[checkpoint]") {
+  const auto d = scratch_dir("ckpt_format");
+  const Checkpoint a = random_checkpoint(7, 1000);
+  const std::string dir = save_checkpoint(d.string(), a, 3);
+  CHECK(fs::path(dir).filename() == "step_00000007");
+  const Checkpoint b = load_checkpoint(dir);
+  CHECK(b.config == a.config);
+  CHECK(b.params == a.params);
+  CHECK(b.adam_m == a.adam_m);
+  CHECK(b.adam_v == a.adam_v);
+  CHECK(b.state.step == 7);
+  CHECK(b.state.adam_t == 6);
+  CHECK(b.state.data_epoch == 2);
+  CHECK(b.state.data_cursor == 17);
+  CHECK(b.state.data_seed == 42);
+  CHECK(b.state.spike_var == a.state.spike_var);  // doubles round-trip exactly
+
+  SECTION("a flipped byte fails the checksum") {
+    {
+      std::fstream f(fs::path(dir) / "adam_v.bin", std::ios::in | std::ios::out | std::ios::binary);
+      f.seekp(123);
+      f.put('\x5a');
+    }
+    CHECK_THAT(checkpoint_problem(dir), Catch::Contains("adam_v.bin: checksum"));
+    CHECK_THROWS_WITH(load_checkpoint(dir), Catch::Contains("is not valid"));
+  }
+  SECTION("a truncated file fails the size check") {
+    fs::resize_file(fs::path(dir) / "params.bin", 400);
+    CHECK_THAT(checkpoint_problem(dir), Catch::Contains("params.bin holds 400 bytes"));
+  }
+  SECTION("no manifest, no checkpoint; the newest valid one is used instead") {
+    save_checkpoint(d.string(), random_checkpoint(9, 1000), 3);
+    fs::remove(fs::path(checkpoint_root(d.string())) / "step_00000009" / "manifest.json");
+    std::vector<std::string> passed;
+    CHECK(latest_checkpoint(d.string(), &passed) == dir);
+    REQUIRE(passed.size() == 1);
+    CHECK_THAT(passed[0], Catch::Contains("no manifest.json"));
+  }
+}
+
+TEST_CASE("only the newest keep_checkpoints survive, and dead temporaries go", "[checkpoint]") {
+  const auto d = scratch_dir("ckpt_prune");
+  fs::create_directories(fs::path(checkpoint_root(d.string())) / ".step_00000003.tmp");
+  for (int64_t step : {1, 2, 3, 4}) save_checkpoint(d.string(), random_checkpoint(step, 10), 2);
+  const auto all = list_checkpoints(d.string());
+  REQUIRE(all.size() == 2);
+  CHECK(fs::path(all[0]).filename() == "step_00000003");
+  CHECK(fs::path(all[1]).filename() == "step_00000004");
+  CHECK_FALSE(fs::exists(fs::path(checkpoint_root(d.string())) / ".step_00000003.tmp"));
+}
+
+TEST_CASE("config differences name the keys and ignore logging", "[checkpoint]") {
+  const json a = {{"train", {{"lr", 0.01}, {"steps", 10}, {"checkpoint_every", 5}}}, {"log", {{"every", 1}}}};
+  json b = a;
+  b["train"]["lr"] = 0.02;
+  b["train"]["checkpoint_every"] = 2;
+  b["log"]["every"] = 7;
+  b["model"]["qk_norm"] = true;
+  const auto diffs = config_differences(a, b);
+  REQUIRE(diffs.size() == 2);
+  CHECK(diffs[0] == "model.qk_norm: (absent) -> true");
+  CHECK(diffs[1] == "train.lr: 0.01 -> 0.02");
+}
+
+TEST_CASE("resume continues bit-exactly and refuses a different config", "[checkpoint][train]") {
+  const auto d = scratch_dir("ckpt_resume");
+  make_corpus(d);
+  const json whole = tiny_config(d, "whole", 12);
+  REQUIRE(train_in_process(whole).status == RunStatus::finished);
+  const auto expected = loss_columns(d / "runs" / "whole" / "metrics.csv");
+  REQUIRE(expected.size() == 13);
+
+  SECTION("rows after the checkpoint are recomputed the same") {
+    json j = tiny_config(d, "cut", 12);
+    REQUIRE(train_in_process(j).status == RunStatus::finished);
+    fs::remove_all(d / "runs" / "cut" / "checkpoints" / "step_00000012");  // as if killed after step 11
+    const TrainResult r = train_in_process(j);
+    CHECK(r.resumed_from == 8);
+    CHECK(r.status == RunStatus::finished);
+    CHECK(loss_columns(d / "runs" / "cut" / "metrics.csv") == expected);
+  }
+  SECTION("a stop request checkpoints, and the resumed run matches") {
+    const json j = tiny_config(d, "stopped", 12);
+    std::atomic<bool> stop{true};
+    TrainOptions o;
+    o.stop = &stop;
+    const TrainResult first = train_in_process(j, o);
+    CHECK(first.status == RunStatus::interrupted);
+    CHECK(first.steps_done == 1);
+    CHECK(json::parse(read_text(d / "runs" / "stopped" / "status.json"))["status"] == "interrupted");
+    o.resume = ResumeMode::require;
+    stop = false;
+    CHECK(train_in_process(j, o).resumed_from == 1);
+    CHECK(loss_columns(d / "runs" / "stopped" / "metrics.csv") == expected);
+  }
+  SECTION("a changed config is an error naming the key") {
+    json j = whole;
+    j["train"]["lr"] = 0.005;
+    j["log"]["every"] = 3;  // logging may change
+    CHECK_THROWS_WITH(train_in_process(j), Catch::Contains("train.lr: 0.01 -> 0.005") &&
+                                               !Catch::Contains("log.every"));
+  }
+  SECTION("--resume without a checkpoint is an error") {
+    TrainOptions o;
+    o.resume = ResumeMode::require;
+    CHECK_THROWS_AS(train_in_process(tiny_config(d, "none", 12), o), ResumeError);
+  }
+}
+
+TEST_CASE("SIGKILL while writing a checkpoint leaves the previous one, and resume matches", "[checkpoint][cli]") {
+  const auto d = scratch_dir("ckpt_kill");
+  make_corpus(d);
+  REQUIRE(train_in_process(tiny_config(d, "whole", 12)).status == RunStatus::finished);
+  const auto cfg = write_json(d / "kill.json", tiny_config(d, "kill", 12));
+  const int killed = run_qattn({"train", cfg.string()}, {{"QATTN_TEST_KILL_IN_CHECKPOINT", "8"}}, d / "log.txt");
+  REQUIRE(WIFSIGNALED(killed));
+  CHECK(WTERMSIG(killed) == SIGKILL);
+  const fs::path run = d / "runs" / "kill";
+  CHECK(fs::exists(run / "checkpoints" / ".step_00000008.tmp"));  // the half-written one
+  CHECK(fs::path(latest_checkpoint(run.string())).filename() == "step_00000004");
+
+  REQUIRE(exit_code(run_qattn({"train", cfg.string()}, {}, d / "log.txt")) == 0);
+  CHECK(loss_columns(run / "metrics.csv") == loss_columns(d / "runs" / "whole" / "metrics.csv"));
+  CHECK_FALSE(fs::exists(run / "checkpoints" / ".step_00000008.tmp"));
+  CHECK(json::parse(read_text(run / "status.json"))["status"] == "finished");
+}
+
+TEST_CASE("SIGTERM writes a final checkpoint and exits with code 4", "[checkpoint][cli]") {
+  const auto d = scratch_dir("ckpt_term");
+  make_corpus(d);
+  json j = tiny_config(d, "term", 100000);
+  j["train"]["checkpoint_every"] = 0;
+  const auto cfg = write_json(d / "term.json", j);
+  const fs::path run = d / "runs" / "term";
+  const pid_t pid = spawn_qattn({"train", cfg.string()}, {}, d / "log.txt");
+  // Wait until it is training (a few metrics rows), then ask it to stop.
+  for (int i = 0; i < 600 && loss_columns(run / "metrics.csv").size() < 4; ++i) ::usleep(20000);
+  ::kill(pid, SIGTERM);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  CHECK(exit_code(status) == kExitInterrupted);
+  const json st = json::parse(read_text(run / "status.json"));
+  CHECK(st["status"] == "interrupted");
+  const std::string ck = latest_checkpoint(run.string());
+  REQUIRE_FALSE(ck.empty());
+  CHECK(load_checkpoint(ck).state.step == st["step"].get<int64_t>());
+  CHECK(st["step"].get<int64_t>() >= 3);
+}
+
+TEST_CASE("a non-finite loss stops the run: diverged row, exit 3, last good checkpoint kept", "[checkpoint][cli]") {
+  const auto d = scratch_dir("ckpt_nan");
+  make_corpus(d);
+  const auto cfg = write_json(d / "nan.json", tiny_config(d, "nan", 12));
+  const int status = run_qattn({"train", cfg.string()}, {{"QATTN_TEST_NAN_AT_STEP", "6"}}, d / "log.txt");
+  CHECK(exit_code(status) == kExitDiverged);
+  const fs::path run = d / "runs" / "nan";
+  const auto rows = loss_columns(run / "metrics.csv");
+  REQUIRE(rows.size() == 7);  // steps 0..6
+  CHECK_THAT(read_text(run / "metrics.csv"), Catch::Contains("diverged: non-finite train loss (nan) at step 6"));
+  const json st = json::parse(read_text(run / "status.json"));
+  CHECK(st["status"] == "diverged");
+  CHECK(st["step"] == 5);
+  CHECK(fs::path(st["checkpoint"].get<std::string>()).filename() == "step_00000004");
+  CHECK(checkpoint_problem(st["checkpoint"]).empty());
+}
+
+TEST_CASE("the loss-spike rule skips updates and counts them", "[checkpoint][train]") {
+  const auto d = scratch_dir("ckpt_spike");
+  make_corpus(d);
+  // With a learning rate too small to move the loss, the loss only wobbles
+  // around its mean, and a tiny threshold flags the steps above the mean.
+  json j = tiny_config(d, "spike", 40);
+  j["train"]["lr"] = 1e-7;
+  j["train"]["spike_zscore"] = 1e-9;
+  j["train"]["checkpoint_every"] = 0;
+  const TrainResult r = train_in_process(j);
+  CHECK(r.status == RunStatus::finished);
+  const json st = json::parse(read_text(d / "runs" / "spike" / "status.json"));
+  CHECK(st["skipped"].get<int>() > 0);
+  CHECK(st["skipped"].get<int>() <= 20);
+  CHECK_THAT(read_text(d / "runs" / "spike" / "metrics.csv"), Catch::Contains("spike: update skipped"));
+}

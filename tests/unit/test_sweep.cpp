@@ -1,0 +1,169 @@
+// Sweeps: expansion (grid product, zip, seeds, baselines), stable ids, errors
+// naming the JSON path, summary arithmetic, and `qattn sweep` end to end
+// (resumable, a diverged run recorded and the sweep going on).
+#include <catch2/catch.hpp>
+#include <cmath>
+
+#include "qattn/checkpoint.hpp"
+#include "qattn/sweep.hpp"
+#include "run_helpers.hpp"
+
+using namespace qattn;
+using namespace qattn::test;
+using nlohmann::json;
+
+namespace {
+
+json grid_sweep() {
+  return {{"name", "g"},
+          {"base", "base.json"},
+          {"grid", {{"attention.kind", {"fpa", "kinterval"}}, {"train.tokens_per_step", {128, 256}}}},
+          {"zip", {{{"attention.kinterval.K", {8, 16}}, {"train.lr", {0.01, 0.02}}}}},
+          {"seeds", {1, 2}},
+          {"baseline", {{"set", {{"attention.kind", "fpa"}}}, {"match", {"train.tokens_per_step"}}}}};
+}
+
+const SweepRun& find_run(const Sweep& s, const std::string& id) {
+  for (const auto& r : s.runs)
+    if (r.id == id) return r;
+  FAIL("no run " << id);
+  return s.runs.front();
+}
+
+// A run directory as `qattn train` leaves it: status.json and val losses in metrics.csv.
+void fake_run(const fs::path& dir, const std::string& status, const std::vector<double>& vals) {
+  fs::create_directories(dir);
+  std::ofstream m(dir / "metrics.csv");
+  m << "step,tokens,lr,train_loss,val_loss,grad_norm,step_ms,tokens_per_s,mfu,skipped,event\n";
+  m << "0,0,,,9.0,,,,,0,\n";
+  int step = 0;
+  for (double v : vals) {
+    ++step;
+    m << step << ',' << step * 100 << ",0.1,1.0,,0.5,1,1,,0,\n";  // a row without evaluation
+    m << step << ',' << step * 100 << ",0.1,1.0," << v << ",0.5,1,1,,0,\n";
+  }
+  write_json(dir / "status.json", {{"status", status}, {"step", step}, {"tokens", step * 100},
+                                   {"train_seconds", 2.0}, {"wall_seconds", 3.0}, {"reason", ""}});
+}
+
+}  // namespace
+
+TEST_CASE("a sweep expands to the product of grid and zip, times seeds, plus baselines", "[sweep]") {
+  const Sweep s = expand_sweep(grid_sweep(), "/sweeps/g.json");
+  CHECK(s.base == "/sweeps/base.json");
+  CHECK(s.dir() == "runs/g");
+  // 2 kinds x 2 tokens_per_step x 2 zipped (K, lr) x 2 seeds; the baselines
+  // (kind fpa, no K/lr override) per tokens_per_step and seed are 4 more.
+  CHECK(s.runs.size() == 16 + 4);
+  CHECK(s.keys == std::vector<std::string>{"attention.kind", "train.tokens_per_step", "attention.kinterval.K",
+                                           "train.lr", "train.seed"});
+  const SweepRun& r = find_run(s, "kind=kinterval_K=8_lr=0.01_tokens_per_step=256_seed=2");
+  CHECK(r.setting == "kind=kinterval_K=8_lr=0.01_tokens_per_step=256");
+  CHECK(r.baseline == "kind=fpa_tokens_per_step=256");
+  CHECK_FALSE(r.is_baseline);
+  const SweepRun& b = find_run(s, "kind=fpa_tokens_per_step=256_seed=2");
+  CHECK(b.is_baseline);
+  CHECK(b.baseline.empty());
+  CHECK(b.overrides == json({{"attention.kind", "fpa"}, {"train.tokens_per_step", 256}, {"train.seed", 2}}));
+
+  const auto sets = train_assignments(s, r);
+  CHECK(std::find(sets.begin(), sets.end(), "attention.kind=\"kinterval\"") != sets.end());
+  CHECK(std::find(sets.begin(), sets.end(), "train.seed=2") != sets.end());
+  CHECK(sets.back() == "log.name=\"kind=kinterval_K=8_lr=0.01_tokens_per_step=256_seed=2\"");
+}
+
+TEST_CASE("run ids are stable and readable", "[sweep]") {
+  CHECK(run_id(json::object()) == "base");
+  CHECK(run_id({{"train.seed", 3}, {"attention.kind", "sage"}}) == "kind=sage_seed=3");
+  // Two keys with one last component keep their full paths.
+  CHECK(run_id({{"a.x", 1}, {"b.x", true}}) == "a.x=1_b.x=true");
+  CHECK(run_id({{"data.train", "dir/x*.bin"}}) == "train=dir-x-.bin");
+  const json long_one = {{"attention.kinterval.calibration", std::string(120, 'f')}};
+  const std::string id = run_id(long_one);
+  CHECK(id.size() == 100);
+  CHECK(id == run_id(long_one));
+}
+
+TEST_CASE("sweep errors name the JSON path and what is allowed", "[sweep]") {
+  json j = grid_sweep();
+  j["zip"][0]["train.lr"] = {0.1};
+  CHECK_THROWS_WITH(expand_sweep(j, ""), Catch::Contains("zip[0].train.lr: 1 values, but attention.kinterval.K has 2"));
+  j = grid_sweep();
+  j["grid"]["train.lr"] = json::array();
+  CHECK_THROWS_WITH(expand_sweep(j, ""), Catch::Contains("grid.train.lr: [] is not allowed"));
+  j = grid_sweep();
+  j["grids"] = 1;
+  CHECK_THROWS_WITH(expand_sweep(j, ""), Catch::Contains("grids: unknown key"));
+  j = grid_sweep();
+  j["baseline"]["match"] = {"model.dim"};
+  CHECK_THROWS_WITH(expand_sweep(j, ""), Catch::Contains("baseline.match: \"model.dim\" is not one of the varied keys"));
+  j = grid_sweep();
+  j["grid"]["train.seed"] = {1, 2};
+  CHECK_THROWS_WITH(expand_sweep(j, ""), Catch::Contains("\"seeds\" list"));
+}
+
+TEST_CASE("the summary: mean of the last E evals, mean and std over seeds, gaps to the baseline", "[sweep]") {
+  const auto d = scratch_dir("sweep_summary");
+  json j = {{"name", "s"}, {"base", "b.json"}, {"out", d.string()}, {"eval_last", 2},
+            {"grid", {{"attention.kind", {"fpa", "sage"}}}}, {"seeds", {1, 2, 3}},
+            {"baseline", {{"set", {{"attention.kind", "fpa"}}}}}};
+  const Sweep s = expand_sweep(j, "");
+  REQUIRE(s.runs.size() == 6);
+  // Final val loss = mean of the last 2 evaluations: fpa 2.0, 2.2, 2.4; sage 2.5, 2.9 and one diverged.
+  fake_run(d / "s" / "kind=fpa_seed=1", "finished", {5.0, 2.1, 1.9});
+  fake_run(d / "s" / "kind=fpa_seed=2", "finished", {5.0, 2.2, 2.2});
+  fake_run(d / "s" / "kind=fpa_seed=3", "finished", {2.5, 2.3});
+  fake_run(d / "s" / "kind=sage_seed=1", "finished", {2.4, 2.6});
+  fake_run(d / "s" / "kind=sage_seed=2", "finished", {3.0, 2.8});
+  fake_run(d / "s" / "kind=sage_seed=3", "diverged", {4.0});
+  std::vector<RunOutcome> outcomes;
+  for (const auto& r : s.runs) outcomes.push_back(read_outcome((d / "s" / r.id).string(), s.eval_last));
+  CHECK(outcomes[0].final_val_loss == Approx(2.0));
+  CHECK(outcomes[0].tokens_per_s() == Approx(150.0));
+
+  const auto stats = setting_stats(s, outcomes);
+  REQUIRE(stats.size() == 2);
+  CHECK(stats[0].setting == "kind=fpa");
+  CHECK(stats[0].mean == Approx(2.2));
+  CHECK(stats[0].std == Approx(0.2));
+  CHECK(std::isnan(stats[0].gap));
+  CHECK(stats[1].finished == 2);
+  CHECK(stats[1].diverged == 1);
+  CHECK(stats[1].mean == Approx(2.7));
+  CHECK(stats[1].std == Approx(std::sqrt(0.08)));
+  CHECK(stats[1].gap == Approx(0.5));
+  CHECK(run_gap(s, outcomes, 3) == Approx(0.5));   // sage seed 1 - fpa seed 1
+  CHECK(run_gap(s, outcomes, 4) == Approx(0.7));
+  CHECK(std::isnan(run_gap(s, outcomes, 5)));      // diverged
+
+  const std::string md = write_summary(s, outcomes);
+  CHECK_THAT(md, Catch::Contains("| kind=sage | sage | 2/3 | 2.7000 ± 0.2828 | +0.5000 | **1 diverged** |"));
+  const std::string csv = read_text(d / "s" / "summary.csv");
+  CHECK_THAT(csv, Catch::StartsWith("id,setting,attention.kind,train.seed,status,"));
+  CHECK_THAT(csv, Catch::Contains("kind=sage_seed=3,kind=sage,sage,3,diverged,"));
+}
+
+TEST_CASE("qattn sweep runs a grid, records a divergence and skips finished runs", "[sweep][cli]") {
+  const auto d = scratch_dir("sweep_cli");
+  make_corpus(d);
+  write_json(d / "base.json", tiny_config(d, "base", 6));
+  const auto sweep = write_json(d / "sweep.json", {{"name", "demo"}, {"base", "base.json"}, {"out", (d / "runs").string()},
+                                                  {"grid", {{"train.lr", {0.01, 0.003}}}}});
+  const fs::path dir = d / "runs" / "demo";
+  // The NaN hook makes every run diverge at step 5: both are recorded, the sweep goes on.
+  CHECK(exit_code(run_qattn({"sweep", sweep.string(), "--jobs", "2"}, {{"QATTN_TEST_NAN_AT_STEP", "5"}}, d / "log.txt")) == 0);
+  CHECK_THAT(read_text(dir / "summary.csv"), Catch::Contains("lr=0.01,lr=0.01,0.01,diverged,non-finite train loss"));
+  CHECK(fs::path(latest_checkpoint((dir / "lr=0.01").string())).filename() == "step_00000004");
+
+  // A diverged run is done: running again starts nothing.
+  CHECK(exit_code(run_qattn({"sweep", sweep.string()}, {}, d / "log.txt")) == 0);
+  CHECK_THAT(read_text(d / "log.txt"), Catch::Contains("2 runs, 0 to run"));
+
+  // A run killed mid-way (its status still says "running") resumes from its checkpoint and finishes.
+  write_json(dir / "lr=0.003" / "status.json", {{"status", "running"}});
+  CHECK(exit_code(run_qattn({"sweep", sweep.string()}, {}, d / "log.txt")) == 0);
+  const json st = json::parse(read_text(dir / "lr=0.003" / "status.json"));
+  CHECK(st["status"] == "finished");
+  CHECK(st["step"] == 6);
+  CHECK_THAT(read_text(dir / "summary.md"), Catch::Contains("| lr=0.003 | finished | 6 | 768 |"));
+}

@@ -1,0 +1,206 @@
+#!/usr/bin/python3
+"""Loss curves of qattn runs and sweeps.
+
+    tools/plot.py RUN_OR_SWEEP_DIR [--out PNG] [--smooth N]
+
+RUN_OR_SWEEP_DIR is one run directory (with metrics.csv), a sweep directory
+(with summary.csv, from `qattn sweep`), or a folder of run directories.
+
+Figure 1 (--out, default <dir>/loss.png): train and val loss against tokens,
+one line per setting; the runs of a setting that differ only in seed are
+averaged, their spread (min..max) drawn as a band; a diverged run ends in an x.
+Figure 2 (<out stem>_gap.png, sweeps with baselines only): val loss minus the
+baseline's val loss (same seed, same tokens) per setting, in nats.
+
+Needs matplotlib (Debian: apt-get install python3-matplotlib).
+"""
+import argparse
+import csv
+import math
+import os
+import sys
+from collections import OrderedDict
+
+try:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+except ImportError:
+    sys.exit("plot.py: matplotlib is missing; install Debian's python3-matplotlib and run with /usr/bin/python3")
+
+
+class Run:
+    """One run directory: its metrics.csv rows and its place in a sweep."""
+
+    def __init__(self, path, run_id, setting, status="", baseline="", seed=""):
+        self.path, self.id, self.setting = path, run_id, setting
+        self.status, self.baseline, self.seed = status, baseline, seed
+        self.train = []  # (tokens, train_loss)
+        self.val = []  # (tokens, val_loss)
+        self.diverged_at = None  # tokens of the diverged row
+        with open(os.path.join(path, "metrics.csv"), newline="") as f:
+            for row in csv.DictReader(f):
+                tokens = float(row["tokens"] or 0)
+                if (row.get("event") or "").startswith("diverged"):
+                    self.diverged_at = tokens
+                    continue
+                if row["train_loss"]:
+                    self.train.append((tokens, float(row["train_loss"])))
+                if row["val_loss"]:
+                    self.val.append((tokens, float(row["val_loss"])))
+        if self.diverged_at is not None:
+            self.status = "diverged"
+
+
+def load_runs(root):
+    """Runs under root, from a sweep's summary.csv, a single run, or subfolders."""
+    summary = os.path.join(root, "summary.csv")
+    if os.path.exists(summary):
+        runs = []
+        with open(summary, newline="") as f:
+            for row in csv.DictReader(f):
+                path = os.path.join(root, row["id"])
+                if os.path.exists(os.path.join(path, "metrics.csv")):
+                    runs.append(Run(path, row["id"], row["setting"], row["status"],
+                                    row["baseline"], row.get("train.seed", "")))
+        return runs
+    if os.path.exists(os.path.join(root, "metrics.csv")):
+        name = os.path.basename(os.path.normpath(root))
+        return [Run(root, name, name)]
+    runs = []
+    for name in sorted(os.listdir(root)):
+        path = os.path.join(root, name)
+        if os.path.exists(os.path.join(path, "metrics.csv")):
+            runs.append(Run(path, name, name))
+    return runs
+
+
+def smooth(points, window):
+    """Trailing mean over `window` points (the train loss is noisy)."""
+    out, total = [], 0.0
+    for i, (x, y) in enumerate(points):
+        total += y
+        if i >= window:
+            total -= points[i - window][1]
+        out.append((x, total / min(i + 1, window)))
+    return out
+
+
+def aggregate(curves):
+    """Mean, min and max over runs at the tokens all of them reached."""
+    common = None
+    for c in curves:
+        xs = {x for x, _ in c}
+        common = xs if common is None else common & xs
+    xs = sorted(common or [])
+    lookup = [dict(c) for c in curves]
+    mean = [sum(d[x] for d in lookup) / len(lookup) for x in xs]
+    lo = [min(d[x] for d in lookup) for x in xs]
+    hi = [max(d[x] for d in lookup) for x in xs]
+    return xs, mean, lo, hi
+
+
+def by_setting(runs):
+    groups = OrderedDict()
+    for r in runs:
+        groups.setdefault(r.setting, []).append(r)
+    return groups
+
+
+def draw_group(ax, curves, color, label):
+    """One setting on one axis from its runs' (diverged, points) pairs: the mean
+    line and the seed band of the runs that did not diverge; each diverged run
+    drawn alone, dashed, up to an x."""
+    healthy = [pts for diverged, pts in curves if not diverged and pts]
+    if healthy:
+        xs, mean, lo, hi = aggregate(healthy)
+        ax.plot(xs, mean, color=color, lw=1.4, label=label + (f" ({len(healthy)} seeds)" if len(healthy) > 1 else ""))
+        if len(healthy) > 1:
+            ax.fill_between(xs, lo, hi, color=color, alpha=0.2, lw=0)
+    for diverged, pts in curves:
+        if diverged and pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], color=color, lw=0.8, ls="--",
+                    label=None if healthy else label)
+            ax.plot(pts[-1][0], pts[-1][1], marker="x", ms=9, mew=2, color=color)
+            ax.annotate("diverged", pts[-1], textcoords="offset points", xytext=(4, 4), fontsize=7, color=color)
+
+
+def plot_losses(runs, out, window, title):
+    fig, (ax_train, ax_val) = plt.subplots(1, 2, figsize=(13, 5))
+    groups = by_setting(runs)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, (setting, members) in enumerate(groups.items()):
+        color = colors[i % len(colors)]
+        label = setting + (" [baseline]" if members[0].baseline == "(baseline)" else "")
+        draw_group(ax_train, [(r.status == "diverged", smooth(r.train, window)) for r in members], color, label)
+        # val from the first evaluation after step 0: the untrained model's loss squashes the axis
+        draw_group(ax_val, [(r.status == "diverged", r.val[1:] or r.val) for r in members], color, label)
+    train_title = "train loss" + (f" (trailing mean of {window} steps)" if window > 1 else "")
+    for ax, name in ((ax_train, train_title), (ax_val, "val loss")):
+        ax.set_xlabel("tokens")
+        ax.set_ylabel("loss (nats)")
+        ax.set_title(name)
+        ax.grid(alpha=0.3)
+    ax_val.legend(fontsize=7, loc="upper right")
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+
+
+def plot_gaps(runs, out, title):
+    """val(setting) - val(baseline) on the same seed and tokens; False when there is nothing to draw."""
+    baselines = {}
+    for r in runs:
+        if r.baseline == "(baseline)":
+            baselines[(r.setting, r.seed)] = r
+    groups = by_setting([r for r in runs if r.baseline and r.baseline != "(baseline)"])
+    if not groups:
+        return False
+    fig, ax = plt.subplots(figsize=(8, 5))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, (setting, members) in enumerate(groups.items()):
+        curves = []
+        for r in members:
+            b = baselines.get((r.baseline, r.seed))
+            if b is None or b.status == "diverged":
+                continue
+            base = dict(b.val)
+            curves.append((r.status == "diverged", [(x, y - base[x]) for x, y in r.val[1:] if x in base]))
+        draw_group(ax, curves, colors[i % len(colors)], f"{setting} - {members[0].baseline}")
+    ax.axhline(0.0, color="black", lw=0.8)
+    ax.set_xlabel("tokens")
+    ax.set_ylabel("val loss gap to baseline (nats)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("dir", help="run directory, sweep directory, or folder of runs")
+    p.add_argument("--out", help="PNG of the loss curves (default: DIR/loss.png); the gap figure goes beside it")
+    p.add_argument("--smooth", type=int, default=0, help="train-loss window in steps (default: ~1/50 of the run)")
+    a = p.parse_args()
+    runs = load_runs(a.dir)
+    if not runs:
+        sys.exit(f"plot.py: {a.dir}: no metrics.csv in it, in its summary.csv runs, or in its subfolders")
+    out = a.out or os.path.join(a.dir, "loss.png")
+    longest = max(len(r.train) for r in runs)
+    window = a.smooth if a.smooth > 0 else max(1, longest // 50)
+    title = os.path.basename(os.path.normpath(a.dir))
+    plot_losses(runs, out, window, title)
+    print(f"wrote {out}")
+    stem, ext = os.path.splitext(out)
+    gap_out = f"{stem}_gap{ext or '.png'}"
+    if plot_gaps(runs, gap_out, f"{title}: gap to baseline"):
+        print(f"wrote {gap_out}")
+
+
+if __name__ == "__main__":
+    main()
