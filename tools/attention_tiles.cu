@@ -1,8 +1,8 @@
 // Tile-shape sweep of the FPA flash kernels, a tuning aid for kernels/attention/fpa.cu:
 // times the forward and the backward launch (after the δ pre-pass) alone for
 // several tile shapes at one problem shape per head dim, and checks every
-// shape's output against the first (the one fpa.cu uses) by relative L2. Random normal inputs, CUDA events,
-// median of 20 runs after 3 warm-ups.
+// shape's output against the first (the one fpa.cu uses) by relative L2. Random normal inputs, CUDA
+// events, median of 20 runs after 3 warm-ups.
 //
 //   nvcc -std=c++20 -O3 --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a \
 //        -Iinclude -Ikernels tools/attention_tiles.cu -o attention_tiles && ./attention_tiles
@@ -23,7 +23,8 @@ namespace {
 
 // Normal(0, 1) from a counter hash (Box-Muller), as bf16.
 __global__ void fill_normal(bf16* x, size_t n, unsigned seed) {
-  for (size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+  for (size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x) {
     unsigned a = static_cast<unsigned>(i) * 2654435761u ^ seed, b = a * 1664525u + 1013904223u;
     a ^= a >> 13, a *= 0x5bd1e995u, a ^= a >> 15;
     b ^= b >> 13, b *= 0x5bd1e995u, b ^= b >> 15;
@@ -65,7 +66,8 @@ std::vector<float> to_float(const bf16* dev, size_t n) {
 
 double rel_l2(const std::vector<float>& x, const std::vector<float>& ref) {
   double num = 0, den = 0;
-  for (size_t i = 0; i < x.size(); ++i) num += double(x[i] - ref[i]) * (x[i] - ref[i]), den += double(ref[i]) * ref[i];
+  for (size_t i = 0; i < x.size(); ++i)
+    num += double(x[i] - ref[i]) * (x[i] - ref[i]), den += double(ref[i]) * ref[i];
   return std::sqrt(num / den);
 }
 
@@ -86,12 +88,13 @@ template <class Tr>
 void sweep_forward(Problem& pb, std::vector<float>& first) {
   const ForwardParams p{pb.qkv, pb.o, pb.lse, pb.B, pb.H, pb.T, kLog2e / std::sqrt(float(pb.d))};
   const float ms = time_kernel(flash_forward_kernel<Tr, Bf16Operands, OnlineSoftmax<Tr::kRowTiles>>,
-                               dim3((pb.T + Tr::kBlockM - 1) / Tr::kBlockM, pb.H, pb.B), Tr::kThreads,
-                               Tr::kSmemBytes, p);
+                               dim3((pb.T + Tr::kBlockM - 1) / Tr::kBlockM, pb.H, pb.B),
+                               Tr::kThreads, Tr::kSmemBytes, p);
   const auto o = to_float(pb.o, pb.n_o);
   if (first.empty()) first = o;
   char name[64];
-  std::snprintf(name, sizeof name, "w%d rt%d M%d N%d", Tr::kWarps, Tr::kRowTiles, Tr::kBlockM, Tr::kBlockN);
+  std::snprintf(name, sizeof name, "w%d rt%d M%d N%d", Tr::kWarps, Tr::kRowTiles, Tr::kBlockM,
+                Tr::kBlockN);
   report("fwd", name, ms, pb.fwd_flops(), rel_l2(o, first));
 }
 
@@ -107,15 +110,17 @@ struct BackwardPair {};
 
 template <class DkDv, class Dq>
 void sweep_backward(Problem& pb, std::vector<float>& first, BackwardPair<DkDv, Dq>) {
-  const int blocks = (pb.T + DkDv::kBlockN - 1) / DkDv::kBlockN + (pb.T + Dq::kBlockM - 1) / Dq::kBlockM;
+  const int blocks =
+      (pb.T + DkDv::kBlockN - 1) / DkDv::kBlockN + (pb.T + Dq::kBlockM - 1) / Dq::kBlockM;
   const float ms = time_kernel(flash_backward_kernel<DkDv, Dq, Bf16Operands, OnlineSoftmax<1>>,
                                dim3(blocks, pb.H, pb.B), DkDv::kThreads,
                                std::max(DkDv::kSmemBytes, Dq::kSmemBytes), backward_params(pb));
   const auto g = to_float(pb.dqkv, pb.n_qkv);
   if (first.empty()) first = g;
   char name[96];
-  std::snprintf(name, sizeof name, "w%d kv:rt%d N%d M%d q:rt%d M%d N%d", DkDv::kWarps, DkDv::kRowTiles,
-                DkDv::kBlockN, DkDv::kBlockM, Dq::kRowTiles, Dq::kBlockM, Dq::kBlockN);
+  std::snprintf(name, sizeof name, "w%d kv:rt%d N%d M%d q:rt%d M%d N%d", DkDv::kWarps,
+                DkDv::kRowTiles, DkDv::kBlockN, DkDv::kBlockM, Dq::kRowTiles, Dq::kBlockM,
+                Dq::kBlockN);
   report("bwd", name, ms, 3.5 * pb.fwd_flops(), rel_l2(g, first));
 }
 
@@ -146,21 +151,22 @@ void sweep(int B, int H, int T, int d, ForwardList<Fwd...>, BackwardList<Pairs..
   attention_delta_kernel<<<(B * T * H + 7) / 8, 256>>>(bp, d);
   CUDA_CHECK_LAUNCH();
   (sweep_backward(pb, first_dqkv, Pairs{}), ...);
-  for (void* ptr : {(void*)pb.qkv, (void*)pb.dqkv, (void*)pb.o, (void*)pb.dout, (void*)pb.lse, (void*)pb.delta})
+  for (void* ptr :
+       {(void*)pb.qkv, (void*)pb.dqkv, (void*)pb.o, (void*)pb.dout, (void*)pb.lse, (void*)pb.delta})
     CUDA_CHECK(cudaFree(ptr));
 }
 
 }  // namespace
 
 int main() {
-  sweep(8, 12, 1024, 64,
-        ForwardList<ForwardTraits<64, 4, 2, 64>, ForwardTraits<64, 8, 2, 64>>{},
+  sweep(8, 12, 1024, 64, ForwardList<ForwardTraits<64, 4, 2, 64>, ForwardTraits<64, 8, 2, 64>>{},
         BackwardList<BackwardPair<DkDvTraits<64, 4, 1, 64>, DqTraits<64, 4, 2, 64>>,
                      BackwardPair<DkDvTraits<64, 8, 1, 128>, DqTraits<64, 8, 1, 64>>,
                      BackwardPair<DkDvTraits<64, 4, 1, 128>, DqTraits<64, 4, 2, 32>>,
                      BackwardPair<DkDvTraits<64, 4, 2, 32>, DqTraits<64, 4, 2, 64>>>{});
   sweep(4, 16, 4096, 128,
-        ForwardList<ForwardTraits<128, 8, 1, 128>, ForwardTraits<128, 8, 1, 64>, ForwardTraits<128, 4, 1, 128>>{},
+        ForwardList<ForwardTraits<128, 8, 1, 128>, ForwardTraits<128, 8, 1, 64>,
+                    ForwardTraits<128, 4, 1, 128>>{},
         BackwardList<BackwardPair<DkDvTraits<128, 8, 1, 64>, DqTraits<128, 8, 1, 64>>,
                      BackwardPair<DkDvTraits<128, 4, 1, 64>, DqTraits<128, 4, 1, 64>>,
                      BackwardPair<DkDvTraits<128, 8, 1, 32>, DqTraits<128, 8, 1, 64>>>{});

@@ -14,14 +14,14 @@ namespace qattn::cuda::flash {
 struct Bf16Operands {
   // S = Q Kᵀ (forward, and recomputed in the dQ pass); Sᵀ = K Qᵀ in the dK/dV pass.
   template <int kRT, int kNT, int kKS, int kR, int kC>
-  __device__ static __forceinline__ void qk(float (&s)[kRT][kNT][4], const uint32_t (&a)[kRT][kKS][4],
-                                            SmemTile<kR, kC> b) {
+  __device__ static __forceinline__ void qk(float (&s)[kRT][kNT][4],
+                                            const uint32_t (&a)[kRT][kKS][4], SmemTile<kR, kC> b) {
     mma_b_nk(s, a, b);
   }
   // dP = dO Vᵀ (dQ pass); dPᵀ = V dOᵀ (dK/dV pass).
   template <int kRT, int kNT, int kKS, int kR, int kC>
-  __device__ static __forceinline__ void dp(float (&d)[kRT][kNT][4], const uint32_t (&a)[kRT][kKS][4],
-                                            SmemTile<kR, kC> b) {
+  __device__ static __forceinline__ void dp(float (&d)[kRT][kNT][4],
+                                            const uint32_t (&a)[kRT][kKS][4], SmemTile<kR, kC> b) {
     mma_b_nk(d, a, b);
   }
   // O += P V.
@@ -32,20 +32,20 @@ struct Bf16Operands {
   }
   // dV += Pᵀ dO.
   template <int kRT, int kDT, int kNT, int kR, int kC>
-  __device__ static __forceinline__ void dv(float (&acc)[kRT][kDT][4], const float (&w)[kRT][kNT][4],
-                                            SmemTile<kR, kC> dout) {
+  __device__ static __forceinline__ void dv(float (&acc)[kRT][kDT][4],
+                                            const float (&w)[kRT][kNT][4], SmemTile<kR, kC> dout) {
     accumulate(acc, w, dout);
   }
   // dK += dSᵀ Q.
   template <int kRT, int kDT, int kNT, int kR, int kC>
-  __device__ static __forceinline__ void dk(float (&acc)[kRT][kDT][4], const float (&w)[kRT][kNT][4],
-                                            SmemTile<kR, kC> q) {
+  __device__ static __forceinline__ void dk(float (&acc)[kRT][kDT][4],
+                                            const float (&w)[kRT][kNT][4], SmemTile<kR, kC> q) {
     accumulate(acc, w, q);
   }
   // dQ += dS K.
   template <int kRT, int kDT, int kNT, int kR, int kC>
-  __device__ static __forceinline__ void dq(float (&acc)[kRT][kDT][4], const float (&w)[kRT][kNT][4],
-                                            SmemTile<kR, kC> k) {
+  __device__ static __forceinline__ void dq(float (&acc)[kRT][kDT][4],
+                                            const float (&w)[kRT][kNT][4], SmemTile<kR, kC> k) {
     accumulate(acc, w, k);
   }
 

@@ -11,7 +11,8 @@ namespace qattn::cuda {
 namespace {
 
 [[noreturn]] void unknown_kind(AttentionKind kind) {
-  throw std::invalid_argument("CUDA attention: unknown kind " + std::to_string(static_cast<int>(kind)));
+  throw std::invalid_argument("CUDA attention: unknown kind " +
+                              std::to_string(static_cast<int>(kind)));
 }
 
 void check_shape(const AttentionShape& s) {
@@ -33,9 +34,12 @@ int attention_row_stats(const AttentionConfig& cfg) {
 
 size_t attention_workspace_bytes(const AttentionConfig& cfg, const AttentionShape& s) {
   switch (cfg.kind) {
-    case AttentionKind::fpa: return static_cast<size_t>(s.B) * s.H * s.T * sizeof(float);  // δ
-    case AttentionKind::sage: return sage_workspace_bytes(cfg.sage, s);
-    case AttentionKind::kinterval: return kinterval_workspace_bytes(cfg.kinterval, s);
+    case AttentionKind::fpa:
+      return static_cast<size_t>(s.B) * s.H * s.T * sizeof(float);  // δ
+    case AttentionKind::sage:
+      return sage_workspace_bytes(cfg.sage, s);
+    case AttentionKind::kinterval:
+      return kinterval_workspace_bytes(cfg.kinterval, s);
   }
   unknown_kind(cfg.kind);
 }
@@ -45,9 +49,12 @@ void attention_forward(const AttentionConfig& cfg, const AttentionShape& s, cons
                        cudaStream_t stream) {
   check_shape(s);
   switch (cfg.kind) {
-    case AttentionKind::fpa: return fpa_forward(s, qkv, o, stats, stream);
-    case AttentionKind::sage: return sage_forward(cfg.sage, s, qkv, o, stats, workspace, stream);
-    case AttentionKind::kinterval: return kinterval_forward(cfg.kinterval, s, qkv, o, stats, stream);
+    case AttentionKind::fpa:
+      return fpa_forward(s, qkv, o, stats, stream);
+    case AttentionKind::sage:
+      return sage_forward(cfg.sage, s, qkv, o, stats, workspace, stream);
+    case AttentionKind::kinterval:
+      return kinterval_forward(cfg.kinterval, s, qkv, o, stats, stream);
   }
   unknown_kind(cfg.kind);
 }

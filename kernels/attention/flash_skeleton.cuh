@@ -74,7 +74,7 @@ struct ForwardTraits {
   static constexpr int kHeadDim = kHeadDim_, kWarps = kWarps_, kThreads = 32 * kWarps_;
   static constexpr int kRowTiles = kRowTiles_;
   static constexpr int kBlockM = 16 * kRowTiles_ * kWarps_;  // query rows per block
-  static constexpr int kBlockN = kBlockN_;                    // keys per step
+  static constexpr int kBlockN = kBlockN_;                   // keys per step
   // Q tile, then two stages of (K tile, V tile).
   static constexpr int kSmemBytes = (kBlockM + 4 * kBlockN) * kHeadDim * 2;
 };
@@ -84,7 +84,7 @@ struct DkDvTraits {
   static constexpr int kHeadDim = kHeadDim_, kWarps = kWarps_, kThreads = 32 * kWarps_;
   static constexpr int kRowTiles = kRowTiles_;
   static constexpr int kBlockN = 16 * kRowTiles_ * kWarps_;  // keys per block
-  static constexpr int kBlockM = kBlockM_;                    // query rows per step
+  static constexpr int kBlockM = kBlockM_;                   // query rows per step
   // K and V tiles, two stages of (Q tile, dO tile), two stages of (L, δ).
   static constexpr int kSmemBytes = (2 * kBlockN + 4 * kBlockM) * kHeadDim * 2 + 4 * kBlockM * 4;
 };
@@ -94,15 +94,19 @@ struct DqTraits {
   static constexpr int kHeadDim = kHeadDim_, kWarps = kWarps_, kThreads = 32 * kWarps_;
   static constexpr int kRowTiles = kRowTiles_;
   static constexpr int kBlockM = 16 * kRowTiles_ * kWarps_;  // query rows per block
-  static constexpr int kBlockN = kBlockN_;                    // keys per step
+  static constexpr int kBlockN = kBlockN_;                   // keys per step
   // Q and dO tiles, two stages of (K tile, V tile).
   static constexpr int kSmemBytes = (2 * kBlockM + 4 * kBlockN) * kHeadDim * 2;
 };
 
 // Element (mt, nt, e) of a warp's accumulator sits at row 16 mt + g + 8 (e / 2)
 // and column 8 nt + 2 t + e % 2 of the warp's tile (lane = 4 g + t).
-__device__ __forceinline__ int acc_row(int mt, int e) { return mt * 16 + (threadIdx.x % 32) / 4 + (e / 2) * 8; }
-__device__ __forceinline__ int acc_col(int nt, int e) { return nt * 8 + 2 * (threadIdx.x % 4) + e % 2; }
+__device__ __forceinline__ int acc_row(int mt, int e) {
+  return mt * 16 + (threadIdx.x % 32) / 4 + (e / 2) * 8;
+}
+__device__ __forceinline__ int acc_col(int nt, int e) {
+  return nt * 8 + 2 * (threadIdx.x % 4) + e % 2;
+}
 
 // ---------------------------------------------------------------------------
 // Forward. Grid (ceil(T / kBlockM), H, B); the heaviest (last) query blocks start first.
@@ -111,12 +115,12 @@ __global__ void __launch_bounds__(Tr::kThreads) flash_forward_kernel(const Forwa
   constexpr int D = Tr::kHeadDim, BM = Tr::kBlockM, BN = Tr::kBlockN, RT = Tr::kRowTiles;
   extern __shared__ __align__(128) unsigned char smem[];
   const SmemTile<BM, D> q_tile{reinterpret_cast<bf16*>(smem)};  // (BM, d)
-  bf16* kv_stages = q_tile.data + BM * D;                         // 2 x [(BN, d) K, (BN, d) V]
+  bf16* kv_stages = q_tile.data + BM * D;                       // 2 x [(BN, d) K, (BN, d) V]
 
   const int q_block = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int warp = threadIdx.x / 32;
-  const int q0 = q_block * BM;                    // first query row of the block
-  const int warp_row0 = warp * 16 * RT;           // first row of the warp, within the block
+  const int q0 = q_block * BM;           // first query row of the block
+  const int warp_row0 = warp * 16 * RT;  // first row of the warp, within the block
   const int row_first = q0 + warp_row0, row_last = row_first + 16 * RT - 1;
   const size_t ld = static_cast<size_t>(3) * p.H * D;
   const bf16* q_src = p.qkv + qkv_offset(b, 0, 0, h, p.T, p.H, D);  // (T, d), row stride ld
@@ -132,7 +136,8 @@ __global__ void __launch_bounds__(Tr::kThreads) flash_forward_kernel(const Forwa
   load_tile_async<Tr::kThreads>(q_tile, q_src + q0 * ld, ld, p.T - q0);
   load_kv(0, 0);
   cp_async_commit();
-  const int n_kblocks = (min(p.T, q0 + BM) + BN - 1) / BN;  // causal: keys up to the block's last row
+  // Causal: keys up to the block's last row.
+  const int n_kblocks = (min(p.T, q0 + BM) + BN - 1) / BN;
 
   uint32_t q_frag[RT][D / 16][4];
   float o_acc[RT][D / 8][4];  // (16 RT, d) rows of O owned by this warp
@@ -202,7 +207,7 @@ static __global__ void attention_delta_kernel(const BackwardParams p, int d) {
 // operand of dV += Pᵀ dO and dK += dSᵀ Q without a trip through shared memory.
 template <class Tr, class Operands, class Softmax>
 __device__ __noinline__ void backward_dkdv_block(const BackwardParams p, int k_block,
-                                                    unsigned char* smem) {
+                                                 unsigned char* smem) {
   constexpr int D = Tr::kHeadDim, BM = Tr::kBlockM, BN = Tr::kBlockN, RT = Tr::kRowTiles;
   const SmemTile<BN, D> k_tile{reinterpret_cast<bf16*>(smem)};  // (BN, d)
   const SmemTile<BN, D> v_tile{k_tile.data + BN * D};           // (BN, d)
@@ -301,7 +306,7 @@ __device__ __noinline__ void backward_dkdv_block(const BackwardParams p, int k_b
 // dQ of one query block (q_block) of head blockIdx.y, batch blockIdx.z.
 template <class Tr, class Operands, class Softmax>
 __device__ __noinline__ void backward_dq_block(const BackwardParams p, int q_block,
-                                                  unsigned char* smem) {
+                                               unsigned char* smem) {
   constexpr int D = Tr::kHeadDim, BM = Tr::kBlockM, BN = Tr::kBlockN, RT = Tr::kRowTiles;
   const SmemTile<BM, D> q_tile{reinterpret_cast<bf16*>(smem)};  // (BM, d)
   const SmemTile<BM, D> do_tile{q_tile.data + BM * D};          // (BM, d)
@@ -324,7 +329,8 @@ __device__ __noinline__ void backward_dq_block(const BackwardParams p, int q_blo
   };
 
   load_tile_async<Tr::kThreads>(q_tile, p.qkv + qkv_offset(b, q0, 0, h, p.T, p.H, D), ld, p.T - q0);
-  load_tile_async<Tr::kThreads>(do_tile, p.dout + head_offset(b, q0, h, p.T, p.H, D), ld_o, p.T - q0);
+  load_tile_async<Tr::kThreads>(do_tile, p.dout + head_offset(b, q0, h, p.T, p.H, D), ld_o,
+                                p.T - q0);
   load_kv(0, 0);
   cp_async_commit();
   const int n_kblocks = (min(p.T, q0 + BM) + BN - 1) / BN;
@@ -407,7 +413,8 @@ __global__ void __launch_bounds__(Tr::kThreads) flash_backward_dq_kernel(const B
 // dQ blocks, the last query block (which sees every key) leading.
 template <class DkDvTr, class DqTr, class Operands, class Softmax>
 __global__ void __launch_bounds__(DkDvTr::kThreads) flash_backward_kernel(const BackwardParams p) {
-  static_assert(DkDvTr::kThreads == DqTr::kThreads, "both halves of the launch share its block size");
+  static_assert(DkDvTr::kThreads == DqTr::kThreads,
+                "both halves of the launch share its block size");
   extern __shared__ __align__(128) unsigned char smem[];
   const int n_kv_blocks = (p.T + DkDvTr::kBlockN - 1) / DkDvTr::kBlockN;
   if (static_cast<int>(blockIdx.x) < n_kv_blocks)

@@ -2,9 +2,10 @@
 // Tile shapes per head dim, from tools/attention_tiles.cu on an H200 (see
 // docs/performance.md). A warp owns 16 x row-tiles rows and keeps their fp32
 // accumulators in registers, so wider heads get fewer rows per warp:
-//   forward  d=64: 4 warps x 32 query rows, 64-key steps; d=128: 8 warps x 16 rows, 128-key steps
-//   backward d=64: 4 warps; dK/dV 16 keys per warp, 64-query steps; dQ 32 rows per warp, 64-key steps
-//            d=128: 8 warps; dK/dV 16 keys per warp, 64-query steps; dQ 16 rows per warp, 64-key steps
+//   forward   d=64:  4 warps x 32 query rows, 64-key steps
+//             d=128: 8 warps x 16 query rows, 128-key steps
+//   backward  d=64:  4 warps; dK/dV 16 keys/warp, 64-query steps; dQ 32 rows/warp, 64-key steps
+//             d=128: 8 warps; dK/dV 16 keys/warp, 64-query steps; dQ 16 rows/warp, 64-key steps
 #include <algorithm>
 #include <cmath>
 

@@ -62,12 +62,11 @@ AttentionErrors relative_errors(const AttentionErrorSums& s) {
           std::sqrt(s.err_dv / s.ref_dv)};
 }
 
-AttentionErrorSums compare_head_with_cpu(const AttentionConfig& cfg, const AttentionShape& s,
-                                         int b, int h, const std::vector<__nv_bfloat16>& qkv,
+AttentionErrorSums compare_head_with_cpu(const AttentionConfig& cfg, const AttentionShape& s, int b,
+                                         int h, const std::vector<__nv_bfloat16>& qkv,
                                          const std::vector<__nv_bfloat16>& dout,
                                          const std::vector<__nv_bfloat16>& o,
-                                         const std::vector<__nv_bfloat16>& dqkv,
-                                         const float* lse) {
+                                         const std::vector<__nv_bfloat16>& dqkv, const float* lse) {
   const auto q = head_slice(qkv, s, 3, 0, b, h), k = head_slice(qkv, s, 3, 1, b, h),
              v = head_slice(qkv, s, 3, 2, b, h), dy = head_slice(dout, s, 1, 0, b, h);
   const size_t n = static_cast<size_t>(s.T) * s.d;

@@ -25,11 +25,10 @@ AttentionErrors relative_errors(const AttentionErrorSums& s);
 
 // qkv, dqkv (B, T, 3, H, d); dout, o (B, T, H, d); lse (B, H, T): host copies.
 // lse is compared when it is non-null (FPA's saved L = log-sum-exp of c q.k).
-AttentionErrorSums compare_head_with_cpu(const AttentionConfig& cfg, const AttentionShape& s,
-                                         int b, int h, const std::vector<__nv_bfloat16>& qkv,
+AttentionErrorSums compare_head_with_cpu(const AttentionConfig& cfg, const AttentionShape& s, int b,
+                                         int h, const std::vector<__nv_bfloat16>& qkv,
                                          const std::vector<__nv_bfloat16>& dout,
                                          const std::vector<__nv_bfloat16>& o,
-                                         const std::vector<__nv_bfloat16>& dqkv,
-                                         const float* lse);
+                                         const std::vector<__nv_bfloat16>& dqkv, const float* lse);
 
 }  // namespace qattn::cuda

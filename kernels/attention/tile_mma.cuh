@@ -78,7 +78,8 @@ __device__ __forceinline__ void load_tile_async(SmemTile<kRows, kCols> tile, con
 template <int kThreads, int kRows>
 __device__ __forceinline__ void load_row_values_async(float* dst, const float* src,
                                                       int rows_valid) {
-  for (int r = threadIdx.x; r < kRows; r += kThreads) cp_async_4(dst + r, src + (r < rows_valid ? r : 0), r < rows_valid);
+  for (int r = threadIdx.x; r < kRows; r += kThreads)
+    cp_async_4(dst + r, src + (r < rows_valid ? r : 0), r < rows_valid);
 }
 
 // The tile back to global memory with 16-byte stores; rows past rows_valid are skipped.
@@ -207,7 +208,8 @@ __device__ __forceinline__ void mma_b_kn(float (&acc)[kRowTiles][kNTiles][4],
 #pragma unroll
     for (int np = 0; np < kNTiles / 2; ++np) {
       uint32_t r[4];  // (n tile 2np: k 0-7, k 8-15), (n tile 2np+1: k 0-7, k 8-15)
-      ldmatrix_x4_trans(r, b.at(ks * 16 + (lane % 8) + ((lane / 8) % 2) * 8, np * 16 + (lane / 16) * 8));
+      ldmatrix_x4_trans(
+          r, b.at(ks * 16 + (lane % 8) + ((lane / 8) % 2) * 8, np * 16 + (lane / 16) * 8));
 #pragma unroll
       for (int mt = 0; mt < kRowTiles; ++mt) {
         mma_bf16_16816(acc[mt][2 * np], a[mt][ks], r[0], r[1]);

@@ -32,14 +32,15 @@ struct BenchOptions {
   std::string kind = "fpa";
   std::vector<std::string> shapes;
   int warmup = 5, reps = 20;
-  bool no_check = false;  // skip the CPU-reference error column
+  bool no_check = false;       // skip the CPU-reference error column
   KIntervalOptions kinterval;  // used with --kind kinterval
 };
 
 AttentionKind parse_kind(const std::string& name) {
   for (AttentionKind k : {AttentionKind::fpa, AttentionKind::sage, AttentionKind::kinterval})
     if (to_string(k) == name) return k;
-  throw std::invalid_argument("--kind '" + name + "': unknown attention kind (allowed: fpa, sage, kinterval)");
+  throw std::invalid_argument("--kind '" + name +
+                              "': unknown attention kind (allowed: fpa, sage, kinterval)");
 }
 
 #ifdef QATTN_HAVE_CUDA
@@ -69,7 +70,9 @@ AttentionShape parse_shape(const std::string& text) {
 template <typename T>
 struct DeviceBuffer {
   T* ptr = nullptr;
-  explicit DeviceBuffer(size_t n) { CUDA_CHECK(cudaMalloc(&ptr, std::max<size_t>(n, 1) * sizeof(T))); }
+  explicit DeviceBuffer(size_t n) {
+    CUDA_CHECK(cudaMalloc(&ptr, std::max<size_t>(n, 1) * sizeof(T)));
+  }
   ~DeviceBuffer() { cudaFree(ptr); }
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
@@ -85,7 +88,8 @@ std::vector<bf16> random_bf16(size_t n, unsigned long long seed) {
     std::mt19937_64 rng(seed * 1000003ULL + c);
     std::normal_distribution<float> normal(0.0f, 1.0f);
     const size_t end = std::min(n, static_cast<size_t>(c + 1) * kChunk);
-    for (size_t i = static_cast<size_t>(c) * kChunk; i < end; ++i) x[i] = __float2bfloat16(normal(rng));
+    for (size_t i = static_cast<size_t>(c) * kChunk; i < end; ++i)
+      x[i] = __float2bfloat16(normal(rng));
   }
   return x;
 }
@@ -114,7 +118,9 @@ void bench_shape(const AttentionConfig& cfg, const AttentionShape& s, const Benc
   CUDA_CHECK(cudaMemcpy(d_qkv.ptr, qkv.data(), n_qkv * sizeof(bf16), cudaMemcpyHostToDevice));
   CUDA_CHECK(cudaMemcpy(d_dout.ptr, dout.data(), n_o * sizeof(bf16), cudaMemcpyHostToDevice));
 
-  auto forward = [&] { cuda::attention_forward(cfg, s, d_qkv.ptr, d_o.ptr, d_stats.ptr, d_work.ptr, nullptr); };
+  auto forward = [&] {
+    cuda::attention_forward(cfg, s, d_qkv.ptr, d_o.ptr, d_stats.ptr, d_work.ptr, nullptr);
+  };
   auto backward = [&] {
     cuda::attention_backward(cfg, s, d_qkv.ptr, d_o.ptr, d_dout.ptr, d_stats.ptr, d_dqkv.ptr,
                              d_work.ptr, nullptr);
@@ -139,8 +145,8 @@ void bench_shape(const AttentionConfig& cfg, const AttentionShape& s, const Benc
 
   const double fwd_flops = 2.0 * s.B * s.H * static_cast<double>(s.T) * s.T * s.d;
   const float f = median(fwd_ms), b = median(bwd_ms);
-  std::printf("%-6s %3d %3d %6d %4d  %8.3f %8.1f  %8.3f %8.1f  %9.3f", to_string(cfg.kind).c_str(), s.B,
-              s.H, s.T, s.d, f, fwd_flops / (f * 1e9), b, 2.5 * fwd_flops / (b * 1e9), f + b);
+  std::printf("%-6s %3d %3d %6d %4d  %8.3f %8.1f  %8.3f %8.1f  %9.3f", to_string(cfg.kind).c_str(),
+              s.B, s.H, s.T, s.d, f, fwd_flops / (f * 1e9), b, 2.5 * fwd_flops / (b * 1e9), f + b);
   if (!opt.no_check) {
     const auto sums = cuda::compare_head_with_cpu(cfg, s, 0, 0, qkv, dout, to_host(d_o.ptr, n_o),
                                                   to_host(d_dqkv.ptr, n_qkv), nullptr);
@@ -160,27 +166,30 @@ void run_bench_attention(const BenchOptions& opt) {
   std::vector<AttentionShape> shapes;
   for (const auto& text : opt.shapes) shapes.push_back(parse_shape(text));
   if (opt.warmup < 0 || opt.reps < 1)
-    throw std::invalid_argument("--warmup must be >= 0 and --reps >= 1 (got " + std::to_string(opt.warmup) +
-                                ", " + std::to_string(opt.reps) + ")");
+    throw std::invalid_argument("--warmup must be >= 0 and --reps >= 1 (got " +
+                                std::to_string(opt.warmup) + ", " + std::to_string(opt.reps) + ")");
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0)
     throw std::runtime_error("bench attention needs a CUDA device; none is visible");
   cudaDeviceProp prop{};
   CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
-  std::printf("device: %s (sm_%d%d), %d warm-up + %d timed runs, median; TFLOP/s causal "
-              "(fwd 2BHT^2d, bwd 2.5x)%s\n",
-              prop.name, prop.major, prop.minor, opt.warmup, opt.reps,
-              !opt.no_check ? "; err = rel. L2 of head (0,0) vs fp64 CPU" : "");
+  std::printf(
+      "device: %s (sm_%d%d), %d warm-up + %d timed runs, median; TFLOP/s causal "
+      "(fwd 2BHT^2d, bwd 2.5x)%s\n",
+      prop.name, prop.major, prop.minor, opt.warmup, opt.reps,
+      !opt.no_check ? "; err = rel. L2 of head (0,0) vs fp64 CPU" : "");
   if (cfg.kind == AttentionKind::kinterval)
     std::printf("kinterval: K=%d calibration=%s window=%g rounding=%s ste=%s\n", cfg.kinterval.K,
                 to_string(cfg.kinterval.calibration).c_str(), cfg.kinterval.window,
                 to_string(cfg.kinterval.rounding).c_str(), to_string(cfg.kinterval.ste).c_str());
-  std::printf("%-6s %3s %3s %6s %4s  %8s %8s  %8s %8s  %9s%s\n", "kind", "B", "H", "T", "d", "fwd ms",
-              "TFLOP/s", "bwd ms", "TFLOP/s", "total ms", !opt.no_check ? "  err o   dq      dk      dv" : "");
+  std::printf("%-6s %3s %3s %6s %4s  %8s %8s  %8s %8s  %9s%s\n", "kind", "B", "H", "T", "d",
+              "fwd ms", "TFLOP/s", "bwd ms", "TFLOP/s", "total ms",
+              !opt.no_check ? "  err o   dq      dk      dv" : "");
   unsigned long long seed = std::random_device{}();
   for (const auto& s : shapes) bench_shape(cfg, s, opt, seed++);
 #else
-  throw std::runtime_error("bench attention needs the CUDA backend; this qattn was built with QATTN_CUDA=OFF");
+  throw std::runtime_error(
+      "bench attention needs the CUDA backend; this qattn was built with QATTN_CUDA=OFF");
 #endif
 }
 
@@ -190,24 +199,35 @@ void add_bench_command(CLI::App& app) {
   CLI::App* bench = app.add_subcommand("bench", "Benchmarks of the CUDA kernels");
   bench->require_subcommand(1);
   auto opt = std::make_shared<BenchOptions>();
-  CLI::App* attn = bench->add_subcommand("attention", "Forward and backward TFLOP/s of an attention kind");
-  attn->add_option("--kind", opt->kind, "attention kind: fpa, sage or kinterval")->capture_default_str();
+  CLI::App* attn =
+      bench->add_subcommand("attention", "Forward and backward TFLOP/s of an attention kind");
+  attn->add_option("--kind", opt->kind, "attention kind: fpa, sage or kinterval")
+      ->capture_default_str();
   attn->add_option("--shape", opt->shapes, "B,H,T,d (repeatable)")->required();
   attn->add_option("--warmup", opt->warmup, "untimed runs first")->capture_default_str();
-  attn->add_option("--reps", opt->reps, "timed runs (the median is printed)")->capture_default_str();
+  attn->add_option("--reps", opt->reps, "timed runs (the median is printed)")
+      ->capture_default_str();
   attn->add_flag("--no-check", opt->no_check, "skip the comparison with the CPU reference");
-  const std::map<std::string, Calibration> calibrations{{"minmax", Calibration::minmax}, {"fwm", Calibration::fwm}};
-  const std::map<std::string, Rounding> roundings{{"nearest", Rounding::nearest}, {"lerp", Rounding::lerp}};
+  const std::map<std::string, Calibration> calibrations{{"minmax", Calibration::minmax},
+                                                        {"fwm", Calibration::fwm}};
+  const std::map<std::string, Rounding> roundings{{"nearest", Rounding::nearest},
+                                                  {"lerp", Rounding::lerp}};
   const std::map<std::string, Ste> stes{{"weight", Ste::weight}, {"prob", Ste::prob}};
-  attn->add_option("--K", opt->kinterval.K, "kinterval: intervals")->check(CLI::PositiveNumber)->capture_default_str();
+  attn->add_option("--K", opt->kinterval.K, "kinterval: intervals")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   attn->add_option("--calibration", opt->kinterval.calibration, "kinterval: minmax or fwm")
-      ->transform(CLI::CheckedTransformer(calibrations))->capture_default_str();
+      ->transform(CLI::CheckedTransformer(calibrations))
+      ->capture_default_str();
   attn->add_option("--window", opt->kinterval.window, "kinterval: fwm window W in nats")
-      ->check(CLI::PositiveNumber)->capture_default_str();
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   attn->add_option("--rounding", opt->kinterval.rounding, "kinterval: nearest or lerp")
-      ->transform(CLI::CheckedTransformer(roundings))->capture_default_str();
+      ->transform(CLI::CheckedTransformer(roundings))
+      ->capture_default_str();
   attn->add_option("--ste", opt->kinterval.ste, "kinterval: weight or prob (nearest only)")
-      ->transform(CLI::CheckedTransformer(stes))->capture_default_str();
+      ->transform(CLI::CheckedTransformer(stes))
+      ->capture_default_str();
   attn->callback([opt] { run_bench_attention(*opt); });
 }
 

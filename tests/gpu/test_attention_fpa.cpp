@@ -56,7 +56,8 @@ AttentionErrors check_fpa(const AttentionShape& s, unsigned long long seed) {
   const AttentionConfig cfg;  // kind fpa
   const size_t n_qkv = static_cast<size_t>(s.B) * s.T * 3 * s.H * s.d;
   const size_t n_o = static_cast<size_t>(s.B) * s.T * s.H * s.d;
-  const size_t n_stats = static_cast<size_t>(s.B) * s.H * s.T * qattn::cuda::attention_row_stats(cfg);
+  const size_t n_stats =
+      static_cast<size_t>(s.B) * s.H * s.T * qattn::cuda::attention_row_stats(cfg);
   std::mt19937_64 rng(seed);
   const std::vector<bf16> qkv = random_bf16(n_qkv, rng);  // (B, T, 3, H, d)
   const std::vector<bf16> dout = random_bf16(n_o, rng);   // (B, T, H, d)
@@ -109,7 +110,7 @@ TEST_CASE("FPA flash attention matches the CPU reference, forward and backward",
   std::printf("FPA attention test seed %llu\n", seed);
   // Few heads at long T keep the O(T^2 d) fp64 reference fast.
   const AttentionShape shapes[] = {
-      {2, 3, 64, 64},  {2, 3, 64, 128},  {2, 2, 1000, 64}, {2, 2, 1000, 128},
+      {2, 3, 64, 64},   {2, 3, 64, 128},   {2, 2, 1000, 64}, {2, 2, 1000, 128},
       {1, 3, 1024, 64}, {1, 3, 1024, 128}, {1, 2, 4096, 64}, {1, 2, 4096, 128},
   };
   for (const auto& s : shapes) {
@@ -127,7 +128,7 @@ TEST_CASE("FPA flash attention matches the CPU reference, forward and backward",
 
 TEST_CASE("CUDA attention rejects unsupported head dims", "[attention]") {
   const AttentionShape bad_d{1, 1, 64, 96};
-  CHECK_THROWS_AS(qattn::cuda::attention_forward(AttentionConfig{}, bad_d, nullptr, nullptr, nullptr,
-                                                 nullptr, nullptr),
+  CHECK_THROWS_AS(qattn::cuda::attention_forward(AttentionConfig{}, bad_d, nullptr, nullptr,
+                                                 nullptr, nullptr, nullptr),
                   std::invalid_argument);
 }
