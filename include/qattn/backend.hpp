@@ -58,6 +58,17 @@ class Backend {
   virtual size_t memory_bytes() const { return 0; }
   // Dense bf16 peak of the device in FLOP/s for MFU (0: unknown, MFU not reported).
   virtual double peak_flops() const { return 0.0; }
+
+  // Data parallel (docs/distributed.md): this replica's rank among `world`
+  // processes that each run a backend on their own slice of every batch. A
+  // distributed backend averages the gradients over the ranks inside the
+  // backward of micro-batch train.grad_accum, so grad_norm and adamw_step see
+  // the global gradient; get_params/get_adam_state are then collective (every
+  // rank calls them together). One process is rank 0 of 1.
+  virtual int rank() const { return 0; }
+  virtual int world() const { return 1; }
+  // values (n doubles, at most 16) = their sum over the ranks, the same on every rank.
+  virtual void sum_over_ranks(double* /*values*/, int /*n*/) {}
 };
 
 std::unique_ptr<Backend> make_cpu_backend(const Config& cfg);
@@ -69,6 +80,11 @@ LayerDiag diagnose_layer(const AttentionConfig& a, int layer, int B, int H, int 
                          const float* q, const float* k, const float* v, const float* dout);
 #ifdef QATTN_HAVE_CUDA
 std::unique_ptr<Backend> make_cuda_backend(const Config& cfg);
+// One rank of a data-parallel job (dist.hpp): uses GPU env.local_rank, joins
+// the NCCL communicator through the rendezvous, shards the optimizer state
+// when cfg.dist.zero_stage = 1. Throws DistError.
+struct DistEnv;
+std::unique_ptr<Backend> make_cuda_backend(const Config& cfg, const DistEnv& env);
 #endif
 
 }  // namespace qattn

@@ -1,10 +1,11 @@
-// qattn train CONFIG [--set json.path=value ...] [--out DIR] [--resume | --fresh]
+// qattn train CONFIG [--set json.path=value ...] [--out DIR] [--resume | --fresh] [--nproc N]
 // Exit codes: 0 finished, 1 error, 2 bad config or resume mismatch,
 // 3 diverged, 4 stopped by SIGINT/SIGTERM after a final checkpoint.
 #include <spdlog/spdlog.h>
 
 #include "backend_select.hpp"
 #include "commands.hpp"
+#include "distributed.hpp"
 #include "qattn/trainer.hpp"
 #include "stop_signal.hpp"
 
@@ -15,6 +16,7 @@ void add_train_command(CLI::App& app) {
     std::string config, out;
     std::vector<std::string> sets;
     bool resume = false, fresh = false;
+    int nproc = 0;
   };
   auto args = std::make_shared<Args>();
   CLI::App* cmd = app.add_subcommand("train", "Train a GPT from a JSON config");
@@ -25,16 +27,31 @@ void add_train_command(CLI::App& app) {
                                "continue from the run's newest valid checkpoint (an error when there is "
                                "none); without it a run resumes when it has one and its config matches");
   cmd->add_flag("--fresh", args->fresh, "delete the run's checkpoints and start from step 0")->excludes(resume);
+  cmd->add_option("--nproc", args->nproc,
+                  "start N processes on this node, one per GPU: data parallel over NCCL (docs/distributed.md)")
+      ->check(CLI::PositiveNumber);
   cmd->callback([args] {
+    // A worker of a launcher (ours, torchrun, Slurm, mpirun) knows its rank from the environment.
+    const std::optional<DistEnv> env = args->nproc > 0 ? std::nullopt : distributed_env();
+    const int world = args->nproc > 0 ? args->nproc : env ? env->world : 1;
     Config cfg;
     try {
-      cfg = load_config(args->config, args->sets);
+      cfg = load_config(args->config, args->sets, world);
     } catch (const ConfigError& e) {
       spdlog::error("{}: {}", args->config, e.what());
       throw CLI::RuntimeError(2);
     }
     for (const auto& w : cfg.warnings) spdlog::warn("{}", w);
-    auto backend = make_backend(cfg);
+    if (args->nproc > 0) {
+      std::vector<std::string> worker = {"train", args->config};
+      for (const auto& s : args->sets) worker.insert(worker.end(), {"--set", s});
+      if (!args->out.empty()) worker.insert(worker.end(), {"--out", args->out});
+      if (args->resume) worker.push_back("--resume");
+      if (args->fresh) worker.push_back("--fresh");
+      if (const int rc = launch_train_workers(cfg, args->nproc, worker)) throw CLI::RuntimeError(rc);
+      return;
+    }
+    auto backend = make_rank_backend(cfg, env);
     const std::string dir = args->out.empty() ? run_directory(cfg) : args->out;
     TrainOptions options;
     options.resume = args->resume ? ResumeMode::require : args->fresh ? ResumeMode::fresh : ResumeMode::automatic;

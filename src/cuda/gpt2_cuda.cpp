@@ -5,6 +5,16 @@
 // Backend interface in the canonical unpadded ParamLayout. Every activation
 // lives in one arena sized for the largest micro-batch seen (the config's at
 // start). Loss and grad norm are summed in a fixed order: runs are repeatable.
+//
+// Data parallel (docs/distributed.md): with a DeviceComm, the backward of the
+// last micro-batch of a step (the train.grad_accum-th after zero_grad) hands
+// each layer's gradient block to the communication stream as soon as the
+// layer is done: a reduce-scatter (ZeRO-1) or an all-reduce (ZeRO-0), both
+// averaging over the ranks. Under ZeRO-1 each rank keeps fp32 master weights
+// and moments only for its shard of every block (DeviceLayout), updates that
+// shard, and all-gathers the bf16 parameters. Checkpoints see the canonical
+// full state: get_* gather the shards, set_* keep this rank's part, so a
+// checkpoint loads on any number of ranks.
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -21,10 +31,13 @@
 #include "column_sum.cuh"
 #include "common.cuh"
 #include "cublaslt.hpp"
+#include "device_comm.hpp"
+#include "device_layout.hpp"
 #include "encoder.cuh"
 #include "global_norm.cuh"
 #include "layernorm.cuh"
 #include "qattn/backend.hpp"
+#include "qattn/dist.hpp"
 #include "qk_norm.cuh"
 
 namespace qattn {
@@ -32,23 +45,23 @@ namespace qattn {
 namespace {
 
 using cuda::bf16;
+using cuda::DeviceLayout;
 
 constexpr int kVocabMultiple = 128;  // padded vocab: full tensor-core tiles for the head
-constexpr size_t kTensorAlign = 128; // elements: every tensor starts 256-byte aligned (bf16)
 
 size_t round_up(size_t x, size_t m) { return (x + m - 1) / m * m; }
 
-// Where each canonical tensor lives on the device: same order, wte with Vp
-// rows, each tensor aligned so cuBLASLt gets its fastest algorithms.
-struct DeviceLayout {
-  std::array<size_t, P_COUNT> offset{};
-  size_t total = 0;
-  DeviceLayout(const ParamLayout& canonical, size_t padded_wte) {
-    for (int t = 0; t < P_COUNT; ++t) {
-      offset[t] = total;
-      total += round_up(t == P_WTE ? padded_wte : canonical.size[t], kTensorAlign);
-    }
-  }
+// One temporary fp32 device buffer in the device layout (checkpoint traffic).
+class DeviceFloats {
+ public:
+  explicit DeviceFloats(size_t n) { CUDA_CHECK(cudaMalloc(&p_, n * sizeof(float))); }
+  ~DeviceFloats() { cudaFree(p_); }
+  DeviceFloats(const DeviceFloats&) = delete;
+  DeviceFloats& operator=(const DeviceFloats&) = delete;
+  float* get() const { return p_; }
+
+ private:
+  float* p_ = nullptr;
 };
 
 // Bump allocator over one device allocation. Run once with no base to measure,
@@ -107,9 +120,10 @@ struct Activations {
   int32_t* bucket_token;     // (N) encoder backward buckets, see TokenBuckets
   int32_t* bucket_start;     // (N + 1)
   int32_t* bucket_position;  // (N)
-  float* norm;        // (1) squared grad norm
+  float* norm;        // (blocks) squared grad norm of each owned range
 
-  void carve(Arena& a, const ModelConfig& m, const AttentionConfig& att, int Vp, int B, int T) {
+  void carve(Arena& a, const ModelConfig& m, const AttentionConfig& att, int Vp, int B, int T,
+             int owned_ranges) {
     const size_t N = static_cast<size_t>(B) * T, C = m.dim, L = m.layers, H = m.heads;
     const size_t qk = m.qk_norm ? 1 : 0;
     encoded = a.take<bf16>(N * C);
@@ -152,7 +166,7 @@ struct Activations {
     bucket_token = a.take<int32_t>(N);
     bucket_start = a.take<int32_t>(N + 1);
     bucket_position = a.take<int32_t>(N);
-    norm = a.take<float>(1);
+    norm = a.take<float>(owned_ranges);
   }
 };
 
@@ -184,10 +198,13 @@ struct HostStaging {
 
 class CudaBackend final : public Backend {
  public:
-  explicit CudaBackend(const Config& cfg)
+  // comm: null on one GPU; else this rank's communicator (the device is set).
+  CudaBackend(const Config& cfg, std::unique_ptr<cuda::DeviceComm> comm)
       : cfg_(cfg), m_(cfg.model), layout_(cfg.model),
         Vp_(static_cast<int>(round_up(cfg.model.vocab, kVocabMultiple))),
-        dev_layout_(layout_, static_cast<size_t>(Vp_) * cfg.model.dim) {
+        comm_(std::move(comm)), sharded_(comm_ && cfg.dist.zero_stage == 1),
+        dev_layout_(layout_, m_.layers, static_cast<size_t>(Vp_) * cfg.model.dim,
+                    sharded_ ? comm_->world() : 1, sharded_ ? comm_->rank() : 0) {
     const int hd = m_.head_dim();
     if (m_.dim % m_.heads != 0 || (hd != 64 && hd != 128)) {
       throw std::runtime_error("model.dim / model.heads = " + std::to_string(m_.dim) + " / " +
@@ -198,23 +215,28 @@ class CudaBackend final : public Backend {
     cudaDeviceProp prop{};
     CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
     name_ = "cuda:" + std::to_string(device_) + " (" + prop.name + ")";
+    if (comm_)
+      name_ += fmt::format(", rank {} of {}, ZeRO-{}", comm_->rank(), comm_->world(), cfg.dist.zero_stage);
     // Dense bf16 tensor-core peaks (datasheet): Hopper SXM 989, A100 312 TFLOP/s.
     peak_flops_ = prop.major == 9 ? 989e12 : (prop.major == 8 && prop.minor == 0) ? 312e12 : 0.0;
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-    CUDA_CHECK(cudaEventCreateWithFlags(&losses_ready_, cudaEventDisableTiming));
+    for (cudaEvent_t* e : {&losses_ready_, &synced_, &compute_done_, &comm_done_})
+      CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
+    CUDA_CHECK(cudaMallocHost(&host_norms_, dev_layout_.owned().size() * sizeof(float)));
     matmuls_ = std::make_unique<cuda::Matmuls>(stream_);
 
-    // Parameters: bf16 copy, then fp32 master, gradients, m, v.
-    const size_t P = dev_layout_.total;
+    // Parameters: bf16 copy and fp32 gradients (whole model), then fp32
+    // master, m, v (this rank's shards only under ZeRO-1).
+    const size_t P = dev_layout_.total(), S = dev_layout_.packed_total();
     const size_t params_bytes = round_up(P * sizeof(bf16), 256);
-    state_bytes_ = params_bytes + 4 * P * sizeof(float);
+    state_bytes_ = params_bytes + (P + 3 * S) * sizeof(float);
     CUDA_CHECK(cudaMalloc(&state_, state_bytes_));
     CUDA_CHECK(cudaMemset(state_, 0, state_bytes_));
     params_ = static_cast<bf16*>(state_);
-    master_ = reinterpret_cast<float*>(static_cast<char*>(state_) + params_bytes);
-    grads_ = master_ + P;
-    adam_m_ = grads_ + P;
-    adam_v_ = adam_m_ + P;
+    grads_ = reinterpret_cast<float*>(static_cast<char*>(state_) + params_bytes);
+    master_ = grads_ + P;
+    adam_m_ = master_ + S;
+    adam_v_ = adam_m_ + S;
     std::vector<float> init;
     init_params(m_, cfg.train.seed, init);
     set_params(init);
@@ -226,33 +248,53 @@ class CudaBackend final : public Backend {
     if (arena_) cudaFree(arena_);
     matmuls_.reset();
     cudaFree(state_);
-    cudaEventDestroy(losses_ready_);
+    cudaFreeHost(host_norms_);
+    for (cudaEvent_t e : {losses_ready_, synced_, compute_done_, comm_done_}) cudaEventDestroy(e);
     cudaStreamDestroy(stream_);
   }
 
   std::string name() const override { return name_; }
+  int rank() const override { return comm_ ? comm_->rank() : 0; }
+  int world() const override { return comm_ ? comm_->world() : 1; }
+  void sum_over_ranks(double* values, int n) override {
+    if (comm_) comm_->sum_on_host(values, n);
+  }
   const ParamLayout& layout() const override { return layout_; }
   size_t memory_bytes() const override { return state_bytes_ + arena_bytes_; }
   double peak_flops() const override { return peak_flops_; }
 
-  void get_params(std::vector<float>& out) override { download(master_, out); }
+  // The fp32 state crosses the interface whole: get_* gather every rank's
+  // shard (collective: every rank calls them together), set_* keep this
+  // rank's part of the full vector.
+  void get_params(std::vector<float>& out) override { download_packed(master_, out); }
   void set_params(const std::vector<float>& in) override {
-    upload(master_, in);
-    cuda::copy_master_to_params(params_, master_, dev_layout_.total, stream_);
-    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    DeviceFloats full(dev_layout_.total());
+    upload(full.get(), in);
+    cuda::copy_master_to_params(params_, full.get(), dev_layout_.total(), stream_);
+    pack(master_, full.get());
+    sync("set_params");
   }
-  void get_grads(std::vector<float>& out) override { download(grads_, out); }
+  void get_grads(std::vector<float>& out) override {
+    if (sharded_) gather_blocks(grads_, sizeof(float));  // ZeRO-1: each rank holds its reduced shard
+    download(grads_, out);
+  }
   void get_adam_state(std::vector<float>& m, std::vector<float>& v) override {
-    download(adam_m_, m);
-    download(adam_v_, v);
+    download_packed(adam_m_, m);
+    download_packed(adam_v_, v);
   }
   void set_adam_state(const std::vector<float>& m, const std::vector<float>& v) override {
-    upload(adam_m_, m);
-    upload(adam_v_, v);
+    DeviceFloats full(dev_layout_.total());
+    for (auto [packed, in] : {std::pair{adam_m_, &m}, std::pair{adam_v_, &v}}) {
+      upload(full.get(), *in);
+      pack(packed, full.get());
+      sync("set_adam_state");
+    }
   }
 
   void zero_grad() override {
-    CUDA_CHECK(cudaMemsetAsync(grads_, 0, dev_layout_.total * sizeof(float), stream_));
+    CUDA_CHECK(cudaMemsetAsync(grads_, 0, dev_layout_.total() * sizeof(float), stream_));
+    micro_batches_ = 0;
+    reduced_ = false;
   }
 
   float forward_backward(const int32_t* inputs, const int32_t* targets, int B, int T,
@@ -260,7 +302,8 @@ class CudaBackend final : public Backend {
     stage(inputs, targets, B, T, true);
     forward(B, T, grad_scale / (static_cast<float>(B) * T), true);
     fetch_losses(B * T);
-    backward(B, T, nullptr);
+    const bool reduce = comm_ && ++micro_batches_ == cfg_.train.grad_accum;
+    backward(B, T, nullptr, reduce);
     // Only the losses are waited for: the backward keeps the GPU busy while the
     // caller prepares the next micro-batch.
     return mean_loss(B * T);
@@ -273,40 +316,59 @@ class CudaBackend final : public Backend {
     return mean_loss(B * T);
   }
 
+  // Squares of the owned ranges summed in a fixed order (then over the ranks
+  // under ZeRO-1, where each rank owns a part): the same on every rank.
   float grad_norm() override {
-    cuda::global_norm_squared(acts_.norm, grads_, dev_layout_.total, acts_.partials, stream_);
-    float sq = 0.0f;
-    CUDA_CHECK(cudaMemcpyAsync(&sq, acts_.norm, sizeof(float), cudaMemcpyDeviceToHost, stream_));
-    CUDA_CHECK(cudaStreamSynchronize(stream_));
-    return std::sqrt(sq);
+    require_reduced("grad_norm");
+    const auto& owned = dev_layout_.owned();
+    for (size_t i = 0; i < owned.size(); ++i)
+      cuda::global_norm_squared(acts_.norm + i, grads_ + owned[i].begin, owned[i].count,
+                                acts_.partials, stream_);
+    CUDA_CHECK(cudaMemcpyAsync(host_norms_, acts_.norm, owned.size() * sizeof(float),
+                               cudaMemcpyDeviceToHost, stream_));
+    sync("the gradient norm");
+    double sq = 0.0;
+    for (size_t i = 0; i < owned.size(); ++i) sq += host_norms_[i];
+    if (sharded_) comm_->sum_on_host(&sq, 1);
+    return static_cast<float>(std::sqrt(sq));
   }
 
+  // AdamW on the owned ranges, tensor slice by tensor slice (weight decay is
+  // per tensor); under ZeRO-1 the updated bf16 shards are then all-gathered.
   void adamw_step(const AdamWHyper& h, float grad_mult, int64_t t) override {
+    require_reduced("adamw_step");
     cuda::AdamWArgs a{h.lr, h.beta1, h.beta2, h.eps, 0.0f, grad_mult,
                       1.0f - std::pow(h.beta1, static_cast<float>(t)),
                       1.0f - std::pow(h.beta2, static_cast<float>(t))};
-    for (int p = 0; p < P_COUNT; ++p) {
-      a.weight_decay = ParamLayout::decayed(p) ? h.weight_decay : 0.0f;
-      const size_t o = dev_layout_.offset[p];
-      // Canonical size: the padded vocabulary rows of wte stay zero.
-      cuda::adamw_update(params_ + o, master_ + o, adam_m_ + o, adam_v_ + o, grads_ + o,
-                         layout_.size[p], a, stream_);
+    for (const DeviceLayout::Owned& own : dev_layout_.owned()) {
+      for (const DeviceLayout::Slice& s : dev_layout_.slices()) {
+        // Canonical count: the padded vocabulary rows of wte stay zero.
+        const size_t lo = std::max(own.begin, s.offset);
+        const size_t hi = std::min(own.begin + own.count, s.offset + s.count);
+        if (lo >= hi) continue;
+        a.weight_decay = ParamLayout::decayed(s.tensor) ? h.weight_decay : 0.0f;
+        const size_t packed = own.packed + (lo - own.begin);
+        cuda::adamw_update(params_ + lo, master_ + packed, adam_m_ + packed, adam_v_ + packed,
+                           grads_ + lo, hi - lo, a, stream_);
+      }
     }
+    if (sharded_) gather_blocks(params_, sizeof(bf16));
   }
 
   std::vector<LayerDiag> diagnostics(const int32_t* inputs, const int32_t* targets, int B,
                                      int T) override {
     // The probe's backward must not touch the training gradients: keep a copy.
-    const size_t grad_bytes = dev_layout_.total * sizeof(float);
+    sync("the step before diagnostics");
+    const size_t grad_bytes = dev_layout_.total() * sizeof(float);
     float* saved = nullptr;
     CUDA_CHECK(cudaMalloc(&saved, grad_bytes));
     CUDA_CHECK(cudaMemcpyAsync(saved, grads_, grad_bytes, cudaMemcpyDeviceToDevice, stream_));
     stage(inputs, targets, B, T, true);
     forward(B, T, 1.0f / (static_cast<float>(B) * T), true);
     std::vector<std::vector<bf16>> dout(m_.layers);
-    backward(B, T, &dout);
+    backward(B, T, &dout, false);
     CUDA_CHECK(cudaMemcpyAsync(grads_, saved, grad_bytes, cudaMemcpyDeviceToDevice, stream_));
-    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    sync("diagnostics");
     CUDA_CHECK(cudaFree(saved));
 
     const int H = m_.heads, hd = m_.head_dim(), C = m_.dim;
@@ -336,35 +398,102 @@ class CudaBackend final : public Backend {
   }
 
  private:
-  // Per-layer slice of a stacked (L, ...) tensor; whole tensors for the rest.
-  template <typename X>
-  X* tensor(X* base, int t, int layer = 0) const {
-    const bool layered = (t >= P_LN1W && t <= P_FCPROJB) || t == P_QGAMMA || t == P_KGAMMA;
-    const size_t per_layer = layered ? layout_.size[t] / m_.layers : 0;
-    return base + dev_layout_.offset[t] + layer * per_layer;
-  }
-  const bf16* param(int t, int layer = 0) const { return tensor(params_, t, layer); }
-  float* grad(int t, int layer = 0) const { return tensor(grads_, t, layer); }
+  // Layer `layer`'s slice of a stacked (L, ...) tensor; whole tensors for the rest.
+  const bf16* param(int t, int layer = 0) const { return params_ + dev_layout_.offset(t, layer); }
+  float* grad(int t, int layer = 0) const { return grads_ + dev_layout_.offset(t, layer); }
 
-  // Tensor by tensor between the canonical host layout and the device layout.
-  void download(const float* dev, std::vector<float>& out) {
-    out.resize(layout_.total);
-    for (int t = 0; t < P_COUNT; ++t) {
-      CUDA_CHECK(cudaMemcpyAsync(out.data() + layout_.offset[t], dev + dev_layout_.offset[t],
-                                 layout_.size[t] * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+  // Waits for everything enqueued on the compute stream; with a communicator
+  // the wait is bounded and watches NCCL (a dead peer must not hang us).
+  void sync(const char* what) { wait(synced_, what, true); }
+  void wait(cudaEvent_t event, const char* what, bool record) {
+    if (record) CUDA_CHECK(cudaEventRecord(event, stream_));
+    if (comm_) {
+      comm_->wait(event, what);
+    } else {
+      CUDA_CHECK(cudaEventSynchronize(event));
     }
-    CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+
+  // Slice by slice between the canonical host layout and the device layout
+  // (full, unpacked device buffers). The stream is idle before a copy, so the
+  // pageable copies never wait on a collective unboundedly.
+  void download(const float* dev, std::vector<float>& out) {
+    sync("the copy of a state vector to the host");
+    out.resize(layout_.total);
+    for (const DeviceLayout::Slice& s : dev_layout_.slices()) {
+      CUDA_CHECK(cudaMemcpyAsync(out.data() + s.host, dev + s.offset, s.count * sizeof(float),
+                                 cudaMemcpyDeviceToHost, stream_));
+    }
+    sync("the copy of a state vector to the host");
   }
   void upload(float* dev, const std::vector<float>& in) {
     if (in.size() != layout_.total) {
       throw std::runtime_error("cuda backend: parameter vector of " + std::to_string(in.size()) +
                                " floats, the model has " + std::to_string(layout_.total));
     }
-    for (int t = 0; t < P_COUNT; ++t) {
-      CUDA_CHECK(cudaMemcpyAsync(dev + dev_layout_.offset[t], in.data() + layout_.offset[t],
-                                 layout_.size[t] * sizeof(float), cudaMemcpyHostToDevice, stream_));
+    sync("the copy of a state vector to the device");
+    CUDA_CHECK(cudaMemsetAsync(dev, 0, dev_layout_.total() * sizeof(float), stream_));  // padding
+    for (const DeviceLayout::Slice& s : dev_layout_.slices()) {
+      CUDA_CHECK(cudaMemcpyAsync(dev + s.offset, in.data() + s.host, s.count * sizeof(float),
+                                 cudaMemcpyHostToDevice, stream_));
     }
-    CUDA_CHECK(cudaStreamSynchronize(stream_));  // `in` may go away after return
+    sync("the copy of a state vector to the device");  // `in` may go away after return
+  }
+
+  // packed (this rank's optimizer shards) <- its owned ranges of full.
+  void pack(float* packed, const float* full) {
+    for (const DeviceLayout::Owned& o : dev_layout_.owned())
+      CUDA_CHECK(cudaMemcpyAsync(packed + o.packed, full + o.begin, o.count * sizeof(float),
+                                 cudaMemcpyDeviceToDevice, stream_));
+  }
+  // The full canonical vector of a packed fp32 state: this rank's shards,
+  // then (ZeRO-1) every other rank's.
+  void download_packed(const float* packed, std::vector<float>& out) {
+    DeviceFloats full(dev_layout_.total());
+    for (const DeviceLayout::Owned& o : dev_layout_.owned())
+      CUDA_CHECK(cudaMemcpyAsync(full.get() + o.begin, packed + o.packed, o.count * sizeof(float),
+                                 cudaMemcpyDeviceToDevice, stream_));
+    if (sharded_) gather_blocks(full.get(), sizeof(float));
+    download(full.get(), out);
+  }
+
+  // In place over a full buffer of elem_bytes elements: every rank's shard of
+  // every block onto every rank, on the communication stream, after the work
+  // already on the compute stream; the compute stream then waits for it.
+  void gather_blocks(void* base, size_t elem_bytes) {
+    CUDA_CHECK(cudaEventRecord(compute_done_, stream_));
+    CUDA_CHECK(cudaStreamWaitEvent(comm_->stream(), compute_done_));
+    for (int b = 0; b < dev_layout_.blocks(); ++b)
+      comm_->all_gather(static_cast<char*>(base) + dev_layout_.block_begin(b) * elem_bytes,
+                        dev_layout_.shard_size(b) * elem_bytes);
+    join_comm_stream();
+  }
+  void join_comm_stream() {
+    CUDA_CHECK(cudaEventRecord(comm_done_, comm_->stream()));
+    CUDA_CHECK(cudaStreamWaitEvent(stream_, comm_done_));
+  }
+
+  // Block b's gradients are final for this step: average them over the ranks
+  // on the communication stream while the compute stream goes on. Every
+  // block's event is recorded before the stream waits on it, so one event
+  // serves all blocks.
+  void reduce_block(int b) {
+    CUDA_CHECK(cudaEventRecord(compute_done_, stream_));
+    CUDA_CHECK(cudaStreamWaitEvent(comm_->stream(), compute_done_));
+    float* block = grads_ + dev_layout_.block_begin(b);
+    if (sharded_) {
+      comm_->reduce_scatter_mean(block, dev_layout_.shard_size(b));
+    } else {
+      comm_->all_reduce_mean(block, dev_layout_.block_size(b));
+    }
+  }
+
+  void require_reduced(const char* caller) const {
+    if (comm_ && !reduced_)
+      throw std::logic_error(std::string("cuda backend: ") + caller + " after " +
+                             std::to_string(micro_batches_) + " micro-batches; the gradients are "
+                             "reduced over the ranks in the backward of micro-batch train.grad_accum = " +
+                             std::to_string(cfg_.train.grad_accum));
   }
 
   // Lays the activations out for B x T tokens, growing the arena (and the
@@ -375,10 +504,11 @@ class CudaBackend final : public Backend {
                                " exceeds model.seq_len " + std::to_string(m_.seq_len));
     }
     const size_t N = static_cast<size_t>(B) * T;
+    const int ranges = static_cast<int>(dev_layout_.owned().size());
     Arena measure;
-    acts_.carve(measure, m_, cfg_.attention, Vp_, B, T);
+    acts_.carve(measure, m_, cfg_.attention, Vp_, B, T, ranges);
     if (measure.used() > arena_bytes_ || N > staging_tokens_) {
-      CUDA_CHECK(cudaStreamSynchronize(stream_));  // nothing in flight uses the old buffers
+      sync("the work before the activations grow");  // nothing in flight uses the old buffers
     }
     if (measure.used() > arena_bytes_) {
       if (arena_) CUDA_CHECK(cudaFree(arena_));
@@ -392,7 +522,7 @@ class CudaBackend final : public Backend {
       staging_tokens_ = N;
     }
     Arena arena(static_cast<char*>(arena_));
-    acts_.carve(arena, m_, cfg_.attention, Vp_, B, T);
+    acts_.carve(arena, m_, cfg_.attention, Vp_, B, T, ranges);
   }
 
   // Copies the batch to the device; for a backward, also the encoder's token
@@ -443,7 +573,7 @@ class CudaBackend final : public Backend {
   }
   // Sum in double, in token order: the same value on every run.
   float mean_loss(int N) {
-    CUDA_CHECK(cudaEventSynchronize(losses_ready_));
+    wait(losses_ready_, "the micro-batch's losses", false);
     double sum = 0.0;
     for (int i = 0; i < N; ++i) sum += staging_.losses[i];
     return static_cast<float>(sum / N);
@@ -487,7 +617,10 @@ class CudaBackend final : public Backend {
 
   // Needs forward(..., with_grad = true) first. Gradients accumulate into
   // grads_. dout_capture (diagnostics): each layer's attention-output gradient.
-  void backward(int B, int T, std::vector<std::vector<bf16>>* dout_capture) {
+  // reduce: average each block over the ranks as soon as it is final (layer
+  // blocks from the last layer down, then the embeddings); the compute stream
+  // waits for the communication stream only at the end.
+  void backward(int B, int T, std::vector<std::vector<bf16>>* dout_capture, bool reduce) {
     const int C = m_.dim, H = m_.heads, hd = m_.head_dim(), N = B * T;
     const bf16* last = m_.layers ? acts_.layers.back().residual3 : acts_.encoded;
     matmuls_->backward_input(acts_.dln, acts_.logits, param(P_WTE), nullptr, N, C, Vp_);
@@ -534,25 +667,37 @@ class CudaBackend final : public Backend {
                                param(P_LN1W, l), a.ln1_mean, a.ln1_rstd, N, C, acts_.partials,
                                stream_);
       // dres holds d(residual): the gradient of the layer's input.
+      if (reduce) reduce_block(1 + l);
     }
     const cuda::TokenBuckets buckets{num_buckets_, acts_.bucket_token, acts_.bucket_start,
                                      acts_.bucket_position};
     cuda::encoder_backward(grad(P_WTE), grad(P_WPE), acts_.dres, buckets, B, T, C, stream_);
+    if (reduce) {
+      reduce_block(0);
+      join_comm_stream();
+      reduced_ = true;
+    }
   }
 
   Config cfg_;
   ModelConfig m_;
   ParamLayout layout_;
   int Vp_;
-  DeviceLayout dev_layout_;
   int device_ = 0;
   std::string name_;
   double peak_flops_ = 0.0;
+  std::unique_ptr<cuda::DeviceComm> comm_;  // null on one GPU
+  bool sharded_;                            // ZeRO-1: optimizer state sharded over the ranks
+  DeviceLayout dev_layout_;
+  int micro_batches_ = 0;                   // since zero_grad
+  bool reduced_ = false;                    // this step's gradients are averaged over the ranks
   cudaStream_t stream_ = nullptr;
-  cudaEvent_t losses_ready_ = nullptr;
+  cudaEvent_t losses_ready_ = nullptr, synced_ = nullptr;
+  cudaEvent_t compute_done_ = nullptr, comm_done_ = nullptr;  // ordering the two streams
+  float* host_norms_ = nullptr;             // (owned ranges) pinned
   std::unique_ptr<cuda::Matmuls> matmuls_;
 
-  void* state_ = nullptr;  // params (bf16) | master | grads | m | v (fp32)
+  void* state_ = nullptr;  // params (bf16) | grads | master | m | v (fp32; the last three packed)
   size_t state_bytes_ = 0;
   bf16* params_ = nullptr;
   float *master_ = nullptr, *grads_ = nullptr, *adam_m_ = nullptr, *adam_v_ = nullptr;
@@ -569,7 +714,11 @@ class CudaBackend final : public Backend {
 }  // namespace
 
 std::unique_ptr<Backend> make_cuda_backend(const Config& cfg) {
-  return std::make_unique<CudaBackend>(cfg);
+  return std::make_unique<CudaBackend>(cfg, nullptr);
+}
+
+std::unique_ptr<Backend> make_cuda_backend(const Config& cfg, const DistEnv& env) {
+  return std::make_unique<CudaBackend>(cfg, cuda::make_nccl_comm(env, dist_timeout_seconds()));
 }
 
 }  // namespace qattn

@@ -121,10 +121,12 @@ void write_status(const std::string& run_dir, const json& status) {
 }
 
 // The checkpoint to continue from, per the resume mode (nullopt: start fresh).
+// Only the lead rank (rank 0) deletes checkpoints.
 std::optional<Checkpoint> checkpoint_to_resume(const Config& cfg, const std::string& run_dir,
-                                               ResumeMode mode, std::vector<std::string>& passed_over) {
+                                               ResumeMode mode, std::vector<std::string>& passed_over,
+                                               bool lead) {
   if (mode == ResumeMode::fresh) {
-    fs::remove_all(checkpoint_root(run_dir));
+    if (lead) fs::remove_all(checkpoint_root(run_dir));
     return std::nullopt;
   }
   const std::string dir = latest_checkpoint(run_dir, &passed_over);
@@ -139,6 +141,11 @@ std::optional<Checkpoint> checkpoint_to_resume(const Config& cfg, const std::str
   if (!diffs.empty()) {
     std::string msg = run_dir + " has a checkpoint (" + dir + ") whose config differs from this one in:";
     for (const auto& d : diffs) msg += "\n  " + d;
+    for (const auto& d : diffs)
+      if (d.rfind("train.grad_accum", 0) == 0)
+        msg += "\n(train.grad_accum follows the number of ranks, tokens_per_step / (micro_batch x seq_len x "
+               "world size), and so does the data position: resume on as many GPUs as the checkpoint was "
+               "written with)";
     msg += "\nresume with the same config, start over with --fresh, or pick another log.name";
     throw ResumeError(msg);
   }
@@ -163,11 +170,14 @@ TrainResult train(const Config& cfg, Backend& backend, const std::string& run_di
   const auto wall_start = std::chrono::steady_clock::now();
   const TrainConfig& tc = cfg.train;
   const int B = tc.micro_batch, T = cfg.model.seq_len;
+  // Data parallel: every rank runs this loop on its slice of each batch and
+  // takes the same decisions; only rank 0 (the lead) writes files and logs.
+  const bool lead = backend.rank() == 0;
 
   // ---- resume or start fresh (decided before anything in run_dir is touched)
   fs::create_directories(run_dir);
   std::vector<std::string> passed_over;
-  std::optional<Checkpoint> resume = checkpoint_to_resume(cfg, run_dir, options.resume, passed_over);
+  std::optional<Checkpoint> resume = checkpoint_to_resume(cfg, run_dir, options.resume, passed_over, lead);
   const int64_t resumed_step = resume ? resume->state.step : -1;
   if (resume && resume->params.size() != backend.layout().total)
     throw CheckpointError("checkpoint of step " + std::to_string(resumed_step) + " holds " +
@@ -175,19 +185,20 @@ TrainResult train(const Config& cfg, Backend& backend, const std::string& run_di
                           std::to_string(backend.layout().total));
 
   // ---- run directory and logs
-  {
+  std::vector<spdlog::sink_ptr> sinks;  // none on the other ranks
+  if (lead) {
     std::ofstream f(run_dir + "/config.json");
     f << cfg.effective.dump(2) << '\n';
+    sinks = {std::make_shared<spdlog::sinks::stdout_color_sink_mt>(),
+             std::make_shared<spdlog::sinks::basic_file_sink_mt>(run_dir + "/events.log", !resume)};
   }
-  auto file_sink = std::make_shared<spdlog::sinks::basic_file_sink_mt>(run_dir + "/events.log", !resume);
-  auto console_sink = std::make_shared<spdlog::sinks::stdout_color_sink_mt>();
-  spdlog::logger log("train", {console_sink, file_sink});
+  spdlog::logger log("train", sinks.begin(), sinks.end());
   log.set_pattern("[%H:%M:%S] %v");
   log.flush_on(spdlog::level::info);
   for (const auto& p : passed_over) log.warn("passed over invalid checkpoint {}", p);
 
   // ---- data
-  DataLoader train_data(cfg.data.train, B, T, /*shuffle=*/true, tc.seed);
+  DataLoader train_data(cfg.data.train, B, T, /*shuffle=*/true, tc.seed, backend.rank(), backend.world());
   DataLoader val_data(cfg.data.val, B, T, /*shuffle=*/false, tc.seed);
   for (const DataLoader* d : {&train_data, &val_data})
     if (d->max_token() >= cfg.model.vocab)
@@ -198,9 +209,9 @@ TrainResult train(const Config& cfg, Backend& backend, const std::string& run_di
   log.info("run {} | backend {} | {} parameters | {} layers x {} dim x {} heads, T {} | attention {}",
            cfg.log.name, backend.name(), num_parameters(cfg.model), cfg.model.layers,
            cfg.model.dim, cfg.model.heads, T, to_string(cfg.attention.kind));
-  log.info("data: train {} tokens, val {} tokens | {} tokens/step = {} x {} x {} accum | {} steps",
+  log.info("data: train {} tokens, val {} tokens | {} tokens/step = {} x {} x {} accum x {} ranks | {} steps",
            train_data.num_tokens(), val_data.num_tokens(), tc.tokens_per_step, B, T,
-           tc.grad_accum, tc.steps);
+           tc.grad_accum, backend.world(), tc.steps);
   if (backend.memory_bytes()) log.info("device memory reserved: {:.2f} GiB", backend.memory_bytes() / 1073741824.0);
 
   // ---- state: from the checkpoint, from an llm.c model file, or fresh
@@ -222,10 +233,11 @@ TrainResult train(const Config& cfg, Backend& backend, const std::string& run_di
     return wall_before + std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();
   };
 
-  std::ofstream metrics = open_csv(run_dir + "/metrics.csv", kMetricsHeader, resumed_step);
+  std::ofstream metrics;  // stays closed on the other ranks: their rows go nowhere
+  if (lead) metrics = open_csv(run_dir + "/metrics.csv", kMetricsHeader, resumed_step);
   std::ofstream diag;
   std::vector<int32_t> probe_in, probe_tg;
-  if (cfg.log.diag_every > 0) {
+  if (cfg.log.diag_every > 0 && lead) {
     diag = open_csv(run_dir + "/diag.csv", kDiagHeader, resumed_step);
     val_data.reset();
     val_data.next(probe_in, probe_tg);  // the fixed probe batch: the first val batch
@@ -251,7 +263,7 @@ TrainResult train(const Config& cfg, Backend& backend, const std::string& run_di
     result.diverged = s == RunStatus::diverged;
     result.steps_done = st.step;
     result.last_val_loss = st.last_val_loss;
-    write_status(run_dir, status_json(to_string(s)));
+    if (lead) write_status(run_dir, status_json(to_string(s)));
     return result;
   };
   auto save = [&] {
@@ -259,8 +271,9 @@ TrainResult train(const Config& cfg, Backend& backend, const std::string& run_di
     st.data_cursor = train_data.cursor();
     st.wall_seconds = wall_now();
     Checkpoint ck{cfg.effective, st, {}, {}, {}};
-    backend.get_params(ck.params);
+    backend.get_params(ck.params);  // collective: the full state, every rank's shard gathered
     backend.get_adam_state(ck.adam_m, ck.adam_v);
+    if (!lead) return;
     result.last_checkpoint = save_checkpoint(run_dir, ck, tc.keep_checkpoints);
     write_status(run_dir, status_json("running"));
     log.info("checkpoint {}", result.last_checkpoint);
@@ -269,7 +282,7 @@ TrainResult train(const Config& cfg, Backend& backend, const std::string& run_di
     st.last_val_loss = mean_val_loss(backend, val_data, cfg.eval.batches, B, T);
     return st.last_val_loss;
   };
-  write_status(run_dir, status_json("running"));
+  if (lead) write_status(run_dir, status_json("running"));
 
   if (resumed_step < 0) {  // step 0: the untrained model
     const double val0 = evaluate();
@@ -295,6 +308,8 @@ TrainResult train(const Config& cfg, Backend& backend, const std::string& run_di
       loss += backend.forward_backward(in.data(), tg.data(), B, T, 1.0f / tc.grad_accum);
     }
     loss /= tc.grad_accum;
+    backend.sum_over_ranks(&loss, 1);  // every rank's slice: the global batch's loss
+    loss /= backend.world();
     if (step == nan_step) loss = std::numeric_limits<double>::quiet_NaN();
     const double norm = backend.grad_norm();
     if (!std::isfinite(loss) || !std::isfinite(norm)) {
@@ -326,7 +341,8 @@ TrainResult train(const Config& cfg, Backend& backend, const std::string& run_di
     ++session_steps;
     st.train_seconds += ms / 1000.0;
     const double tok_s = tc.tokens_per_step / (ms / 1000.0);
-    const double mfu = backend.peak_flops() > 0 ? fpt * tok_s / backend.peak_flops() : 0.0;
+    const double peak = backend.peak_flops() * backend.world();
+    const double mfu = peak > 0 ? fpt * tok_s / peak : 0.0;
 
     const bool eval_now = (cfg.eval.every > 0 && step % cfg.eval.every == 0) || step == tc.steps;
     const double val = eval_now ? evaluate() : 0.0;
@@ -347,7 +363,12 @@ TrainResult train(const Config& cfg, Backend& backend, const std::string& run_di
                tok_s, mfu > 0 ? fmt::format(" | MFU {:.1f}%", 100 * mfu) : "", left_s);
     }
 
-    const bool stop = options.stop && options.stop->load();
+    bool stop = options.stop && options.stop->load();
+    if (backend.world() > 1) {  // a signal may reach the ranks at different steps: stop together
+      double requests = stop ? 1.0 : 0.0;
+      backend.sum_over_ranks(&requests, 1);
+      stop = requests > 0;
+    }
     if ((tc.checkpoint_every > 0 && step % tc.checkpoint_every == 0) || step == tc.steps || stop) save();
     if (stop && step < tc.steps) {
       result.reason = fmt::format("stopped by a signal after step {}", step);
