@@ -1,11 +1,14 @@
 // Several processes on the CPU: the launcher's environment, the TCP rendezvous
 // (threads and processes on loopback), its deadlines, the local launcher with
 // dummy workers (4 and 8 ranks, a dying worker, one that ignores SIGTERM,
-// forwarded signals) and `qattn train`'s refusals.
+// forwarded signals), `qattn train`'s refusals, the trainer's rank handling
+// (over a stand-in for a second rank) and the CUDA backend's shard arithmetic
+// (src/cuda/device_layout.hpp is plain C++).
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <map>
@@ -15,8 +18,11 @@
 #include <tuple>
 #include <vector>
 
+#include "../../src/cuda/device_layout.hpp"
+#include "qattn/backend.hpp"
 #include "qattn/data.hpp"
 #include "qattn/dist.hpp"
+#include "qattn/trainer.hpp"
 #include "run_helpers.hpp"
 
 namespace {
@@ -41,6 +47,44 @@ DistEnv local_env(int rank, int world, int port) {
   e.master_port = port;
   return e;
 }
+
+// The CPU backend presented as rank `rank` of `world` whose peers all hold the
+// same values: sums over the ranks are world x the local value.
+class RankStandIn final : public qattn::Backend {
+ public:
+  RankStandIn(const qattn::Config& cfg, int rank, int world)
+      : inner_(qattn::make_cpu_backend(cfg)), rank_(rank), world_(world) {}
+  std::string name() const override { return inner_->name(); }
+  const qattn::ParamLayout& layout() const override { return inner_->layout(); }
+  void get_params(std::vector<float>& out) override { inner_->get_params(out); }
+  void set_params(const std::vector<float>& in) override { inner_->set_params(in); }
+  void get_grads(std::vector<float>& out) override { inner_->get_grads(out); }
+  void get_adam_state(std::vector<float>& m, std::vector<float>& v) override { inner_->get_adam_state(m, v); }
+  void set_adam_state(const std::vector<float>& m, const std::vector<float>& v) override {
+    inner_->set_adam_state(m, v);
+  }
+  void zero_grad() override { inner_->zero_grad(); }
+  float forward_backward(const int32_t* in, const int32_t* tg, int B, int T, float scale) override {
+    return inner_->forward_backward(in, tg, B, T, scale);
+  }
+  float forward_loss(const int32_t* in, const int32_t* tg, int B, int T) override {
+    return inner_->forward_loss(in, tg, B, T);
+  }
+  float grad_norm() override { return inner_->grad_norm(); }
+  void adamw_step(const qattn::AdamWHyper& h, float mult, int64_t t) override { inner_->adamw_step(h, mult, t); }
+  std::vector<qattn::LayerDiag> diagnostics(const int32_t* in, const int32_t* tg, int B, int T) override {
+    return inner_->diagnostics(in, tg, B, T);
+  }
+  int rank() const override { return rank_; }
+  int world() const override { return world_; }
+  void sum_over_ranks(double* values, int n) override {
+    for (int i = 0; i < n; ++i) values[i] *= world_;
+  }
+
+ private:
+  std::unique_ptr<qattn::Backend> inner_;
+  int rank_, world_;
+};
 
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
@@ -282,4 +326,77 @@ TEST_CASE("qattn train refuses several processes without the CUDA backend", "[di
   // One rank under a launcher on the CPU trains as a single process.
   CHECK(t::exit_code(t::run_qattn({"train", cfg.string()}, {{"RANK", "0"}, {"WORLD_SIZE", "1"}}, log)) == 0);
   CHECK(t::loss_columns(d / "runs" / "tiny" / "metrics.csv").size() == 3);  // step 0 and 2 steps
+}
+
+TEST_CASE("only rank 0 writes the run's files", "[dist]") {
+  namespace t = qattn::test;
+  namespace fs = std::filesystem;
+  const auto d = t::scratch_dir("dist_ranks");
+  t::make_corpus(d);
+  auto j = t::tiny_config(d, "ranked", 4);
+  j["log"]["diag_every"] = 2;
+  const qattn::Config cfg = qattn::config_from_json(j, "", 2);  // 2 ranks: grad_accum 1
+  REQUIRE(cfg.train.grad_accum == 1);
+  std::map<int, qattn::TrainResult> results;
+  for (int rank : {1, 0}) {
+    RankStandIn be(cfg, rank, 2);
+    const std::string dir = (d / ("rank" + std::to_string(rank))).string();
+    results[rank] = qattn::train(cfg, be, dir);
+    CHECK(results[rank].status == qattn::RunStatus::finished);
+    for (const char* f : {"config.json", "metrics.csv", "diag.csv", "events.log", "status.json", "checkpoints"})
+      CHECK(fs::exists(fs::path(dir) / f) == (rank == 0));
+  }
+  CHECK(results[1].steps_done == 4);  // the other rank trained all the same
+}
+
+TEST_CASE("ZeRO-1 shards partition every block, aligned, and cover every parameter", "[dist]") {
+  using qattn::cuda::DeviceLayout;
+  for (bool qk_norm : {false, true}) {
+    qattn::ModelConfig m;
+    m.vocab = 1000;
+    m.layers = 3;
+    m.heads = 2;
+    m.dim = 64;
+    m.seq_len = 32;
+    m.qk_norm = qk_norm;
+    const qattn::ParamLayout canonical(m);
+    const size_t padded_wte = 1024 * 64;
+    for (int world : {1, 2, 3, 8}) {
+      INFO("world " << world << " qk_norm " << qk_norm);
+      std::vector<DeviceLayout> ranks;
+      for (int r = 0; r < world; ++r) ranks.emplace_back(canonical, m.layers, padded_wte, world, r);
+      const DeviceLayout& L = ranks[0];
+      CHECK(L.blocks() == m.layers + 1);
+      CHECK(L.packed_total() * world == L.total());
+      // Every element of the buffer is owned by exactly one rank, and every
+      // rank's packed offsets are distinct and inside its packed state.
+      std::vector<int> owner(L.total(), 0);
+      for (const auto& R : ranks) {
+        std::vector<int> packed_used(R.packed_total(), 0);
+        for (const auto& o : R.owned()) {
+          CHECK(o.begin % DeviceLayout::kAlign == 0);
+          CHECK(o.packed % DeviceLayout::kAlign == 0);
+          REQUIRE(o.packed + o.count <= R.packed_total());
+          for (size_t i = 0; i < o.count; ++i) {
+            ++owner[o.begin + i];
+            ++packed_used[o.packed + i];
+          }
+        }
+        CHECK(std::count(packed_used.begin(), packed_used.end(), 1) == static_cast<long>(R.packed_total()));
+      }
+      CHECK(std::count(owner.begin(), owner.end(), 1) == static_cast<long>(L.total()));
+      // The slices: every canonical element once, each inside one block.
+      size_t canonical_total = 0;
+      for (const auto& s : L.slices()) {
+        CHECK(s.offset % DeviceLayout::kAlign == 0);
+        canonical_total += s.count;
+        int block = 0;
+        while (block + 1 < L.blocks() && L.block_begin(block + 1) <= s.offset) ++block;
+        CHECK(s.offset + s.count <= L.block_begin(block) + L.block_size(block));
+        CHECK((block == 0) == !DeviceLayout::layered(s.tensor));
+        CHECK(L.block_size(block) % (DeviceLayout::kAlign * world) == 0);
+      }
+      CHECK(canonical_total == canonical.total);
+    }
+  }
 }
