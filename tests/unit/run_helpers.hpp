@@ -71,6 +71,7 @@ inline std::vector<std::string> loss_columns(const fs::path& csv) {
 // Starts `qattn ARGS...` with extra environment variables, output to log.
 inline pid_t spawn_qattn(const std::vector<std::string>& args,
                          const std::vector<std::pair<std::string, std::string>>& env, const fs::path& log) {
+  std::fflush(nullptr);  // else the child's freopen writes the parent's buffered output again
   const pid_t pid = ::fork();
   if (pid != 0) return pid;
   FILE* out = std::freopen(log.c_str(), "a", stdout);
