@@ -51,7 +51,7 @@ struct Params {
   float scale;       // c
   float scale_log2;  // c · log2(e)
   GridOptions grid;
-  float window;       // fwm's W in nats
+  float window;  // fwm's W in nats
   bool fwm;
   bool mask_window;  // weight STE: entries below the fwm window get dS = 0
   bool detach;       // no derivative through m and ℓ
@@ -98,7 +98,7 @@ __global__ void __launch_bounds__(Tr::kThreads) forward_kernel(const Params p) {
   constexpr int D = Tr::kHeadDim, BM = Tr::kBlockM, BN = Tr::kBlockN, RT = Tr::kRowTiles;
   extern __shared__ __align__(128) unsigned char smem[];
   const SmemTile<BM, D> q_tile{reinterpret_cast<bf16*>(smem)};  // (BM, d)
-  bf16* kv_stages = q_tile.data + BM * D;                         // 2 x [(BN, d) K, (BN, d) V]
+  bf16* kv_stages = q_tile.data + BM * D;                       // 2 x [(BN, d) K, (BN, d) V]
 
   const int q_block = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int warp_row0 = (threadIdx.x / 32) * 16 * RT;  // first row of the warp, within the block
@@ -118,12 +118,14 @@ __global__ void __launch_bounds__(Tr::kThreads) forward_kernel(const Params p) {
   auto visible = [&](int k0, int mt, int nt, int e) {
     return k0 + acc_col(nt, e) <= row_first + acc_row(mt, e);
   };
-  const int n_kblocks = (min(p.T, q0 + BM) + BN - 1) / BN;  // causal: keys up to the block's last row
+  // Causal: keys up to the block's last row.
+  const int n_kblocks = (min(p.T, q0 + BM) + BN - 1) / BN;
 
   load_tile_async<Tr::kThreads>(q_tile, p.qkv + qkv_offset(b, q0, 0, h, p.T, p.H, D), ld, p.T - q0);
   uint32_t q_frag[RT][D / 16][4];
 
-  // Pass 1: max and min of each row's visible raw scores (this thread's columns, then the row's four threads).
+  // Pass 1: max and min of each row's visible raw scores (this thread's columns, then the row's
+  // four threads).
   Extremum hi[RT][2], lo[RT][2];
 #pragma unroll
   for (int mt = 0; mt < RT; ++mt)
@@ -156,8 +158,9 @@ __global__ void __launch_bounds__(Tr::kThreads) forward_kernel(const Params p) {
   for (int mt = 0; mt < RT; ++mt)
 #pragma unroll
     for (int half = 0; half < 2; ++half)
-      st[mt][half] = make_row_stats(row_extremum4<true>(hi[mt][half]), row_extremum4<false>(lo[mt][half]),
-                                    p.scale, p.grid, p.fwm, p.window);
+      st[mt][half] =
+          make_row_stats(row_extremum4<true>(hi[mt][half]), row_extremum4<false>(lo[mt][half]),
+                         p.scale, p.grid, p.fwm, p.window);
 
   // Pass 2: the quantised weights, their row sums Ẑ and O = Σ ŵ V.
   float o_acc[RT][D / 8][4];  // (16 RT, d) rows of O owned by this warp
@@ -178,9 +181,10 @@ __global__ void __launch_bounds__(Tr::kThreads) forward_kernel(const Params p) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const RowStats& r = st[mt][e / 2];
-          w[mt][nt][e] = visible(k0, mt, nt, e)
-                             ? quantised_weight<kRounding>(grid_coord(r, w[mt][nt][e], p.grid), r, p.grid)
-                             : 0.0f;
+          w[mt][nt][e] =
+              visible(k0, mt, nt, e)
+                  ? quantised_weight<kRounding>(grid_coord(r, w[mt][nt][e], p.grid), r, p.grid)
+                  : 0.0f;
           z[mt][e / 2] += w[mt][nt][e];
         }
     Bf16Operands::pv(o_acc, w, v_stage(s));
@@ -233,7 +237,8 @@ __global__ void __launch_bounds__(Tr::kThreads) dq_kernel(const Params p) {
   const int n_kblocks = (min(p.T, q0 + BM) + BN - 1) / BN;
 
   load_tile_async<Tr::kThreads>(q_tile, p.qkv + qkv_offset(b, q0, 0, h, p.T, p.H, D), ld, p.T - q0);
-  load_tile_async<Tr::kThreads>(do_tile, p.dout + head_offset(b, q0, h, p.T, p.H, D), ld_o, p.T - q0);
+  load_tile_async<Tr::kThreads>(do_tile, p.dout + head_offset(b, q0, h, p.T, p.H, D), ld_o,
+                                p.T - q0);
 
   // This thread's two rows per row tile (rows past T: zero statistics, never stored).
   RowStats st[RT][2];
@@ -294,7 +299,8 @@ __global__ void __launch_bounds__(Tr::kThreads) dq_kernel(const Params p) {
     Bf16Operands::dq(dq_acc, w, k_stage(s));
   });
 
-  // The calibration terms land on the argmax and argmin keys: dQ_i += dL/dm k_argmax + dL/dℓ k_argmin.
+  // The calibration terms land on the argmax and argmin keys: dQ_i += dL/dm k_argmax + dL/dℓ
+  // k_argmin.
 #pragma unroll
   for (int mt = 0; mt < RT; ++mt)
 #pragma unroll
@@ -346,7 +352,7 @@ __global__ void __launch_bounds__(Tr::kThreads) dkdv_kernel(const Params p) {
   const SmemTile<BN, D> v_tile{k_tile.data + BN * D};           // (BN, d)
   bf16* q_stages = v_tile.data + BN * D;                        // 2 x [(BM, d) Q, (BM, d) dO]
   RowStats* stat_stages = reinterpret_cast<RowStats*>(q_stages + 4 * BM * D);  // 2 x (BM)
-  float* value_stages = reinterpret_cast<float*>(stat_stages + 2 * BM);       // 2 x 3 x (BM)
+  float* value_stages = reinterpret_cast<float*>(stat_stages + 2 * BM);        // 2 x 3 x (BM)
 
   const int k_block = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int k0 = k_block * BN;
@@ -468,7 +474,8 @@ void launch(void (*kernel)(P), dim3 grid, int threads, int smem_bytes, cudaStrea
 
 void check_options(const KIntervalOptions& opt) {
   if (opt.K < 1)
-    throw std::invalid_argument("kinterval: K = " + std::to_string(opt.K) + " is not allowed (K >= 1)");
+    throw std::invalid_argument("kinterval: K = " + std::to_string(opt.K) +
+                                " is not allowed (K >= 1)");
   if (opt.calibration == Calibration::fwm && !(opt.window > 0.0))
     throw std::invalid_argument("kinterval: window = " + std::to_string(opt.window) +
                                 " is not allowed (fwm needs a window > 0)");
@@ -528,7 +535,8 @@ void backward(const KIntervalOptions& opt, const AttentionShape& s, const Params
               const Workspace& ws, cudaStream_t stream) {
   const Rule rule = rule_of(opt);
   // The skeleton's delta pre-pass and (probability STE) FPA's dQ pass read these.
-  BackwardParams fb{p.qkv, o, p.dout, ws.lse, ws.delta, p.dqkv, p.B, p.H, p.T, p.scale, p.scale_log2};
+  BackwardParams fb{p.qkv, o,   p.dout, ws.lse,  ws.delta,    p.dqkv,
+                    p.B,   p.H, p.T,    p.scale, p.scale_log2};
   if (rule == Rule::prob_ste) {
     fpa_forward(s, p.qkv, ws.o_exact, ws.lse, stream);  // exact L, and the exact output for δ
     fb.o = ws.o_exact;
@@ -538,8 +546,10 @@ void backward(const KIntervalOptions& opt, const AttentionShape& s, const Params
                            32 * kDeltaRowsPerBlock, 0, stream>>>(fb, D);
   CUDA_CHECK_LAUNCH();
   switch (rule) {
-    case Rule::lerp: return launch_dq_dkdv<D, Rule::lerp>(p, stream);
-    case Rule::weight_ste: return launch_dq_dkdv<D, Rule::weight_ste>(p, stream);
+    case Rule::lerp:
+      return launch_dq_dkdv<D, Rule::lerp>(p, stream);
+    case Rule::weight_ste:
+      return launch_dq_dkdv<D, Rule::weight_ste>(p, stream);
     case Rule::prob_ste: {
       using Dq = typename Tiles<D>::Dq;
       launch(flash_backward_dq_kernel<Dq, Bf16Operands, OnlineSoftmax<Dq::kRowTiles>>,

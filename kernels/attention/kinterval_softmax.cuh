@@ -68,7 +68,8 @@ __device__ __forceinline__ void lerp_cell(float u, float K, float& a, float& t) 
 
 // ŵ at coordinate u.
 template <Rounding kRounding>
-__device__ __forceinline__ float quantised_weight(float u, const RowStats& r, const GridOptions& g) {
+__device__ __forceinline__ float quantised_weight(float u, const RowStats& r,
+                                                  const GridOptions& g) {
   if (u < 0.0f) return 0.0f;
   if constexpr (kRounding == Rounding::nearest) {
     return grid_value(floorf(u + 0.5f), r, g);

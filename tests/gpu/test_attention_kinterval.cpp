@@ -58,9 +58,9 @@ std::vector<KIntervalOptions> every_option_combination(int K) {
 std::string describe(const KIntervalOptions& o, const AttentionShape& s) {
   return "K=" + std::to_string(o.K) + " " + qattn::to_string(o.calibration) + " " +
          qattn::to_string(o.rounding) + " ste=" + qattn::to_string(o.ste) +
-         (o.detach_extrema ? " detach" : "") + (o.ste_window_mask ? " mask" : "") +
-         " (B,H,T,d)=(" + std::to_string(s.B) + "," + std::to_string(s.H) + "," +
-         std::to_string(s.T) + "," + std::to_string(s.d) + ")";
+         (o.detach_extrema ? " detach" : "") + (o.ste_window_mask ? " mask" : "") + " (B,H,T,d)=(" +
+         std::to_string(s.B) + "," + std::to_string(s.H) + "," + std::to_string(s.T) + "," +
+         std::to_string(s.d) + ")";
 }
 
 // Inputs (B, T, 3, H, d) with q of standard deviation 2 (scores of standard
@@ -83,7 +83,8 @@ struct Outputs {
 Outputs run_gpu(const AttentionConfig& cfg, const AttentionShape& s, const Inputs& in) {
   const size_t n_o = static_cast<size_t>(s.B) * s.T * s.H * s.d;
   DeviceBuffer<bf16> qkv(3 * n_o), o(n_o), dout(n_o), dqkv(3 * n_o), dqkv2(3 * n_o);
-  DeviceBuffer<float> stats(static_cast<size_t>(s.B) * s.H * s.T * qattn::cuda::attention_row_stats(cfg));
+  DeviceBuffer<float> stats(static_cast<size_t>(s.B) * s.H * s.T *
+                            qattn::cuda::attention_row_stats(cfg));
   DeviceBuffer<unsigned char> work(qattn::cuda::attention_workspace_bytes(cfg, s));
   qkv.upload(in.qkv);
   dout.upload(in.dout);
@@ -136,8 +137,8 @@ void check_cases(std::vector<Case>& cases) {
   for (size_t i = 0; i < cases.size(); ++i) {
     const auto& e = errors[i];
     worst = std::max({worst, e.o, e.dq, e.dk, e.dv});
-    INFO(describe(cases[i].cfg.kinterval, cases[i].s) << ": rel L2 o " << e.o << " dq " << e.dq
-                                                     << " dk " << e.dk << " dv " << e.dv);
+    INFO(describe(cases[i].cfg.kinterval, cases[i].s)
+         << ": rel L2 o " << e.o << " dq " << e.dq << " dk " << e.dk << " dv " << e.dv);
     CHECK(e.o < kTol);
     CHECK(e.dq < kTol);
     CHECK(e.dk < kTol);
@@ -146,8 +147,8 @@ void check_cases(std::vector<Case>& cases) {
   std::printf("kinterval: %zu cases, worst rel L2 of o/dq/dk/dv %.2e\n", cases.size(), worst);
 }
 
-std::vector<double> head_of(const std::vector<bf16>& x, const AttentionShape& s, int nslots, int slot,
-                            int b, int h) {
+std::vector<double> head_of(const std::vector<bf16>& x, const AttentionShape& s, int nslots,
+                            int slot, int b, int h) {
   std::vector<double> out(static_cast<size_t>(s.T) * s.d);
   for (int t = 0; t < s.T; ++t)
     for (int k = 0; k < s.d; ++k)
@@ -176,7 +177,8 @@ TEST_CASE("K-interval attention: every option combination and K at T = 64", "[ki
   std::vector<Case> cases;
   for (int d : {64, 128})
     for (int K : {2, 4, 16, 32})
-      for (const auto& opt : every_option_combination(K)) cases.push_back(make_case(opt, {2, 2, 64, d}, {0, 1, 2, 3}));
+      for (const auto& opt : every_option_combination(K))
+        cases.push_back(make_case(opt, {2, 2, 64, d}, {0, 1, 2, 3}));
   check_cases(cases);
 }
 
@@ -188,12 +190,14 @@ TEST_CASE("K-interval attention: long sequences, every option combination", "[ki
     for (int d : {64, 128})
       for (int K : {2, 4, 16, 32}) {
         const auto all = every_option_combination(K);
-        for (int r = 0; r < 2; ++r) cases.push_back(make_case(all[next++ % all.size()], {2, 3, T, d}, {4}));
+        for (int r = 0; r < 2; ++r)
+          cases.push_back(make_case(all[next++ % all.size()], {2, 3, T, d}, {4}));
       }
   check_cases(cases);
 }
 
-TEST_CASE("K-interval attention: dS rows sum to zero on the GPU, except with detach_extrema", "[kinterval]") {
+TEST_CASE("K-interval attention: dS rows sum to zero on the GPU, except with detach_extrema",
+          "[kinterval]") {
   const AttentionShape s{1, 2, 1000, 64};
   for (const auto& opt : every_option_combination(4)) {
     Case c = make_case(opt, s, {});
@@ -204,8 +208,8 @@ TEST_CASE("K-interval attention: dS rows sum to zero on the GPU, except with det
                v = head_of(c.in.qkv, s, 3, 2, 0, 1), dy = head_of(c.in.dout, s, 1, 0, 0, 1);
     std::vector<double> o(q.size()), dq(q.size()), dk(q.size()), dv(q.size());
     qattn::cpu::attention_forward(c.cfg, s.T, s.d, q.data(), k.data(), v.data(), o.data());
-    qattn::cpu::attention_backward(c.cfg, s.T, s.d, q.data(), k.data(), v.data(), o.data(), dy.data(),
-                                   dq.data(), dk.data(), dv.data());
+    qattn::cpu::attention_backward(c.cfg, s.T, s.d, q.data(), k.data(), v.data(), o.data(),
+                                   dy.data(), dq.data(), dk.data(), dv.data());
     const double cpu = dk_sum_ratio(dk, s.T, s.d);
     std::printf("kinterval row sums: %-40s |sum dK| / |dK|: gpu %.2e cpu %.2e\n",
                 describe(opt, s).c_str(), gpu, cpu);
@@ -215,7 +219,8 @@ TEST_CASE("K-interval attention: dS rows sum to zero on the GPU, except with det
   }
 }
 
-TEST_CASE("K-interval attention: ties route the calibration terms to the lowest index", "[kinterval]") {
+TEST_CASE("K-interval attention: ties route the calibration terms to the lowest index",
+          "[kinterval]") {
   // Tokens 0-3 keep their keys and every later key repeats one of them, so every
   // row's max and min are shared by many keys; the reference takes the lowest
   // index, and dK shows where the terms went (a wrong key gets them in full).
@@ -237,7 +242,8 @@ TEST_CASE("K-interval attention: ties route the calibration terms to the lowest 
   check_cases(cases);
 }
 
-TEST_CASE("K-interval attention: detach_extrema changes nothing under the probability STE", "[kinterval]") {
+TEST_CASE("K-interval attention: detach_extrema changes nothing under the probability STE",
+          "[kinterval]") {
   const AttentionShape s{1, 2, 1000, 128};
   KIntervalOptions opt;
   opt.rounding = Rounding::nearest, opt.ste = Ste::prob, opt.calibration = Calibration::fwm;
@@ -245,6 +251,7 @@ TEST_CASE("K-interval attention: detach_extrema changes nothing under the probab
   opt.detach_extrema = true;
   Case detached = make_case(opt, s, {});
   detached.in = attached.in;
-  const Outputs a = run_gpu(attached.cfg, s, attached.in), b = run_gpu(detached.cfg, s, detached.in);
+  const Outputs a = run_gpu(attached.cfg, s, attached.in),
+                b = run_gpu(detached.cfg, s, detached.in);
   CHECK(std::memcmp(a.dqkv.data(), b.dqkv.data(), a.dqkv.size() * sizeof(bf16)) == 0);
 }
