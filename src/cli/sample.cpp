@@ -19,9 +19,9 @@ namespace {
 
 // Draws a token id from one row of logits (vocab).
 int sample_token(const float* logits, int vocab, double temperature, int top_k, std::mt19937_64& rng) {
+  if (temperature <= 0) return static_cast<int>(std::max_element(logits, logits + vocab) - logits);
   std::vector<int> ids(vocab);
   std::iota(ids.begin(), ids.end(), 0);
-  if (temperature <= 0) return static_cast<int>(std::max_element(logits, logits + vocab) - logits);
   const int k = top_k > 0 ? std::min(top_k, vocab) : vocab;
   std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), [&](int a, int b) { return logits[a] > logits[b]; });
   std::vector<double> p(k);

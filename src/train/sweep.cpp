@@ -1,6 +1,8 @@
 // Sweep files -> runs with stable ids, and run outcomes -> summary tables.
 #include "qattn/sweep.hpp"
 
+#include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <filesystem>
 #include <fmt/format.h>
@@ -403,7 +405,7 @@ std::string write_summary(const Sweep& s, const std::vector<RunOutcome>& outcome
   csv << "id,setting";
   for (const auto& k : s.keys) csv << ',' << csv_field(k);
   csv << ",status,reason,steps,tokens,final_val_loss,wall_s,tokens_per_s,skipped,baseline,gap_nats,"
-         "setting_runs,setting_mean,setting_std,setting_gap_nats\n";
+         "setting_finished,setting_mean,setting_std,setting_gap_nats\n";
   for (size_t i = 0; i < s.runs.size(); ++i) {
     const SweepRun& r = s.runs[i];
     const RunOutcome& o = outcomes[i];

@@ -186,7 +186,7 @@ TEST_CASE("SIGTERM writes a final checkpoint and exits with code 4", "[checkpoin
   const fs::path run = d / "runs" / "term";
   const pid_t pid = spawn_qattn({"train", cfg.string()}, {}, d / "log.txt");
   // Wait until it is training (a few metrics rows), then ask it to stop.
-  for (int i = 0; i < 600 && loss_columns(run / "metrics.csv").size() < 4; ++i) ::usleep(20000);
+  for (int i = 0; i < 3000 && loss_columns(run / "metrics.csv").size() < 4; ++i) ::usleep(20000);
   ::kill(pid, SIGTERM);
   int status = 0;
   ::waitpid(pid, &status, 0);
