@@ -1,0 +1,101 @@
+#!/usr/bin/env python3
+"""Writes a copy of a sweep file at another token budget, or with fewer seeds.
+
+    tools/scale_sweep.py SWEEP.json --out NEW.json [--tokens N] [--seeds 1,2] [--set PATH=VALUE]...
+
+--tokens N sets train.tokens of every run to N and multiplies every step count
+of the sweep (train.warmup, eval.every, log.diag_every, train.checkpoint_every,
+in "set", "grid" and "zip") by N / (the sweep's own train.tokens), so that a
+shorter run keeps the same warmup fraction and about as many evaluations; the
+sweep's name gets the budget appended (kinterval_small -> kinterval_small_16M),
+so runs of different budgets never share a folder. --seeds keeps only the given
+seeds (same name, same run ids: a later run of the full sweep skips them).
+--set PATH=VALUE adds an override to the sweep's "set" (VALUE parsed as JSON,
+a bare word is a string; the grid and zip still win for the keys they vary),
+and the name gets "_set-" and a hash of the overrides appended.
+"base" becomes an absolute path, so NEW.json may live anywhere.
+The sweep must give train.tokens in its "set" when --tokens is used.
+"""
+import argparse
+import hashlib
+import json
+import os
+import re
+import sys
+
+STEP_KEYS = ("train.warmup", "eval.every", "log.diag_every", "train.checkpoint_every")
+
+
+def load(path):
+    with open(path) as f:
+        text = f.read()
+    # qattn reads sweep files with // comments; the ones here are whole lines.
+    text = re.sub(r"(?m)^\s*//.*$", "", text)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        sys.exit(f"scale_sweep.py: {path}: not valid JSON after removing // comment lines: {e}")
+
+
+def scaled(value, factor, where):
+    if not isinstance(value, int) or value < 0:
+        sys.exit(f"scale_sweep.py: {where}: {value!r} is not a step count (an integer >= 0)")
+    return 0 if value == 0 else max(1, round(value * factor))
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("sweep")
+    p.add_argument("--out", required=True, help="the new sweep file")
+    p.add_argument("--tokens", type=int, help="train.tokens of every run")
+    p.add_argument("--seeds", help="comma-separated subset of the sweep's seeds")
+    p.add_argument("--set", action="append", default=[], metavar="PATH=VALUE", help="override for every run")
+    a = p.parse_args()
+    s = load(a.sweep)
+    s["base"] = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(a.sweep)), s["base"]))
+    if a.tokens is not None:
+        old = s.get("set", {}).get("train.tokens")
+        if not isinstance(old, int) or old <= 0:
+            sys.exit(f"scale_sweep.py: {a.sweep}: set.train.tokens is missing; --tokens needs it to scale the step counts")
+        if a.tokens <= 0:
+            sys.exit(f"scale_sweep.py: --tokens {a.tokens}: allowed: a positive token count")
+        factor = a.tokens / old
+        s["set"]["train.tokens"] = a.tokens
+        for key in STEP_KEYS:
+            if key in s["set"]:
+                s["set"][key] = scaled(s["set"][key], factor, f"set.{key}")
+            if key in s.get("grid", {}):
+                s["grid"][key] = [scaled(v, factor, f"grid.{key}") for v in s["grid"][key]]
+            for g, group in enumerate(s.get("zip", [])):
+                if key in group:
+                    group[key] = [scaled(v, factor, f"zip[{g}].{key}") for v in group[key]]
+        label = f"{round(a.tokens / 1e6)}M" if a.tokens >= 1e6 else f"{round(a.tokens / 1e3)}k"
+        s["name"] = f"{s['name']}_{label}"
+    if a.set:
+        extra = {}
+        for assignment in a.set:
+            path, eq, value = assignment.partition("=")
+            if not eq or not path:
+                sys.exit(f"scale_sweep.py: --set {assignment!r}: allowed: PATH=VALUE, e.g. train.device=cpu")
+            try:
+                extra[path] = json.loads(value)
+            except json.JSONDecodeError:
+                extra[path] = value
+        s.setdefault("set", {}).update(extra)
+        digest = hashlib.sha256(json.dumps(extra, sort_keys=True).encode()).hexdigest()[:8]
+        s["name"] = f"{s['name']}_set-{digest}"
+    if a.seeds:
+        wanted = [int(x) for x in a.seeds.split(",")]
+        missing = [x for x in wanted if x not in s.get("seeds", [])]
+        if missing:
+            sys.exit(f"scale_sweep.py: --seeds {a.seeds}: {missing} not among the sweep's seeds {s.get('seeds')}")
+        s["seeds"] = wanted
+    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
+    with open(a.out, "w") as f:
+        json.dump(s, f, indent=2)
+        f.write("\n")
+    print(s["name"])
+
+
+if __name__ == "__main__":
+    main()
