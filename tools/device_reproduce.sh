@@ -20,11 +20,12 @@ RUN_OVERHEAD_S=3
 OUT=${OUT:-/tmp/qattn_out}
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH=$PWD/.deps/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
-export QATTN_BIN=$PWD/build-repro/qattn
+export QATTN_BIN=${QATTN_BIN:-$PWD/build-repro/qattn}
 log() { echo "[device_reproduce +$(($(date +%s) - START))s] $*"; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 "$QATTN_BIN" --help > /dev/null || { log "carried qattn does not start:"; ldd "$QATTN_BIN" | grep "not found"; exit 1; }
-git rev-parse --short HEAD 2>/dev/null | sed 's/^/commit /'
+echo "commit ${QATTN_COMMIT:-unknown} (the workstation's HEAD when the binaries were built)"
+rm -rf /tmp/qattn_probe /tmp/qattn_probe_*.log
 
 # ---- data
 log "data/prepare.sh pycode"
@@ -33,15 +34,16 @@ log "data ready"
 
 # ---- speed of the small model per attention kind (tokens per step as the K-interval grid)
 BASE=configs/repro/gpt2_6l384_pycode.json
-probe() {  # probe NAME [--set ...]: median tokens/s of steps 3..10
-  local name=$1
+probe() {  # probe NAME [--set ...]: median tokens/s of steps 3..10 (0 when the run failed)
+  local name=$1 speed
   shift
-  timeout 60 "$QATTN_BIN" train "$BASE" --set train.tokens=655360 --set train.tokens_per_step=65536 \
+  timeout 45 "$QATTN_BIN" train "$BASE" --set train.tokens=655360 --set train.tokens_per_step=65536 \
     --set train.warmup=1 --set eval.every=0 --set eval.batches=1 --set log.diag_every=0 \
     --set log.out=/tmp/qattn_probe --set log.name="$name" "$@" > "/tmp/qattn_probe_$name.log" 2>&1 ||
-    { log "probe $name failed: $(tail -n 2 /tmp/qattn_probe_$name.log)"; echo 0; return; }
-  python3 -c 'import csv,statistics,sys; r=[float(x["tokens_per_s"]) for x in csv.DictReader(open(sys.argv[1])) if x["tokens_per_s"] and int(x["step"])>=3]; print(int(statistics.median(r)) if r else 0)' \
-    "/tmp/qattn_probe/$name/metrics.csv"
+    log "probe $name failed: $(tail -n 3 "/tmp/qattn_probe_$name.log")" >&2
+  speed=$(python3 -c 'import csv,statistics,sys; r=[float(x["tokens_per_s"]) for x in csv.DictReader(open(sys.argv[1])) if x["tokens_per_s"] and int(x["step"])>=3]; print(int(statistics.median(r)) if len(r) >= 5 else 0)' \
+    "/tmp/qattn_probe/$name/metrics.csv" 2> /dev/null)
+  echo "${speed:-0}"
 }
 FPA=$(probe fpa)
 SAGE=$(probe sage --set attention.kind=sage)
@@ -50,36 +52,45 @@ KI=$(probe kinterval --set attention.kind=kinterval --set attention.kinterval.ca
 log "speed, tokens/s: fpa $FPA, sage $SAGE, kinterval (nearest, prob STE) $KI"
 
 # ---- tokens per run: the planned runs (seed 1 of every cell, and seed 2 of
-# the first cells in each file's priority order) in the time left
-TOKENS=$(python3 - "$FPA" "$SAGE" "$KI" "$((DEADLINE - $(date +%s) - FINAL_RESERVE_S))" "$RUN_OVERHEAD_S" <<'PY'
+# the first cells in each file's priority order) in the time left. A paper
+# whose attention kind failed its probe is left out (its kernel would fail or
+# hang every run).
+PAPERS=()
+((KI > 0)) && PAPERS+=(kinterval)
+((SAGE > 0)) && PAPERS+=(sagebwd)
+((FPA > 0)) || PAPERS=()
+((${#PAPERS[@]} > 0)) || { log "no attention kind ran; nothing to reproduce"; exit 1; }
+TOKENS=$(python3 - "$FPA" "$SAGE" "$KI" "$((DEADLINE - $(date +%s) - FINAL_RESERVE_S))" "$RUN_OVERHEAD_S" \
+  "${PAPERS[@]}" <<'PY'
 import sys
-fpa, sage, ki, left, overhead = (float(x) for x in sys.argv[1:])
-fallback = 0.6 * fpa  # a kind whose probe failed: plan it as slow; its runs will fail fast anyway
-speed = {"fpa": fpa, "sage": sage or fallback, "kinterval": ki or fallback}
-# (kind, runs): K-interval seed 1: fpa + 11 kinterval cells, seed 2 of the first 5 cells
-# (fpa + 4); SageBwd seed 1: 4 fpa + 7 sage cells, seed 2 of the first 4 (2 + 2).
-plan = [("fpa", 1 + 1), ("kinterval", 11 + 4), ("fpa", 4 + 2), ("sage", 7 + 2)]
+fpa, sage, ki, left, overhead = (float(x) for x in sys.argv[1:6])
+speed = {"fpa": fpa, "sage": sage, "kinterval": ki}
+# (kind, runs) per paper: K-interval seed 1: fpa + 11 kinterval cells, seed 2 of
+# the first 5 cells (fpa + 4); SageBwd seed 1: 4 fpa + 7 sage cells, seed 2 of
+# the first 4 (2 + 2).
+plans = {"kinterval": [("fpa", 1 + 1), ("kinterval", 11 + 4)], "sagebwd": [("fpa", 4 + 2), ("sage", 7 + 2)]}
+plan = [entry for paper in sys.argv[6:] for entry in plans[paper]]
 runs = sum(n for _, n in plan)
-seconds_per_token = sum(n / speed[k] for k, n in plan)
-tokens = (left - overhead * runs) / seconds_per_token if fpa > 0 else 0
+tokens = (left - overhead * runs) / sum(n / speed[k] for k, n in plan)
 step = 262144  # the largest tokens per step of the grids
 print(max(4 * step, int(tokens // step) * step))
 PY
 )
-log "tokens per run: $TOKENS"
+log "papers: ${PAPERS[*]}; tokens per run: $TOKENS"
 
-# ---- both grids side by side until the deadline
+# ---- the grids side by side until the deadline
 SWEEP_DEADLINE=$((DEADLINE - FINAL_RESERVE_S + 20))
-tools/reproduce_kinterval.sh --no-data --tokens "$TOKENS" --deadline "$SWEEP_DEADLINE" > "$OUT/kinterval.log" 2>&1 &
-KI_PID=$!
-tools/reproduce_sagebwd.sh --no-data --tokens "$TOKENS" --deadline "$SWEEP_DEADLINE" > "$OUT/sagebwd.log" 2>&1 &
-SAGE_PID=$!
-wait "$KI_PID" "$SAGE_PID"
+PIDS=()
+for paper in "${PAPERS[@]}"; do
+  "tools/reproduce_$paper.sh" --no-data --tokens "$TOKENS" --deadline "$SWEEP_DEADLINE" > "$OUT/$paper.log" 2>&1 &
+  PIDS+=($!)
+done
+wait "${PIDS[@]}"
 log "sweeps ended"
 
 # ---- pack: summaries, plots, diagnostics, every run's metrics/diag/status/config/console (no checkpoints)
 NAMES=()
-for paper in kinterval sagebwd; do NAMES+=("$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["name"])' "runs/repro/${paper}_small.json")"); done
+for paper in "${PAPERS[@]}"; do NAMES+=("$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["name"])' "runs/repro/${paper}_small.json")"); done
 tar czf "$OUT/results.tar.gz" --exclude='checkpoints' --exclude='events.log' runs/repro "${NAMES[@]/#/runs/}" \
   /tmp/qattn_probe/*/metrics.csv /tmp/qattn_probe_*.log 2> /dev/null
 ls -la "$OUT"
