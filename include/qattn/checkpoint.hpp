@@ -69,6 +69,21 @@ std::vector<std::string> list_checkpoints(const std::string& run_dir);
 std::string latest_checkpoint(const std::string& run_dir,
                               std::vector<std::string>* passed_over = nullptr);
 
+// An exclusive lock on a directory (flock on <dir>/.lock, which holds the
+// owner's pid): one process writes a run (or runs a sweep) at a time. The
+// kernel drops the lock when the process dies, however it dies. Throws
+// CheckpointError naming the directory and the owner when it is taken.
+class DirLock {
+ public:
+  explicit DirLock(const std::string& dir);
+  ~DirLock();
+  DirLock(const DirLock&) = delete;
+  DirLock& operator=(const DirLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
 // A checkpoint directory, or a run directory meaning its newest valid checkpoint.
 std::string resolve_checkpoint(const std::string& checkpoint_or_run_dir);
 

@@ -23,6 +23,7 @@
 #include <thread>
 
 #include "commands.hpp"
+#include "qattn/checkpoint.hpp"
 #include "qattn/config.hpp"
 #include "qattn/sweep.hpp"
 #include "qattn/trainer.hpp"
@@ -148,6 +149,8 @@ void add_sweep_command(CLI::App& app) {
       return;
     }
 
+    fs::create_directories(s.dir());
+    const DirLock lock(s.dir());  // a second `qattn sweep` of this sweep would start the same runs
     const std::vector<std::string> slots = args->gpus.empty() ? std::vector<std::string>(args->jobs, "")
                                                               : parse_gpus(args->gpus);
     const char* omp_env = std::getenv("OMP_NUM_THREADS");

@@ -4,6 +4,7 @@
 #include "qattn/checkpoint.hpp"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -308,6 +309,23 @@ std::string latest_checkpoint(const std::string& run_dir, std::vector<std::strin
   }
   return "";
 }
+
+DirLock::DirLock(const std::string& dir) {
+  const fs::path path = fs::path(dir) / ".lock";
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd_ < 0) fail_errno("cannot open lock file", path);
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    const std::string owner = read_text(path);
+    ::close(fd_);
+    throw CheckpointError(dir + " is in use by another qattn process (pid " +
+                          (owner.empty() ? std::string("unknown") : owner) +
+                          "); wait for it to end or stop it first");
+  }
+  const std::string pid = std::to_string(::getpid());
+  if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, pid.data(), pid.size(), 0) < 0) fail_errno("cannot write", path);
+}
+
+DirLock::~DirLock() { ::close(fd_); }  // closing releases the flock
 
 std::string resolve_checkpoint(const std::string& path) {
   if (fs::exists(fs::path(path) / "manifest.json")) return path;

@@ -176,6 +176,8 @@ TrainResult train(const Config& cfg, Backend& backend, const std::string& run_di
 
   // ---- resume or start fresh (decided before anything in run_dir is touched)
   fs::create_directories(run_dir);
+  std::optional<DirLock> lock;  // the lead writes the run directory; two runs on one would interleave
+  if (lead) lock.emplace(run_dir);
   std::vector<std::string> passed_over;
   std::optional<Checkpoint> resume = checkpoint_to_resume(cfg, run_dir, options.resume, passed_over, lead);
   const int64_t resumed_step = resume ? resume->state.step : -1;

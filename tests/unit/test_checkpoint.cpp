@@ -232,3 +232,16 @@ TEST_CASE("the loss-spike rule skips updates and counts them", "[checkpoint][tra
   CHECK(st["skipped"].get<int>() <= 20);
   CHECK_THAT(read_text(d / "runs" / "spike" / "metrics.csv"), Catch::Contains("spike: update skipped"));
 }
+
+TEST_CASE("one process at a time writes a run directory", "[checkpoint]") {
+  const auto d = scratch_dir("ckpt_lock");
+  make_corpus(d);
+  const json j = tiny_config(d, "locked", 4);
+  fs::create_directories(d / "runs" / "locked");
+  {
+    const DirLock other(d / "runs" / "locked");  // as a live process would hold it
+    CHECK_THROWS_WITH(train_in_process(j), Catch::Contains("is in use by another qattn process (pid " +
+                                                           std::to_string(::getpid()) + ")"));
+  }
+  CHECK(train_in_process(j).status == RunStatus::finished);  // released with its holder
+}
