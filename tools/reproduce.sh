@@ -82,7 +82,7 @@ run_sweep() {
   if [[ -n $DEADLINE ]]; then
     left=$((DEADLINE - $(date +%s)))
     ((left > 5)) || { log "deadline reached; not starting $file"; return 0; }
-    timeout --signal=TERM --kill-after=60 "$left" "$QATTN" sweep "$file" --gpus "$GPUS" || log "sweep $file: exit $?"
+    timeout --signal=TERM --kill-after=30 "$left" "$QATTN" sweep "$file" --gpus "$GPUS" || log "sweep $file: exit $?"
   else
     "$QATTN" sweep "$file" --gpus "$GPUS" || log "sweep $file: exit $?"
   fi
