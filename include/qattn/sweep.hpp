@@ -14,8 +14,9 @@
 //     "eval_last": 3                           final val loss = mean of the last 3 evaluations
 //   }
 // The baseline of a run is the run with the baseline's `set` applied and the
-// same values of the `match` keys (and the same seed); such runs are added to
-// the sweep when the grid does not hold them.
+// same values of the `match` keys (default: every varied key the baseline does
+// not set) and the same seed; such runs are added to the sweep when the grid
+// does not hold them.
 #pragma once
 #include <cstdint>
 #include <limits>

@@ -245,6 +245,9 @@ Sweep expand_sweep(const json& j, const std::string& source) {
           throw SweepError("baseline.match: " + m.dump() + " is not one of the varied keys (grid or zip)");
         match.push_back(m);
       }
+    } else {  // default: the same other settings, i.e. every varied key the baseline does not set
+      for (const auto& k : s.keys)
+        if (!b["set"].contains(k)) match.push_back(k);
     }
     for (const auto& [k, v] : b["set"].items()) check_key(k, "baseline.set");
     const size_t grid_runs = s.runs.size();

@@ -72,6 +72,18 @@ TEST_CASE("a sweep expands to the product of grid and zip, times seeds, plus bas
   CHECK(sets.back() == "log.name=\"kind=kinterval_K=8_lr=0.01_tokens_per_step=256_seed=2\"");
 }
 
+TEST_CASE("without baseline.match a run's baseline shares all its other settings", "[sweep]") {
+  json j = grid_sweep();
+  j["baseline"].erase("match");
+  const Sweep s = expand_sweep(j, "");
+  CHECK(s.runs.size() == 16);  // the fpa runs of the grid are the baselines
+  CHECK(find_run(s, "kind=kinterval_K=8_lr=0.01_tokens_per_step=256_seed=2").baseline ==
+        "kind=fpa_K=8_lr=0.01_tokens_per_step=256");
+  CHECK(find_run(s, "kind=fpa_K=8_lr=0.01_tokens_per_step=256_seed=2").is_baseline);
+  j["baseline"]["match"] = json::array();  // one baseline for all: the base config with fpa
+  CHECK(expand_sweep(j, "").runs.size() == 16 + 2);
+}
+
 TEST_CASE("run ids are stable and readable", "[sweep]") {
   CHECK(run_id(json::object()) == "base");
   CHECK(run_id({{"train.seed", 3}, {"attention.kind", "sage"}}) == "kind=sage_seed=3");
