@@ -3,8 +3,9 @@
 // stderr to <run>/console.log): one per GPU with CUDA_VISIBLE_DEVICES when
 // --gpus is given, else N at a time on the CPU. Finished and diverged runs are
 // skipped, the others (re)started; `qattn train` resumes from their checkpoints.
-// Exit codes: 0 all runs finished or diverged, 1 some failed, 2 bad sweep or
-// config, 4 stopped by SIGINT/SIGTERM (running children checkpoint first).
+// Exit codes: 0 all runs finished or diverged, 1 some failed or were busy
+// (another process holds their run directory), 2 bad sweep or config, 4
+// stopped by SIGINT/SIGTERM (running children checkpoint first).
 #include <fcntl.h>
 #include <spdlog/spdlog.h>
 #include <sys/wait.h>
@@ -46,6 +47,19 @@ std::vector<std::string> parse_gpus(const std::string& list) {
     gpus.push_back(g);
   }
   return gpus;
+}
+
+// Why a run's directory is busy ("" when it is free): a `qattn train` still
+// holds its lock, for instance one a killed sweep left behind.
+std::string run_in_use(const Sweep& s, const SweepRun& r) {
+  const fs::path dir = fs::path(s.dir()) / r.id;
+  if (!fs::exists(dir)) return "";
+  try {
+    const DirLock probe(dir.string());
+  } catch (const CheckpointError& e) {
+    return e.what();
+  }
+  return "";
 }
 
 // Starts `qattn train` for one run; returns the child's pid.
@@ -167,12 +181,18 @@ void add_sweep_command(CLI::App& app) {
     const std::atomic<bool>& stop = install_stop_handlers();
     std::map<pid_t, std::pair<size_t, size_t>> running;  // pid -> (run, slot)
     std::vector<bool> busy(slots.size(), false);
-    size_t next = 0, failed = 0, finished_count = 0;
+    size_t next = 0, failed = 0, finished_count = 0, busy_runs = 0;
     bool forwarded = false;
     while (next < queue.size() || !running.empty()) {
       while (!stop && next < queue.size() && running.size() < slots.size()) {
         const size_t slot = std::find(busy.begin(), busy.end(), false) - busy.begin();
         const SweepRun& r = s.runs[queue[next]];
+        if (const std::string owner = run_in_use(s, r); !owner.empty()) {
+          spdlog::warn("skip {}: {}", r.id, owner);  // e.g. left running by a sweep that was killed
+          ++busy_runs;
+          ++next;
+          continue;
+        }
         const pid_t pid = launch(s, r, slots[slot], omp_threads);
         busy[slot] = true;
         running[pid] = {queue[next++], slot};
@@ -210,8 +230,9 @@ void add_sweep_command(CLI::App& app) {
     std::cout << md.substr(0, md.find("\n## Runs")) << '\n';
     spdlog::info("summary: {}/summary.md, {}/summary.csv", s.dir(), s.dir());
     if (stop) throw CLI::RuntimeError(kExitInterrupted);
-    if (failed) {
-      spdlog::error("{} runs failed; see their console.log", failed);
+    if (failed || busy_runs) {
+      if (failed) spdlog::error("{} runs failed; see their console.log", failed);
+      if (busy_runs) spdlog::error("{} runs are in use by other processes; run the sweep again when they end", busy_runs);
       throw CLI::RuntimeError(1);
     }
   });
