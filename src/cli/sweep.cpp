@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <csignal>
 #include <cstring>
@@ -203,8 +204,14 @@ void add_sweep_command(CLI::App& app) {
         forwarded = true;
         spdlog::warn("stop requested: waiting for {} running runs to checkpoint", running.size());
       }
+      // Poll: the stop handler restarts system calls (SA_RESTART), so a
+      // blocking wait would not see a stop request until a run ended.
       int wstatus = 0;
-      const pid_t pid = ::waitpid(-1, &wstatus, 0);
+      const pid_t pid = ::waitpid(-1, &wstatus, WNOHANG);
+      if (pid == 0) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        continue;
+      }
       if (pid < 0) {
         if (errno == EINTR) continue;
         break;

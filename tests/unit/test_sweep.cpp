@@ -3,6 +3,7 @@
 // (resumable, a diverged run recorded and the sweep going on).
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <fmt/format.h>
 
 #include "qattn/checkpoint.hpp"
 #include "qattn/sweep.hpp"
@@ -178,4 +179,30 @@ TEST_CASE("qattn sweep runs a grid, records a divergence and skips finished runs
   CHECK(st["status"] == "finished");
   CHECK(st["step"] == 6);
   CHECK_THAT(read_text(dir / "summary.md"), Catch::Contains("| lr=0.003 | finished | 6 | 768 |"));
+}
+
+TEST_CASE("SIGTERM stops a sweep with checkpoints; the next invocation finishes it", "[sweep][cli]") {
+  const auto d = scratch_dir("sweep_term");
+  make_corpus(d);
+  json base = tiny_config(d, "base", 3000);
+  base["train"]["checkpoint_every"] = 0;
+  write_json(d / "base.json", base);
+  const auto sweep = write_json(d / "sweep.json", {{"name", "t"}, {"base", "base.json"}, {"out", (d / "runs").string()},
+                                                  {"grid", {{"train.lr", {0.01}}}}});
+  const fs::path run = d / "runs" / "t" / "lr=0.01";
+  const pid_t pid = spawn_qattn({"sweep", sweep.string()}, {}, d / "log.txt");
+  for (int i = 0; i < 3000 && loss_columns(run / "metrics.csv").size() < 5; ++i) ::usleep(20000);
+  ::kill(pid, SIGTERM);  // the sweep alone: it forwards the request to its runs
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  CHECK(exit_code(status) == 4);
+  const json st = json::parse(read_text(run / "status.json"));
+  CHECK(st["status"] == "interrupted");
+  CHECK(fs::path(latest_checkpoint(run.string())).filename().string() ==
+        fmt::format("step_{:08d}", st["step"].get<int64_t>()));
+  CHECK_THAT(read_text(d / "runs" / "t" / "summary.md"), Catch::Contains("**interrupted**"));
+
+  CHECK(exit_code(run_qattn({"sweep", sweep.string()}, {}, d / "log.txt")) == 0);
+  CHECK(json::parse(read_text(run / "status.json"))["step"] == 3000);
+  CHECK(loss_columns(run / "metrics.csv").size() == 3001);
 }
