@@ -91,6 +91,21 @@ __device__ __forceinline__ void load_row_stats_async(RowStats* dst, const RowSta
   }
 }
 
+// Calls hide(mt, nt, e) for the entries of a warp's (16 kRowTiles rows, 8 kNTiles
+// keys) accumulator whose key is after the row's query: the causal mask, needed
+// only when the tile crosses the diagonal.
+template <int kRowTiles, int kNTiles, class Hide>
+__device__ __forceinline__ void hide_future_keys(int k0, int row_first, Hide&& hide) {
+  if (k0 + 8 * kNTiles - 1 <= row_first) return;  // every key is visible to every row
+#pragma unroll
+  for (int mt = 0; mt < kRowTiles; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        if (k0 + acc_col(nt, e) > row_first + acc_row(mt, e)) hide(mt, nt, e);
+}
+
 // ---------------------------------------------------------------------------
 // Forward. Grid (ceil(T / kBlockM), H, B); the heaviest (last) query blocks start first.
 template <class Tr, Rounding kRounding>
@@ -115,9 +130,6 @@ __global__ void __launch_bounds__(Tr::kThreads) forward_kernel(const Params p) {
     load_k(j, s);
     load_tile_async<Tr::kThreads>(v_stage(s), v_src + j * BN * ld, ld, p.T - j * BN);
   };
-  auto visible = [&](int k0, int mt, int nt, int e) {
-    return k0 + acc_col(nt, e) <= row_first + acc_row(mt, e);
-  };
   // Causal: keys up to the block's last row.
   const int n_kblocks = (min(p.T, q0 + BM) + BN - 1) / BN;
 
@@ -141,16 +153,21 @@ __global__ void __launch_bounds__(Tr::kThreads) forward_kernel(const Params p) {
     float r[RT][BN / 8][4];     // (16 RT, BN) raw scores
     zero(r);
     Bf16Operands::qk(r, q_frag, k_stage(s));
+    // NaN fails both comparisons below.
+    hide_future_keys<RT, BN / 8>(k0, row_first, [&](int mt, int nt, int e) { r[mt][nt][e] = NAN; });
 #pragma unroll
     for (int mt = 0; mt < RT; ++mt)
 #pragma unroll
       for (int nt = 0; nt < BN / 8; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
+          // A thread meets its keys in increasing order: strict comparisons keep the
+          // lowest index (row_extremum4 applies the full tie rule across threads).
           const int key = k0 + acc_col(nt, e);
-          if (!visible(k0, mt, nt, e)) continue;
-          if (above(r[mt][nt][e], key, hi[mt][e / 2])) hi[mt][e / 2] = {r[mt][nt][e], key};
-          if (below(r[mt][nt][e], key, lo[mt][e / 2])) lo[mt][e / 2] = {r[mt][nt][e], key};
+          Extremum& h = hi[mt][e / 2];
+          Extremum& l = lo[mt][e / 2];
+          if (r[mt][nt][e] > h.value) h = {r[mt][nt][e], key};
+          if (r[mt][nt][e] < l.value) l = {r[mt][nt][e], key};
         }
   });
   RowStats st[RT][2];
@@ -182,11 +199,16 @@ __global__ void __launch_bounds__(Tr::kThreads) forward_kernel(const Params p) {
         for (int e = 0; e < 4; ++e) {
           const RowStats& r = st[mt][e / 2];
           w[mt][nt][e] =
-              visible(k0, mt, nt, e)
-                  ? quantised_weight<kRounding>(grid_coord(r, w[mt][nt][e], p.grid), r, p.grid)
-                  : 0.0f;
-          z[mt][e / 2] += w[mt][nt][e];
+              quantised_weight<kRounding>(grid_coord(r, w[mt][nt][e], p.grid), r, p.grid);
         }
+    hide_future_keys<RT, BN / 8>(k0, row_first,
+                                 [&](int mt, int nt, int e) { w[mt][nt][e] = 0.0f; });
+#pragma unroll
+    for (int mt = 0; mt < RT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < BN / 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) z[mt][e / 2] += w[mt][nt][e];
     Bf16Operands::pv(o_acc, w, v_stage(s));
   });
 
@@ -271,6 +293,12 @@ __global__ void __launch_bounds__(Tr::kThreads) dq_kernel(const Params p) {
     float dp[RT][BN / 8][4];  // (16 RT queries, BN keys): dP
     zero(dp);
     Bf16Operands::dp(dp, do_frag, v_stage(s));
+    // Future keys: g = ḡ gives dL/dŵ = 0 and a raw score of −inf gives w = 0, so
+    // they add nothing below (and no inf · 0).
+    hide_future_keys<RT, BN / 8>(k0, row_first, [&](int mt, int nt, int e) {
+      w[mt][nt][e] = -INFINITY;
+      dp[mt][nt][e] = delta[mt][e / 2];
+    });
 #pragma unroll
     for (int mt = 0; mt < RT; ++mt)
 #pragma unroll
@@ -279,20 +307,18 @@ __global__ void __launch_bounds__(Tr::kThreads) dq_kernel(const Params p) {
         for (int e = 0; e < 4; ++e) {
           const int half = e / 2;
           const RowStats& r = st[mt][half];
+          const float raw = w[mt][nt][e], u = grid_coord(r, raw, p.grid);
+          const float hgrad = (dp[mt][nt][e] - delta[mt][half]) * r.inv_z;  // dL/dŵ
           float ds = 0.0f;
-          if (k0 + acc_col(nt, e) <= row_first + acc_row(mt, e)) {
-            const float raw = w[mt][nt][e], u = grid_coord(r, raw, p.grid);
-            const float hgrad = (dp[mt][nt][e] - delta[mt][half]) * r.inv_z;  // dL/dŵ
-            if constexpr (kRule == Rule::lerp) {
-              const LerpGrad g = lerp_grad(u, hgrad, r, inv_delta[mt][half], p.grid, p.fwm);
-              ds = g.ds;
-              dm[mt][half] += g.dm;
-              dl[mt][half] += g.dl;
-            } else {  // weight STE: w = exp(s − m) in place of ŵ, and its path through m
-              if (!(p.mask_window && u < 0.0f))
-                ds = fast_exp2(fmaf(raw, p.scale_log2, -r.w_base)) * hgrad;
-              dm[mt][half] -= ds;
-            }
+          if constexpr (kRule == Rule::lerp) {
+            const LerpGrad g = lerp_grad(u, hgrad, r, inv_delta[mt][half], p.grid, p.fwm);
+            ds = g.ds;
+            dm[mt][half] += g.dm;
+            dl[mt][half] += g.dl;
+          } else {  // weight STE: w = exp(s − m) in place of ŵ, and its path through m
+            if (!(p.mask_window && u < 0.0f))
+              ds = fast_exp2(fmaf(raw, p.scale_log2, -r.w_base)) * hgrad;
+            dm[mt][half] -= ds;
           }
           w[mt][nt][e] = ds;
         }
@@ -410,29 +436,39 @@ __global__ void __launch_bounds__(Tr::kThreads) dkdv_kernel(const Params p) {
       for (int nt = 0; nt < BM / 8; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int key = warp_key0 + acc_row(mt, e), qi = acc_col(nt, e), query = q0 + qi;
-          float p_hat = 0.0f, ds = 0.0f;
-          if (query < p.T && key <= query) {
-            const RowStats& r = stats[qi];
-            const float raw = w[mt][nt][e], u = grid_coord(r, raw, p.grid);
-            const float g = dp[mt][nt][e] - delta[qi];
-            p_hat = quantised_weight<kRounding>(u, r, p.grid) * r.inv_z;
-            if constexpr (kRule == Rule::lerp) {
-              ds = lerp_grad(u, g * r.inv_z, r, r.u_scale * inv_scale, p.grid, p.fwm).ds;
-            } else if constexpr (kRule == Rule::weight_ste) {
-              if (!(p.mask_window && u < 0.0f))
-                ds = fast_exp2(fmaf(raw, p.scale_log2, -r.w_base)) * g * r.inv_z;
-            } else {  // exact P = exp(c r − L)
-              ds = fast_exp2(fmaf(raw, p.scale_log2, -m_grad[qi] * kLog2e)) * g;
-            }
-            if constexpr (kRule != Rule::prob_ste) {
-              if (key == r.argmax) ds += m_grad[qi];
-              if (key == r.argmin) ds += l_grad[qi];
-            }
+          // Queries past T have zero RowStats and row values (1/Ẑ = 0, L = 0) and
+          // zero Q and dO rows: their p̂ and dS come out 0 here.
+          const int key = warp_key0 + acc_row(mt, e), qi = acc_col(nt, e);
+          const RowStats& r = stats[qi];
+          const float raw = w[mt][nt][e], u = grid_coord(r, raw, p.grid);
+          const float g = dp[mt][nt][e] - delta[qi];
+          float ds = 0.0f;
+          if constexpr (kRule == Rule::lerp) {
+            ds = lerp_grad(u, g * r.inv_z, r, r.u_scale * inv_scale, p.grid, p.fwm).ds;
+          } else if constexpr (kRule == Rule::weight_ste) {
+            if (!(p.mask_window && u < 0.0f))
+              ds = fast_exp2(fmaf(raw, p.scale_log2, -r.w_base)) * g * r.inv_z;
+          } else {  // exact P = exp(c r − L)
+            ds = fast_exp2(fmaf(raw, p.scale_log2, -m_grad[qi] * kLog2e)) * g;
           }
-          w[mt][nt][e] = p_hat;
+          if constexpr (kRule != Rule::prob_ste) {
+            if (key == r.argmax) ds += m_grad[qi];
+            if (key == r.argmin) ds += l_grad[qi];
+          }
+          w[mt][nt][e] = quantised_weight<kRounding>(u, r, p.grid) * r.inv_z;  // p̂ᵀ
           dp[mt][nt][e] = ds;
         }
+    // The causal mask, where the tile crosses the diagonal (keys after queries).
+    if (warp_key0 + 16 * RT - 1 > q0) {
+#pragma unroll
+      for (int mt = 0; mt < RT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < BM / 8; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            if (warp_key0 + acc_row(mt, e) > q0 + acc_col(nt, e))
+              w[mt][nt][e] = dp[mt][nt][e] = 0.0f;
+    }
     Bf16Operands::dv(dv_acc, w, do_stage(s));
     Bf16Operands::dk(dk_acc, dp, q_stage(s));
   });
@@ -498,7 +534,7 @@ Params make_params(const KIntervalOptions& opt, const AttentionShape& s) {
   p.scale = 1.0f / std::sqrt(static_cast<float>(s.d));
   p.scale_log2 = p.scale * kLog2e;
   p.fwm = opt.calibration == Calibration::fwm;
-  p.grid = {static_cast<float>(opt.K), p.fwm ? -INFINITY : 0.0f};
+  p.grid = {static_cast<float>(opt.K), 1.0f / static_cast<float>(opt.K), p.fwm ? -INFINITY : 0.0f};
   p.window = static_cast<float>(opt.window);
   p.mask_window = p.fwm && opt.ste_window_mask;
   p.detach = opt.detach_extrema;

@@ -49,6 +49,7 @@ static_assert(kRowStats == 8);
 // The grid's options as the kernels use them.
 struct GridOptions {
   float K;        // intervals
+  float inv_K;    // 1 / K (no division per score)
   float u_floor;  // minmax: 0 (u never leaves the grid); fwm: −inf (u < 0 is below the window)
 };
 
@@ -57,7 +58,7 @@ __device__ __forceinline__ float grid_coord(const RowStats& r, float raw, const 
 }
 
 __device__ __forceinline__ float grid_value(float a, const RowStats& r, const GridOptions& g) {
-  return fast_exp2((a - g.K) * r.step);
+  return fast_exp2(fmaf(a, r.step, -g.K * r.step));  // K·step is common to the row's scores
 }
 
 // The lerp cell of u >= 0: a and t.
@@ -96,8 +97,9 @@ __device__ __forceinline__ LerpGrad lerp_grad(float u, float h, const RowStats& 
   const float ds = h * dv * inv_delta;
   if (fwm) return {ds, -ds, 0.0f};
   // minmax, C = m − ℓ = KΔ: v_a = exp(−(K − a) C / K) gives dv_a/dC = −(1 − a/K) v_a.
-  const float inv_c = inv_delta / g.K;
-  const float dv_dc = -(1.0f - t) * (1.0f - a / g.K) * va - t * (1.0f - (a + 1.0f) / g.K) * vb;
+  const float inv_c = inv_delta * g.inv_K;
+  const float dv_dc =
+      -(1.0f - t) * fmaf(-a, g.inv_K, 1.0f) * va - t * fmaf(-(a + 1.0f), g.inv_K, 1.0f) * vb;
   return {ds, h * (-(u * inv_c) * dv + dv_dc), h * (-((g.K - u) * inv_c) * dv - dv_dc)};
 }
 

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# One call on the GPU machine that checks the whole CUDA side together: every
+# GPU test, the attention kinds' speed beside cuDNN/FA2, and GPT-2 124M training
+# speed for each attention kind beside PyTorch (eager, torch.compile) measured in
+# the same call. Runs binaries built on the workstation (build-gpu/, carried with
+# .deps/: the device lacks pcre2's development files). Logs go to $OUT.
+#   usage (device): tools/device_integration.sh [steps]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+STEPS=${1:-8}
+OUT=${OUT:-/tmp/qattn_out}
+BUILD=${BUILD:-build-gpu}
+mkdir -p "$OUT"
+export LD_LIBRARY_PATH=$PWD/.deps/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
+export PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
+
+# 1. Correctness: every GPU test.
+timeout 240 "$BUILD/tests/qattn_gpu_tests" > "$OUT/gpu_tests.log" 2>&1
+echo "gpu tests rc=$?: $(tail -n 3 "$OUT/gpu_tests.log" | tr '\n' ' ')"
+
+# 2. Attention kernels, each kind, beside the PyTorch peers.
+shapes="--shape 8,12,1024,64 --shape 4,16,4096,128"
+{
+  "$BUILD/qattn" bench attention --kind fpa $shapes
+  "$BUILD/qattn" bench attention --kind sage $shapes
+  "$BUILD/qattn" bench attention --kind kinterval $shapes --rounding lerp --calibration minmax --K 4
+  "$BUILD/qattn" bench attention --kind kinterval $shapes --rounding nearest --calibration fwm --ste weight --K 4
+  python3 tools/bench_peers.py --attention-only --shape 8,12,1024,64 --shape 4,16,4096,128
+} > "$OUT/bench_attention.log" 2>&1
+echo "attention bench rc=$?"
+
+# 3. GPT-2 124M, 524,288 tokens/step, synthetic tokens (speed only), per kind.
+DATA=/tmp/qattn_synth
+python3 - "$DATA" "$STEPS" <<'PY'
+import array, os, random, struct, sys
+out, steps = sys.argv[1], int(sys.argv[2])
+os.makedirs(out, exist_ok=True)
+random.seed(0)
+for name, count in (("train", (steps + 2) * 524288 + 1025), ("val", 4 * 64 * 1025)):
+    with open(f"{out}/synth_{name}_000.bin", "wb") as f:
+        f.write(struct.pack("<3i", 20240520, 1, count) + bytes(4 * 253))
+        f.write(array.array("H", (random.randrange(50257) for _ in range(count))).tobytes())
+PY
+for kind in fpa sage kinterval; do
+  timeout 120 "$BUILD/qattn" train configs/gpt2_124m_fpa.json --set attention.kind=$kind \
+    --set "data.train=$DATA/synth_train_*.bin" --set "data.val=$DATA/synth_val_*.bin" \
+    --set train.steps=$STEPS --set train.warmup=2 --set train.micro_batch=64 \
+    --set eval.every=0 --set eval.batches=1 --set log.diag_every=0 --set train.checkpoint_every=0 \
+    --out /tmp/runs/$kind > "$OUT/train_$kind.log" 2>&1
+  echo "train $kind rc=$?"
+done
+timeout 240 python3 tools/bench_peers.py --gpt2-only > "$OUT/bench_gpt2_peers.log" 2>&1
+echo "gpt2 peers rc=$?"
+
+echo "===== attention (median ms / TFLOP/s)"
+grep -vE "^\s*$" "$OUT/bench_attention.log" | tail -n 40
+echo "===== GPT-2 124M tokens/s"
+for kind in fpa sage kinterval; do
+  python3 - "$kind" "/tmp/runs/$kind/metrics.csv" <<'PY'
+import csv, statistics, sys
+kind, path = sys.argv[1], sys.argv[2]
+try:
+    rows = [r for r in csv.DictReader(open(path)) if r.get("tokens_per_s")]
+except OSError:
+    sys.exit(f"{kind}: no metrics")
+tok = [float(r["tokens_per_s"]) for r in rows[2:]]
+mfu = [float(r["mfu"]) for r in rows[2:] if r.get("mfu")]
+print(f"qattn {kind:9s}: median {statistics.median(tok):>9,.0f} tokens/s, MFU {100*statistics.median(mfu):.1f}% over {len(tok)} steps")
+PY
+done
+tail -n 6 "$OUT/bench_gpt2_peers.log"
+grep -h "memory" /tmp/runs/fpa/events.log 2>/dev/null | head -2
