@@ -12,11 +12,13 @@
 //             OnlineSoftmax (online_softmax.cuh) for FPA.
 //
 // What the other kinds take (SPEC §3, §4): SageBwd (sage.cu) reads its operands
-// from a quantised workspace with run-time precision flags, so it keeps loops of
-// its own and shares the warp primitives (tile_mma.cuh) and OnlineSoftmax;
+// from a quantised workspace with run-time precision flags, so it keeps loop
+// bodies of its own and shares the warp primitives (tile_mma.cuh), the
+// pipeline and launcher (pipeline.cuh) and OnlineSoftmax;
 // K-interval (kinterval.cu) needs a first pass for each row's max and min and
-// extra row terms in the backward, so it shares the tiles, the products, the δ
-// pre-pass and, for its probability STE, FPA's dQ kernel as is.
+// extra row terms in the backward, so it shares the pipeline, the K/V stages,
+// the accumulator walk (for_each_acc), the products, the δ pre-pass and, for
+// its probability STE, FPA's dQ kernel as is.
 //
 // Layouts (attention.cuh): q, k, v are rows of the fused activation
 // (B, T, 3, H, d), row stride 3·H·d; o, dout are (B, T, H, d); L and δ are
@@ -34,7 +36,7 @@
 // dQ is summed in a fixed order; sharing one launch lets them fill the tail of
 // the dK/dV blocks.
 #pragma once
-#include "tile_mma.cuh"
+#include "pipeline.cuh"
 
 namespace qattn::cuda::flash {
 
@@ -99,6 +101,14 @@ struct DqTraits {
   static constexpr int kSmemBytes = (2 * kBlockM + 4 * kBlockN) * kHeadDim * 2;
 };
 
+// A kind's tile shapes for one head dim: the traits of its three kernels.
+template <class Forward_, class DkDv_, class Dq_>
+struct KernelTiles {
+  using Forward = Forward_;
+  using DkDv = DkDv_;
+  using Dq = Dq_;
+};
+
 // Element (mt, nt, e) of a warp's accumulator sits at row 16 mt + g + 8 (e / 2)
 // and column 8 nt + 2 t + e % 2 of the warp's tile (lane = 4 g + t).
 __device__ __forceinline__ int acc_row(int mt, int e) {
@@ -107,6 +117,44 @@ __device__ __forceinline__ int acc_row(int mt, int e) {
 __device__ __forceinline__ int acc_col(int nt, int e) {
   return nt * 8 + 2 * (threadIdx.x % 4) + e % 2;
 }
+
+// Calls f(mt, nt, e) for every element of a warp's (16 kRowTiles, 8 kNTiles)
+// accumulator, in the order mt, nt, e (unrolled: the indices are constants).
+template <int kRowTiles, int kNTiles, class F>
+__device__ __forceinline__ void for_each_acc(F&& f) {
+#pragma unroll
+  for (int mt = 0; mt < kRowTiles; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) f(mt, nt, e);
+}
+
+// Two stages of (K tile, V tile), each (kBlockN, d), at data (2 x [K, V]); step j
+// fills a stage with keys [j kBlockN, (j + 1) kBlockN) of one head (rows past T: zero).
+template <class Tr>
+struct KvStages {
+  static constexpr int BN = Tr::kBlockN, D = Tr::kHeadDim;
+  bf16* data;
+  const bf16* k_src;  // (T, d) keys of the head, row stride ld
+  const bf16* v_src;  // (T, d) values
+  size_t ld;
+  int T;
+
+  __device__ __forceinline__ SmemTile<BN, D> k(int s) const {
+    return SmemTile<BN, D>{data + (2 * s) * BN * D};
+  }
+  __device__ __forceinline__ SmemTile<BN, D> v(int s) const {
+    return SmemTile<BN, D>{data + (2 * s + 1) * BN * D};
+  }
+  __device__ __forceinline__ void load_k(int j, int s) const {
+    load_tile_async<Tr::kThreads>(k(s), k_src + j * BN * ld, ld, T - j * BN);
+  }
+  __device__ __forceinline__ void load(int j, int s) const {
+    load_k(j, s);
+    load_tile_async<Tr::kThreads>(v(s), v_src + j * BN * ld, ld, T - j * BN);
+  }
+};
 
 // ---------------------------------------------------------------------------
 // Forward. Grid (ceil(T / kBlockM), H, B); the heaviest (last) query blocks start first.
@@ -124,18 +172,11 @@ __global__ void __launch_bounds__(Tr::kThreads) flash_forward_kernel(const Forwa
   const int row_first = q0 + warp_row0, row_last = row_first + 16 * RT - 1;
   const size_t ld = static_cast<size_t>(3) * p.H * D;
   const bf16* q_src = p.qkv + qkv_offset(b, 0, 0, h, p.T, p.H, D);  // (T, d), row stride ld
-  const bf16* k_src = p.qkv + qkv_offset(b, 0, 1, h, p.T, p.H, D);
-  const bf16* v_src = p.qkv + qkv_offset(b, 0, 2, h, p.T, p.H, D);
-  auto k_stage = [&](int s) { return SmemTile<BN, D>{kv_stages + (2 * s) * BN * D}; };
-  auto v_stage = [&](int s) { return SmemTile<BN, D>{kv_stages + (2 * s + 1) * BN * D}; };
-  auto load_kv = [&](int j, int s) {
-    load_tile_async<Tr::kThreads>(k_stage(s), k_src + j * BN * ld, ld, p.T - j * BN);
-    load_tile_async<Tr::kThreads>(v_stage(s), v_src + j * BN * ld, ld, p.T - j * BN);
-  };
+  const KvStages<Tr> kv{kv_stages, p.qkv + qkv_offset(b, 0, 1, h, p.T, p.H, D),
+                        p.qkv + qkv_offset(b, 0, 2, h, p.T, p.H, D), ld, p.T};
+  auto load_kv = [&](int j, int s) { kv.load(j, s); };
 
   load_tile_async<Tr::kThreads>(q_tile, q_src + q0 * ld, ld, p.T - q0);
-  load_kv(0, 0);
-  cp_async_commit();
   // Causal: keys up to the block's last row.
   const int n_kblocks = (min(p.T, q0 + BM) + BN - 1) / BN;
 
@@ -143,35 +184,21 @@ __global__ void __launch_bounds__(Tr::kThreads) flash_forward_kernel(const Forwa
   float o_acc[RT][D / 8][4];  // (16 RT, d) rows of O owned by this warp
   zero(o_acc);
   Softmax softmax(p.scale_log2);
-  for (int j = 0; j < n_kblocks; ++j) {
-    if (j + 1 < n_kblocks) {  // prefetch the next K, V while this block computes
-      load_kv(j + 1, (j + 1) % 2);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();
+  pipelined(0, n_kblocks, load_kv, [&](int j, int stage) {
     if (j == 0) load_a(q_frag, q_tile, warp_row0);
     const int k0 = j * BN;
-    if (k0 <= row_last) {  // else every key of the block is in the future of every row of the warp
-      float s[RT][BN / 8][4];  // (16 RT, BN) scores
-      zero(s);
-      Operands::qk(s, q_frag, k_stage(j % 2));
-      if (k0 + BN - 1 > row_first) {  // the diagonal: hide keys after the query
-#pragma unroll
-        for (int mt = 0; mt < RT; ++mt)
-#pragma unroll
-          for (int nt = 0; nt < BN / 8; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e)
-              if (k0 + acc_col(nt, e) > row_first + acc_row(mt, e)) s[mt][nt][e] = -INFINITY;
-      }
-      softmax.update(s, o_acc);  // s now holds the weights
-      Operands::pv(o_acc, s, v_stage(j % 2));
+    if (k0 > row_last) return;  // every key of the block is in the future of every row of the warp
+    float s[RT][BN / 8][4];     // (16 RT, BN) scores
+    zero(s);
+    Operands::qk(s, q_frag, kv.k(stage));
+    if (k0 + BN - 1 > row_first) {  // the diagonal: hide keys after the query
+      for_each_acc<RT, BN / 8>([&](int mt, int nt, int e) {
+        if (k0 + acc_col(nt, e) > row_first + acc_row(mt, e)) s[mt][nt][e] = -INFINITY;
+      });
     }
-    __syncthreads();  // the stage just read is refilled by the next prefetch
-  }
+    softmax.update(s, o_acc);  // s now holds the weights
+    Operands::pv(o_acc, s, kv.v(stage));
+  });
 
   softmax.finalize(o_acc);
   softmax.store_lse(p.lse + (static_cast<size_t>(b) * p.H + h) * p.T, row_first, p.T);
@@ -237,62 +264,39 @@ __device__ __noinline__ void backward_dkdv_block(const BackwardParams p, int k_b
 
   load_tile_async<Tr::kThreads>(k_tile, p.qkv + qkv_offset(b, k0, 1, h, p.T, p.H, D), ld, p.T - k0);
   load_tile_async<Tr::kThreads>(v_tile, p.qkv + qkv_offset(b, k0, 2, h, p.T, p.H, D), ld, p.T - k0);
-  const int i_first = k0 / BM;  // causal: queries before the block's first key see none of it
-  const int n_qblocks = (p.T + BM - 1) / BM;
-  load_queries(i_first, 0);
-  cp_async_commit();
 
   float dk_acc[RT][D / 8][4], dv_acc[RT][D / 8][4];  // (16 RT, d) rows of dK, dV owned by this warp
   zero(dk_acc);
   zero(dv_acc);
-  for (int i = i_first; i < n_qblocks; ++i) {
-    const int s = (i - i_first) % 2;
-    if (i + 1 < n_qblocks) {
-      load_queries(i + 1, 1 - s);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();
+  // Causal: queries before the block's first key see none of it.
+  pipelined(k0 / BM, (p.T + BM - 1) / BM, load_queries, [&](int i, int s) {
     const int q0 = i * BM;
     // Skip when every key of the warp is after every query of the block, or past T.
-    if (warp_key0 <= q0 + BM - 1 && warp_key0 < p.T) {
-      const float* lse = lse_stage(s);
-      const float* delta = delta_stage(s);
-      uint32_t k_frag[RT][D / 16][4];
-      load_a(k_frag, k_tile, warp_row0);
-      float w[RT][BM / 8][4];  // (16 RT keys, BM queries): Sᵀ, then Pᵀ, then dSᵀ
-      zero(w);
-      Operands::qk(w, k_frag, q_stage(s));
-#pragma unroll
-      for (int mt = 0; mt < RT; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < BM / 8; ++nt)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int key = warp_key0 + acc_row(mt, e), qi = acc_col(nt, e), query = q0 + qi;
-            w[mt][nt][e] = (query < p.T && key <= query)
-                               ? Softmax::probability(w[mt][nt][e], lse[qi], p.scale_log2)
-                               : 0.0f;
-          }
-      Operands::dv(dv_acc, w, do_stage(s));
-      uint32_t v_frag[RT][D / 16][4];
-      load_a(v_frag, v_tile, warp_row0);
-      float dp[RT][BM / 8][4];  // (16 RT keys, BM queries): dPᵀ
-      zero(dp);
-      Operands::dp(dp, v_frag, do_stage(s));
-#pragma unroll
-      for (int mt = 0; mt < RT; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < BM / 8; ++nt)
-#pragma unroll
-          for (int e = 0; e < 4; ++e)
-            w[mt][nt][e] = Softmax::grad_score(w[mt][nt][e], dp[mt][nt][e], delta[acc_col(nt, e)]);
-      Operands::dk(dk_acc, w, q_stage(s));
-    }
-    __syncthreads();  // the stage just read is refilled by the next prefetch
-  }
+    if (warp_key0 > q0 + BM - 1 || warp_key0 >= p.T) return;
+    const float* lse = lse_stage(s);
+    const float* delta = delta_stage(s);
+    uint32_t k_frag[RT][D / 16][4];
+    load_a(k_frag, k_tile, warp_row0);
+    float w[RT][BM / 8][4];  // (16 RT keys, BM queries): Sᵀ, then Pᵀ, then dSᵀ
+    zero(w);
+    Operands::qk(w, k_frag, q_stage(s));
+    for_each_acc<RT, BM / 8>([&](int mt, int nt, int e) {
+      const int key = warp_key0 + acc_row(mt, e), qi = acc_col(nt, e), query = q0 + qi;
+      w[mt][nt][e] = (query < p.T && key <= query)
+                         ? Softmax::probability(w[mt][nt][e], lse[qi], p.scale_log2)
+                         : 0.0f;
+    });
+    Operands::dv(dv_acc, w, do_stage(s));
+    uint32_t v_frag[RT][D / 16][4];
+    load_a(v_frag, v_tile, warp_row0);
+    float dp[RT][BM / 8][4];  // (16 RT keys, BM queries): dPᵀ
+    zero(dp);
+    Operands::dp(dp, v_frag, do_stage(s));
+    for_each_acc<RT, BM / 8>([&](int mt, int nt, int e) {
+      w[mt][nt][e] = Softmax::grad_score(w[mt][nt][e], dp[mt][nt][e], delta[acc_col(nt, e)]);
+    });
+    Operands::dk(dk_acc, w, q_stage(s));
+  });
 
   // K and V tiles are free: stage dK (times c) and dV there, then store both.
   store_acc(k_tile, dk_acc, warp_row0, p.scale);
@@ -319,21 +323,9 @@ __device__ __noinline__ void backward_dq_block(const BackwardParams p, int q_blo
   const int row_first = q0 + warp_row0, row_last = row_first + 16 * RT - 1;
   const size_t ld = static_cast<size_t>(3) * p.H * D, ld_o = static_cast<size_t>(p.H) * D;
   const size_t stat0 = (static_cast<size_t>(b) * p.H + h) * p.T;
-  const bf16* k_src = p.qkv + qkv_offset(b, 0, 1, h, p.T, p.H, D);
-  const bf16* v_src = p.qkv + qkv_offset(b, 0, 2, h, p.T, p.H, D);
-  auto k_stage = [&](int s) { return SmemTile<BN, D>{kv_stages + (2 * s) * BN * D}; };
-  auto v_stage = [&](int s) { return SmemTile<BN, D>{kv_stages + (2 * s + 1) * BN * D}; };
-  auto load_kv = [&](int j, int s) {
-    load_tile_async<Tr::kThreads>(k_stage(s), k_src + j * BN * ld, ld, p.T - j * BN);
-    load_tile_async<Tr::kThreads>(v_stage(s), v_src + j * BN * ld, ld, p.T - j * BN);
-  };
-
-  load_tile_async<Tr::kThreads>(q_tile, p.qkv + qkv_offset(b, q0, 0, h, p.T, p.H, D), ld, p.T - q0);
-  load_tile_async<Tr::kThreads>(do_tile, p.dout + head_offset(b, q0, h, p.T, p.H, D), ld_o,
-                                p.T - q0);
-  load_kv(0, 0);
-  cp_async_commit();
-  const int n_kblocks = (min(p.T, q0 + BM) + BN - 1) / BN;
+  const KvStages<Tr> kv{kv_stages, p.qkv + qkv_offset(b, 0, 1, h, p.T, p.H, D),
+                        p.qkv + qkv_offset(b, 0, 2, h, p.T, p.H, D), ld, p.T};
+  auto load_kv = [&](int j, int s) { kv.load(j, s); };
 
   // L and δ of this thread's two rows (rows past T: 0, never stored).
   float lse[RT][2], delta[RT][2];
@@ -346,50 +338,37 @@ __device__ __noinline__ void backward_dq_block(const BackwardParams p, int q_blo
       delta[mt][half] = row < p.T ? p.delta[stat0 + row] : 0.0f;
     }
 
+  load_tile_async<Tr::kThreads>(q_tile, p.qkv + qkv_offset(b, q0, 0, h, p.T, p.H, D), ld, p.T - q0);
+  load_tile_async<Tr::kThreads>(do_tile, p.dout + head_offset(b, q0, h, p.T, p.H, D), ld_o,
+                                p.T - q0);
+  const int n_kblocks = (min(p.T, q0 + BM) + BN - 1) / BN;
+
   uint32_t q_frag[RT][D / 16][4], do_frag[RT][D / 16][4];
   float dq_acc[RT][D / 8][4];  // (16 RT, d) rows of dQ owned by this warp
   zero(dq_acc);
-  for (int j = 0; j < n_kblocks; ++j) {
-    if (j + 1 < n_kblocks) {
-      load_kv(j + 1, (j + 1) % 2);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();
+  pipelined(0, n_kblocks, load_kv, [&](int j, int s) {
     if (j == 0) {
       load_a(q_frag, q_tile, warp_row0);
       load_a(do_frag, do_tile, warp_row0);
     }
     const int k0 = j * BN;
-    if (k0 <= row_last) {
-      float w[RT][BN / 8][4];  // (16 RT queries, BN keys): S, then P, then dS
-      zero(w);
-      Operands::qk(w, q_frag, k_stage(j % 2));
-#pragma unroll
-      for (int mt = 0; mt < RT; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < BN / 8; ++nt)
-#pragma unroll
-          for (int e = 0; e < 4; ++e)
-            w[mt][nt][e] = k0 + acc_col(nt, e) <= row_first + acc_row(mt, e)
-                               ? Softmax::probability(w[mt][nt][e], lse[mt][e / 2], p.scale_log2)
-                               : 0.0f;
-      float dp[RT][BN / 8][4];  // (16 RT queries, BN keys): dP
-      zero(dp);
-      Operands::dp(dp, do_frag, v_stage(j % 2));
-#pragma unroll
-      for (int mt = 0; mt < RT; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < BN / 8; ++nt)
-#pragma unroll
-          for (int e = 0; e < 4; ++e)
-            w[mt][nt][e] = Softmax::grad_score(w[mt][nt][e], dp[mt][nt][e], delta[mt][e / 2]);
-      Operands::dq(dq_acc, w, k_stage(j % 2));
-    }
-    __syncthreads();
-  }
+    if (k0 > row_last) return;
+    float w[RT][BN / 8][4];  // (16 RT queries, BN keys): S, then P, then dS
+    zero(w);
+    Operands::qk(w, q_frag, kv.k(s));
+    for_each_acc<RT, BN / 8>([&](int mt, int nt, int e) {
+      w[mt][nt][e] = k0 + acc_col(nt, e) <= row_first + acc_row(mt, e)
+                         ? Softmax::probability(w[mt][nt][e], lse[mt][e / 2], p.scale_log2)
+                         : 0.0f;
+    });
+    float dp[RT][BN / 8][4];  // (16 RT queries, BN keys): dP
+    zero(dp);
+    Operands::dp(dp, do_frag, kv.v(s));
+    for_each_acc<RT, BN / 8>([&](int mt, int nt, int e) {
+      w[mt][nt][e] = Softmax::grad_score(w[mt][nt][e], dp[mt][nt][e], delta[mt][e / 2]);
+    });
+    Operands::dq(dq_acc, w, kv.k(s));
+  });
 
   store_acc(q_tile, dq_acc, warp_row0, p.scale);  // the Q tile is free: stage dQ (times c) there
   __syncthreads();

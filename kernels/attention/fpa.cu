@@ -8,6 +8,7 @@
 //             d=128: 8 warps; dK/dV 16 keys/warp, 64-query steps; dQ 16 rows/warp, 64-key steps
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "attention/bf16_operands.cuh"
 #include "attention/flash_skeleton.cuh"
@@ -20,28 +21,10 @@ namespace {
 using namespace flash;
 
 template <int D>
-struct FpaTiles;
-template <>
-struct FpaTiles<64> {
-  using Forward = ForwardTraits<64, 4, 2, 64>;
-  using DkDv = DkDvTraits<64, 4, 1, 64>;
-  using Dq = DqTraits<64, 4, 2, 64>;
-};
-template <>
-struct FpaTiles<128> {
-  using Forward = ForwardTraits<128, 8, 1, 128>;
-  using DkDv = DkDvTraits<128, 8, 1, 64>;
-  using Dq = DqTraits<128, 8, 1, 64>;
-};
-
-// Raises the kernel's dynamic shared-memory limit (above 48 KB needs it) and launches it.
-template <class Params>
-void launch(void (*kernel)(Params), dim3 grid, int threads, int smem_bytes, cudaStream_t stream,
-            const Params& params) {
-  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
-  kernel<<<grid, threads, smem_bytes, stream>>>(params);
-  CUDA_CHECK_LAUNCH();
-}
+using FpaTiles = std::conditional_t<
+    D == 64,
+    KernelTiles<ForwardTraits<64, 4, 2, 64>, DkDvTraits<64, 4, 1, 64>, DqTraits<64, 4, 2, 64>>,
+    KernelTiles<ForwardTraits<128, 8, 1, 128>, DkDvTraits<128, 8, 1, 64>, DqTraits<128, 8, 1, 64>>>;
 
 template <int D>
 void forward(const AttentionShape& s, const bf16* qkv, bf16* o, float* lse, cudaStream_t stream) {

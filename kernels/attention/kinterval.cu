@@ -24,6 +24,7 @@
 #include <cmath>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "attention/bf16_operands.cuh"
 #include "attention/flash_skeleton.cuh"
@@ -57,28 +58,6 @@ struct Params {
   bool detach;       // no derivative through m and ℓ
 };
 
-// Steps [first, last) with two shared-memory stages: step i + 1 loads
-// (load(i + 1, stage)) while step i computes (body(i, stage)). Loads issued
-// before the call join the first step's group.
-template <class Load, class Body>
-__device__ __forceinline__ void pipelined(int first, int last, Load&& load, Body&& body) {
-  load(first, 0);
-  cp_async_commit();
-  for (int i = first; i < last; ++i) {
-    const int s = (i - first) % 2;
-    if (i + 1 < last) {
-      load(i + 1, 1 - s);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();
-    body(i, s);
-    __syncthreads();  // the stage just read is refilled by the next load
-  }
-}
-
 // kRows RowStats into shared memory (two 16-byte chunks each); rows past rows_valid read as 0.
 template <int kThreads, int kRows>
 __device__ __forceinline__ void load_row_stats_async(RowStats* dst, const RowStats* src,
@@ -97,13 +76,9 @@ __device__ __forceinline__ void load_row_stats_async(RowStats* dst, const RowSta
 template <int kRowTiles, int kNTiles, class Hide>
 __device__ __forceinline__ void hide_future_keys(int k0, int row_first, Hide&& hide) {
   if (k0 + 8 * kNTiles - 1 <= row_first) return;  // every key is visible to every row
-#pragma unroll
-  for (int mt = 0; mt < kRowTiles; ++mt)
-#pragma unroll
-    for (int nt = 0; nt < kNTiles; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e)
-        if (k0 + acc_col(nt, e) > row_first + acc_row(mt, e)) hide(mt, nt, e);
+  for_each_acc<kRowTiles, kNTiles>([&](int mt, int nt, int e) {
+    if (k0 + acc_col(nt, e) > row_first + acc_row(mt, e)) hide(mt, nt, e);
+  });
 }
 
 // ---------------------------------------------------------------------------
@@ -119,17 +94,10 @@ __global__ void __launch_bounds__(Tr::kThreads) forward_kernel(const Params p) {
   const int warp_row0 = (threadIdx.x / 32) * 16 * RT;  // first row of the warp, within the block
   const int q0 = q_block * BM, row_first = q0 + warp_row0, row_last = row_first + 16 * RT - 1;
   const size_t ld = static_cast<size_t>(3) * p.H * D;
-  const bf16* k_src = p.qkv + qkv_offset(b, 0, 1, h, p.T, p.H, D);  // (T, d), row stride ld
-  const bf16* v_src = p.qkv + qkv_offset(b, 0, 2, h, p.T, p.H, D);
-  auto k_stage = [&](int s) { return SmemTile<BN, D>{kv_stages + (2 * s) * BN * D}; };
-  auto v_stage = [&](int s) { return SmemTile<BN, D>{kv_stages + (2 * s + 1) * BN * D}; };
-  auto load_k = [&](int j, int s) {
-    load_tile_async<Tr::kThreads>(k_stage(s), k_src + j * BN * ld, ld, p.T - j * BN);
-  };
-  auto load_kv = [&](int j, int s) {
-    load_k(j, s);
-    load_tile_async<Tr::kThreads>(v_stage(s), v_src + j * BN * ld, ld, p.T - j * BN);
-  };
+  const KvStages<Tr> kv{kv_stages, p.qkv + qkv_offset(b, 0, 1, h, p.T, p.H, D),
+                        p.qkv + qkv_offset(b, 0, 2, h, p.T, p.H, D), ld, p.T};
+  auto load_k = [&](int j, int s) { kv.load_k(j, s); };
+  auto load_kv = [&](int j, int s) { kv.load(j, s); };
   // Causal: keys up to the block's last row.
   const int n_kblocks = (min(p.T, q0 + BM) + BN - 1) / BN;
 
@@ -152,23 +120,18 @@ __global__ void __launch_bounds__(Tr::kThreads) forward_kernel(const Params p) {
     if (k0 > row_last) return;  // every key of the block is in the future of every row of the warp
     float r[RT][BN / 8][4];     // (16 RT, BN) raw scores
     zero(r);
-    Bf16Operands::qk(r, q_frag, k_stage(s));
+    Bf16Operands::qk(r, q_frag, kv.k(s));
     // NaN fails both comparisons below.
     hide_future_keys<RT, BN / 8>(k0, row_first, [&](int mt, int nt, int e) { r[mt][nt][e] = NAN; });
-#pragma unroll
-    for (int mt = 0; mt < RT; ++mt)
-#pragma unroll
-      for (int nt = 0; nt < BN / 8; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          // A thread meets its keys in increasing order: strict comparisons keep the
-          // lowest index (row_extremum4 applies the full tie rule across threads).
-          const int key = k0 + acc_col(nt, e);
-          Extremum& h = hi[mt][e / 2];
-          Extremum& l = lo[mt][e / 2];
-          if (r[mt][nt][e] > h.value) h = {r[mt][nt][e], key};
-          if (r[mt][nt][e] < l.value) l = {r[mt][nt][e], key};
-        }
+    for_each_acc<RT, BN / 8>([&](int mt, int nt, int e) {
+      // A thread meets its keys in increasing order: strict comparisons keep the
+      // lowest index (row_extremum4 applies the full tie rule across threads).
+      const int key = k0 + acc_col(nt, e);
+      Extremum& h = hi[mt][e / 2];
+      Extremum& l = lo[mt][e / 2];
+      if (r[mt][nt][e] > h.value) h = {r[mt][nt][e], key};
+      if (r[mt][nt][e] < l.value) l = {r[mt][nt][e], key};
+    });
   });
   RowStats st[RT][2];
 #pragma unroll
@@ -190,26 +153,15 @@ __global__ void __launch_bounds__(Tr::kThreads) forward_kernel(const Params p) {
     if (k0 > row_last) return;
     float w[RT][BN / 8][4];  // (16 RT, BN): raw scores, then ŵ
     zero(w);
-    Bf16Operands::qk(w, q_frag, k_stage(s));
-#pragma unroll
-    for (int mt = 0; mt < RT; ++mt)
-#pragma unroll
-      for (int nt = 0; nt < BN / 8; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const RowStats& r = st[mt][e / 2];
-          w[mt][nt][e] =
-              quantised_weight<kRounding>(grid_coord(r, w[mt][nt][e], p.grid), r, p.grid);
-        }
+    Bf16Operands::qk(w, q_frag, kv.k(s));
+    for_each_acc<RT, BN / 8>([&](int mt, int nt, int e) {
+      const RowStats& r = st[mt][e / 2];
+      w[mt][nt][e] = quantised_weight<kRounding>(grid_coord(r, w[mt][nt][e], p.grid), r, p.grid);
+    });
     hide_future_keys<RT, BN / 8>(k0, row_first,
                                  [&](int mt, int nt, int e) { w[mt][nt][e] = 0.0f; });
-#pragma unroll
-    for (int mt = 0; mt < RT; ++mt)
-#pragma unroll
-      for (int nt = 0; nt < BN / 8; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) z[mt][e / 2] += w[mt][nt][e];
-    Bf16Operands::pv(o_acc, w, v_stage(s));
+    for_each_acc<RT, BN / 8>([&](int mt, int nt, int e) { z[mt][e / 2] += w[mt][nt][e]; });
+    Bf16Operands::pv(o_acc, w, kv.v(s));
   });
 
   RowStats* stats = p.stats + (static_cast<size_t>(b) * p.H + h) * p.T;  // (T)
@@ -248,14 +200,9 @@ __global__ void __launch_bounds__(Tr::kThreads) dq_kernel(const Params p) {
   const int q0 = q_block * BM, row_first = q0 + warp_row0, row_last = row_first + 16 * RT - 1;
   const size_t ld = static_cast<size_t>(3) * p.H * D, ld_o = static_cast<size_t>(p.H) * D;
   const size_t stat0 = (static_cast<size_t>(b) * p.H + h) * p.T;  // (b, h) slice of the row values
-  const bf16* k_src = p.qkv + qkv_offset(b, 0, 1, h, p.T, p.H, D);
-  const bf16* v_src = p.qkv + qkv_offset(b, 0, 2, h, p.T, p.H, D);
-  auto k_stage = [&](int s) { return SmemTile<BN, D>{kv_stages + (2 * s) * BN * D}; };
-  auto v_stage = [&](int s) { return SmemTile<BN, D>{kv_stages + (2 * s + 1) * BN * D}; };
-  auto load_kv = [&](int j, int s) {
-    load_tile_async<Tr::kThreads>(k_stage(s), k_src + j * BN * ld, ld, p.T - j * BN);
-    load_tile_async<Tr::kThreads>(v_stage(s), v_src + j * BN * ld, ld, p.T - j * BN);
-  };
+  const KvStages<Tr> kv{kv_stages, p.qkv + qkv_offset(b, 0, 1, h, p.T, p.H, D),
+                        p.qkv + qkv_offset(b, 0, 2, h, p.T, p.H, D), ld, p.T};
+  auto load_kv = [&](int j, int s) { kv.load(j, s); };
   const int n_kblocks = (min(p.T, q0 + BM) + BN - 1) / BN;
 
   load_tile_async<Tr::kThreads>(q_tile, p.qkv + qkv_offset(b, q0, 0, h, p.T, p.H, D), ld, p.T - q0);
@@ -289,40 +236,35 @@ __global__ void __launch_bounds__(Tr::kThreads) dq_kernel(const Params p) {
     if (k0 > row_last) return;
     float w[RT][BN / 8][4];  // (16 RT queries, BN keys): raw S, then dS_direct
     zero(w);
-    Bf16Operands::qk(w, q_frag, k_stage(s));
+    Bf16Operands::qk(w, q_frag, kv.k(s));
     float dp[RT][BN / 8][4];  // (16 RT queries, BN keys): dP
     zero(dp);
-    Bf16Operands::dp(dp, do_frag, v_stage(s));
+    Bf16Operands::dp(dp, do_frag, kv.v(s));
     // Future keys: g = ḡ gives dL/dŵ = 0 and a raw score of −inf gives w = 0, so
     // they add nothing below (and no inf · 0).
     hide_future_keys<RT, BN / 8>(k0, row_first, [&](int mt, int nt, int e) {
       w[mt][nt][e] = -INFINITY;
       dp[mt][nt][e] = delta[mt][e / 2];
     });
-#pragma unroll
-    for (int mt = 0; mt < RT; ++mt)
-#pragma unroll
-      for (int nt = 0; nt < BN / 8; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int half = e / 2;
-          const RowStats& r = st[mt][half];
-          const float raw = w[mt][nt][e], u = grid_coord(r, raw, p.grid);
-          const float hgrad = (dp[mt][nt][e] - delta[mt][half]) * r.inv_z;  // dL/dŵ
-          float ds = 0.0f;
-          if constexpr (kRule == Rule::lerp) {
-            const LerpGrad g = lerp_grad(u, hgrad, r, inv_delta[mt][half], p.grid, p.fwm);
-            ds = g.ds;
-            dm[mt][half] += g.dm;
-            dl[mt][half] += g.dl;
-          } else {  // weight STE: w = exp(s − m) in place of ŵ, and its path through m
-            if (!(p.mask_window && u < 0.0f))
-              ds = fast_exp2(fmaf(raw, p.scale_log2, -r.w_base)) * hgrad;
-            dm[mt][half] -= ds;
-          }
-          w[mt][nt][e] = ds;
-        }
-    Bf16Operands::dq(dq_acc, w, k_stage(s));
+    for_each_acc<RT, BN / 8>([&](int mt, int nt, int e) {
+      const int half = e / 2;
+      const RowStats& r = st[mt][half];
+      const float raw = w[mt][nt][e], u = grid_coord(r, raw, p.grid);
+      const float hgrad = (dp[mt][nt][e] - delta[mt][half]) * r.inv_z;  // dL/dŵ
+      float ds = 0.0f;
+      if constexpr (kRule == Rule::lerp) {
+        const LerpGrad g = lerp_grad(u, hgrad, r, inv_delta[mt][half], p.grid, p.fwm);
+        ds = g.ds;
+        dm[mt][half] += g.dm;
+        dl[mt][half] += g.dl;
+      } else {  // weight STE: w = exp(s − m) in place of ŵ, and its path through m
+        if (!(p.mask_window && u < 0.0f))
+          ds = fast_exp2(fmaf(raw, p.scale_log2, -r.w_base)) * hgrad;
+        dm[mt][half] -= ds;
+      }
+      w[mt][nt][e] = ds;
+    });
+    Bf16Operands::dq(dq_acc, w, kv.k(s));
   });
 
   // The calibration terms land on the argmax and argmin keys: dQ_i += dL/dm k_argmax + dL/dℓ
@@ -337,8 +279,8 @@ __global__ void __launch_bounds__(Tr::kThreads) dq_kernel(const Params p) {
       if (p.detach || (kRule == Rule::lerp && r.u_scale == 0.0f)) m_grad = l_grad = 0.0f;
       const int row = row_first + acc_row(mt, 2 * half);
       if (row >= p.T) continue;
-      const bf16* k_max = k_src + static_cast<size_t>(r.argmax) * ld;
-      const bf16* k_min = k_src + static_cast<size_t>(r.argmin) * ld;
+      const bf16* k_max = kv.k_src + static_cast<size_t>(r.argmax) * ld;
+      const bf16* k_min = kv.k_src + static_cast<size_t>(r.argmin) * ld;
 #pragma unroll
       for (int dt = 0; dt < D / 8; ++dt) {
         const int col = acc_col(dt, 0);
@@ -430,44 +372,34 @@ __global__ void __launch_bounds__(Tr::kThreads) dkdv_kernel(const Params p) {
     float dp[RT][BM / 8][4];  // (16 RT keys, BM queries): dPᵀ, then dSᵀ
     zero(dp);
     Bf16Operands::dp(dp, v_frag, do_stage(s));
-#pragma unroll
-    for (int mt = 0; mt < RT; ++mt)
-#pragma unroll
-      for (int nt = 0; nt < BM / 8; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          // Queries past T have zero RowStats and row values (1/Ẑ = 0, L = 0) and
-          // zero Q and dO rows: their p̂ and dS come out 0 here.
-          const int key = warp_key0 + acc_row(mt, e), qi = acc_col(nt, e);
-          const RowStats& r = stats[qi];
-          const float raw = w[mt][nt][e], u = grid_coord(r, raw, p.grid);
-          const float g = dp[mt][nt][e] - delta[qi];
-          float ds = 0.0f;
-          if constexpr (kRule == Rule::lerp) {
-            ds = lerp_grad(u, g * r.inv_z, r, r.u_scale * inv_scale, p.grid, p.fwm).ds;
-          } else if constexpr (kRule == Rule::weight_ste) {
-            if (!(p.mask_window && u < 0.0f))
-              ds = fast_exp2(fmaf(raw, p.scale_log2, -r.w_base)) * g * r.inv_z;
-          } else {  // exact P = exp(c r − L)
-            ds = fast_exp2(fmaf(raw, p.scale_log2, -m_grad[qi] * kLog2e)) * g;
-          }
-          if constexpr (kRule != Rule::prob_ste) {
-            if (key == r.argmax) ds += m_grad[qi];
-            if (key == r.argmin) ds += l_grad[qi];
-          }
-          w[mt][nt][e] = quantised_weight<kRounding>(u, r, p.grid) * r.inv_z;  // p̂ᵀ
-          dp[mt][nt][e] = ds;
-        }
+    for_each_acc<RT, BM / 8>([&](int mt, int nt, int e) {
+      // Queries past T have zero RowStats and row values (1/Ẑ = 0, L = 0) and
+      // zero Q and dO rows: their p̂ and dS come out 0 here.
+      const int key = warp_key0 + acc_row(mt, e), qi = acc_col(nt, e);
+      const RowStats& r = stats[qi];
+      const float raw = w[mt][nt][e], u = grid_coord(r, raw, p.grid);
+      const float g = dp[mt][nt][e] - delta[qi];
+      float ds = 0.0f;
+      if constexpr (kRule == Rule::lerp) {
+        ds = lerp_grad(u, g * r.inv_z, r, r.u_scale * inv_scale, p.grid, p.fwm).ds;
+      } else if constexpr (kRule == Rule::weight_ste) {
+        if (!(p.mask_window && u < 0.0f))
+          ds = fast_exp2(fmaf(raw, p.scale_log2, -r.w_base)) * g * r.inv_z;
+      } else {  // exact P = exp(c r − L)
+        ds = fast_exp2(fmaf(raw, p.scale_log2, -m_grad[qi] * kLog2e)) * g;
+      }
+      if constexpr (kRule != Rule::prob_ste) {
+        if (key == r.argmax) ds += m_grad[qi];
+        if (key == r.argmin) ds += l_grad[qi];
+      }
+      w[mt][nt][e] = quantised_weight<kRounding>(u, r, p.grid) * r.inv_z;  // p̂ᵀ
+      dp[mt][nt][e] = ds;
+    });
     // The causal mask, where the tile crosses the diagonal (keys after queries).
     if (warp_key0 + 16 * RT - 1 > q0) {
-#pragma unroll
-      for (int mt = 0; mt < RT; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < BM / 8; ++nt)
-#pragma unroll
-          for (int e = 0; e < 4; ++e)
-            if (warp_key0 + acc_row(mt, e) > q0 + acc_col(nt, e))
-              w[mt][nt][e] = dp[mt][nt][e] = 0.0f;
+      for_each_acc<RT, BM / 8>([&](int mt, int nt, int e) {
+        if (warp_key0 + acc_row(mt, e) > q0 + acc_col(nt, e)) w[mt][nt][e] = dp[mt][nt][e] = 0.0f;
+      });
     }
     Bf16Operands::dv(dv_acc, w, do_stage(s));
     Bf16Operands::dk(dk_acc, dp, q_stage(s));
@@ -485,28 +417,10 @@ __global__ void __launch_bounds__(Tr::kThreads) dkdv_kernel(const Params p) {
 // Launchers.
 
 template <int D>
-struct Tiles;
-template <>
-struct Tiles<64> {
-  using Forward = ForwardTraits<64, 4, 2, 64>;
-  using DkDv = DkDvTraits<64, 8, 1, 64>;
-  using Dq = DqTraits<64, 8, 1, 64>;
-};
-template <>
-struct Tiles<128> {
-  using Forward = ForwardTraits<128, 8, 1, 64>;
-  using DkDv = DkDvTraits<128, 8, 1, 64>;
-  using Dq = DqTraits<128, 8, 1, 64>;
-};
-
-// Raises the kernel's dynamic shared-memory limit (above 48 KB needs it) and launches it.
-template <class P>
-void launch(void (*kernel)(P), dim3 grid, int threads, int smem_bytes, cudaStream_t stream,
-            const P& params) {
-  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
-  kernel<<<grid, threads, smem_bytes, stream>>>(params);
-  CUDA_CHECK_LAUNCH();
-}
+using Tiles = std::conditional_t<
+    D == 64,
+    KernelTiles<ForwardTraits<64, 4, 2, 64>, DkDvTraits<64, 8, 1, 64>, DqTraits<64, 8, 1, 64>>,
+    KernelTiles<ForwardTraits<128, 8, 1, 64>, DkDvTraits<128, 8, 1, 64>, DqTraits<128, 8, 1, 64>>>;
 
 void check_options(const KIntervalOptions& opt) {
   if (opt.K < 1)

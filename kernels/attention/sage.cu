@@ -33,6 +33,7 @@
 
 #include "attention/int8_operands.cuh"
 #include "attention/online_softmax.cuh"
+#include "attention/pipeline.cuh"
 #include "attention/quant.cuh"
 #include "attention/sage.cuh"
 #include "attention/tile_mma.cuh"
@@ -191,8 +192,6 @@ __global__ void __launch_bounds__(kThreads) sage_forward_kernel(const SageParams
   };
 
   load_natural<D>(q_slot, ws.q, p.qk8, ws, bh, q_block);
-  load_kv(0, 0);
-  cp_async_commit();
   const float* scale_q = ws.q.scale + static_cast<size_t>(bh) * ws.blocks;
   const float* scale_k = ws.k.scale + static_cast<size_t>(bh) * ws.blocks;
   const float* scale_v = ws.v.scale + static_cast<size_t>(bh) * ws.blocks;
@@ -201,17 +200,9 @@ __global__ void __launch_bounds__(kThreads) sage_forward_kernel(const SageParams
   float o_acc[1][D / 8][4];  // (16, d) rows of O owned by this warp
   zero(o_acc);
   Softmax softmax(kLog2e);   // S already carries c (Q̂ = ψ(c·Q))
-  for (int j = 0; j <= q_block; ++j) {
-    if (j < q_block) {  // prefetch the next K, V while this block computes
-      load_kv(j + 1, (j + 1) % 2);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();
+  pipelined(0, q_block + 1, load_kv, [&](int j, int stage) {
     float s[1][kTileN][4];  // (16, 64) scores
-    product_over_d<D>(s, p.qk8, q_slot, row0, k_slot(j % 2), scale_q[q_block] * scale_k[j]);
+    product_over_d<D>(s, p.qk8, q_slot, row0, k_slot(stage), scale_q[q_block] * scale_k[j]);
 #pragma unroll
     for (int nt = 0; nt < kTileN; ++nt)
 #pragma unroll
@@ -220,9 +211,8 @@ __global__ void __launch_bounds__(kThreads) sage_forward_kernel(const SageParams
         if (j == q_block && frag_col(nt, e) > row0 + frag_row(e)) s[0][nt][e] = -INFINITY;
       }
     softmax.update(s, o_acc);  // s now holds P̃ = exp(S − m)
-    product_over_t<D>(o_acc, p.pv8, s, false, nullptr, v_slot(j % 2), scale_v[j]);
-    __syncthreads();  // the stage just read is refilled by the next prefetch
-  }
+    product_over_t<D>(o_acc, p.pv8, s, false, nullptr, v_slot(stage), scale_v[j]);
+  });
 
   softmax.finalize(o_acc);
   softmax.store_lse(p.lse_out + static_cast<size_t>(bh) * p.T, q0 + row0, p.T);
@@ -265,24 +255,14 @@ __global__ void __launch_bounds__(kThreads) sage_backward_dkdv_kernel(const Sage
 
   load_natural<D>(k_slot, ws.k, p.qk8, ws, bh, k_block);
   load_natural<D>(v_slot, ws.v, p.dp8, ws, bh, k_block);
-  load_queries(k_block, 0);  // causal: earlier query blocks see none of these keys
-  cp_async_commit();
   const size_t scale0 = static_cast<size_t>(bh) * ws.blocks;
   const float s_k = ws.k.scale[scale0 + k_block], s_v = ws.v.scale[scale0 + k_block];
 
   float dk_acc[1][D / 8][4], dv_acc[1][D / 8][4];  // (16, d) rows of dK, dV owned by this warp
   zero(dk_acc);
   zero(dv_acc);
-  for (int i = k_block; i < ws.blocks; ++i) {
-    const int s = (i - k_block) % 2;
-    if (i + 1 < ws.blocks) {
-      load_queries(i + 1, 1 - s);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();
+  // Causal: earlier query blocks see none of these keys.
+  pipelined(k_block, ws.blocks, load_queries, [&](int i, int s) {
     const int q0 = i * kTile;
     const float s_q = ws.q.scale[scale0 + i], s_do = ws.dout.scale[scale0 + i];
     const float* lse = lse_slot(s);
@@ -321,8 +301,7 @@ __global__ void __launch_bounds__(kThreads) sage_backward_dkdv_kernel(const Sage
 #pragma unroll
         for (int e = 0; e < 4; ++e) dk_acc[0][dt][e] += p.c * row_sum[e / 2] * mu_q[frag_col(dt, e)];
     }
-    __syncthreads();  // the stage just read is refilled by the next prefetch
-  }
+  });
 
   // Every slot is free: stage dK (Q̂ carried c) and dV, then store both.
   const SmemTile<kTile, D> dk_tile{reinterpret_cast<bf16*>(smem)};
@@ -360,8 +339,6 @@ __global__ void __launch_bounds__(kThreads) sage_backward_dq_kernel(const SagePa
 
   load_natural<D>(q_slot, ws.q, p.qk8, ws, bh, q_block);
   load_natural<D>(do_slot, ws.dout, p.dp8, ws, bh, q_block);
-  load_keys(0, 0);
-  cp_async_commit();
   const size_t scale0 = static_cast<size_t>(bh) * ws.blocks;
   const float s_q = ws.q.scale[scale0 + q_block], s_do = ws.dout.scale[scale0 + q_block];
   const float* bias = p.smooth_q ? ws.query_bias + (scale0 + q_block) * ws.Tp : nullptr;
@@ -377,18 +354,10 @@ __global__ void __launch_bounds__(kThreads) sage_backward_dq_kernel(const SagePa
 
   float dq_acc[1][D / 8][4];  // (16, d) rows of dQ owned by this warp
   zero(dq_acc);
-  for (int j = 0; j <= q_block; ++j) {
-    if (j < q_block) {
-      load_keys(j + 1, (j + 1) % 2);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();
+  pipelined(0, q_block + 1, load_keys, [&](int j, int s) {
     const float s_k = ws.k.scale[scale0 + j], s_v = ws.v.scale[scale0 + j];
     float w[1][kTileN][4];  // (16 queries, 64 keys): S, then P, then dS
-    product_over_d<D>(w, p.qk8, q_slot, row0, k_slot(j % 2), s_q * s_k);
+    product_over_d<D>(w, p.qk8, q_slot, row0, k_slot(s), s_q * s_k);
 #pragma unroll
     for (int nt = 0; nt < kTileN; ++nt)
 #pragma unroll
@@ -398,14 +367,13 @@ __global__ void __launch_bounds__(kThreads) sage_backward_dq_kernel(const SagePa
         w[0][nt][e] = (row < p.T && key <= row) ? Softmax::probability(score, lse[e / 2], kLog2e) : 0.0f;
       }
     float dp[1][kTileN][4];  // (16 queries, 64 keys): dP
-    product_over_d<D>(dp, p.dp8, do_slot, row0, v_slot(j % 2), s_do * s_v);
+    product_over_d<D>(dp, p.dp8, do_slot, row0, v_slot(s), s_do * s_v);
 #pragma unroll
     for (int nt = 0; nt < kTileN; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) w[0][nt][e] = Softmax::grad_score(w[0][nt][e], dp[0][nt][e], delta[e / 2]);
-    product_over_t<D>(dq_acc, p.dq8, w, p.tile_scales, scratch, kt_slot(j % 2), s_k);
-    __syncthreads();
-  }
+    product_over_t<D>(dq_acc, p.dq8, w, p.tile_scales, scratch, kt_slot(s), s_k);
+  });
 
   const SmemTile<kTile, D> dq_tile{reinterpret_cast<bf16*>(smem)};  // every slot is free now
   store_acc(dq_tile, dq_acc, row0, p.c);
@@ -416,13 +384,6 @@ __global__ void __launch_bounds__(kThreads) sage_backward_dq_kernel(const SagePa
 
 // ---------------------------------------------------------------------------
 // Launchers.
-
-// Raises the kernel's dynamic shared-memory limit (above 48 KB needs it) and launches it.
-void launch(void (*kernel)(SageParams), dim3 grid, int smem_bytes, cudaStream_t stream, const SageParams& p) {
-  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
-  kernel<<<grid, kThreads, smem_bytes, stream>>>(p);
-  CUDA_CHECK_LAUNCH();
-}
 
 SageParams make_params(const SageOptions& opt, const AttentionShape& s, void* workspace) {
   SageParams p{};
@@ -451,14 +412,15 @@ using Softmax = OnlineSoftmax<1>;
 
 template <int D>
 void forward(const SageParams& p, cudaStream_t stream) {
-  launch(sage_forward_kernel<D, Softmax>, dim3(p.ws.blocks, p.B * p.H), forward_plan<D>(p).total, stream, p);
+  launch(sage_forward_kernel<D, Softmax>, dim3(p.ws.blocks, p.B * p.H), kThreads, forward_plan<D>(p).total, stream,
+         p);
 }
 
 template <int D>
 void backward(const SageParams& p, cudaStream_t stream) {
   const dim3 grid(p.ws.blocks, p.B * p.H);
-  launch(sage_backward_dkdv_kernel<D, Softmax>, grid, dkdv_plan<D>(p).total, stream, p);
-  launch(sage_backward_dq_kernel<D, Softmax>, grid, dq_plan<D>(p).total, stream, p);
+  launch(sage_backward_dkdv_kernel<D, Softmax>, grid, kThreads, dkdv_plan<D>(p).total, stream, p);
+  launch(sage_backward_dq_kernel<D, Softmax>, grid, kThreads, dq_plan<D>(p).total, stream, p);
 }
 
 }  // namespace
