@@ -6,9 +6,7 @@
 #include "qattn/cpu/attention.hpp"
 
 namespace qattn::cuda {
-namespace {
 
-// One (b, h) head as contiguous (T, d) fp64 from a (B, T, nslots, H, d) bf16 tensor.
 std::vector<double> head_slice(const std::vector<__nv_bfloat16>& x, const AttentionShape& s,
                                int nslots, int slot, int b, int h) {
   std::vector<double> out(static_cast<size_t>(s.T) * s.d);
@@ -18,6 +16,8 @@ std::vector<double> head_slice(const std::vector<__nv_bfloat16>& x, const Attent
           x[(((static_cast<size_t>(b) * s.T + t) * nslots + slot) * s.H + h) * s.d + k]);
   return out;
 }
+
+namespace {
 
 // L_i = log sum_{j <= i} exp(c q_i.k_j).
 std::vector<double> reference_lse(int T, int d, const std::vector<double>& q,

@@ -10,6 +10,11 @@
 
 namespace qattn::cuda {
 
+// One (b, h) head as contiguous (T, d) fp64 from a (B, T, nslots, H, d) bf16
+// host tensor (qkv: nslots 3, slot 0 q, 1 k, 2 v; o, dout: nslots 1, slot 0).
+std::vector<double> head_slice(const std::vector<__nv_bfloat16>& x, const AttentionShape& s,
+                               int nslots, int slot, int b, int h);
+
 // Squared-error sums of one head; relative L2 = sqrt(err / ref) after summing
 // over heads. NaN anywhere in the GPU output makes err NaN.
 struct AttentionErrorSums {

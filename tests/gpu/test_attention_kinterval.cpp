@@ -29,6 +29,7 @@ using qattn::KIntervalOptions;
 using qattn::Rounding;
 using qattn::Ste;
 using qattn::cuda::AttentionShape;
+using qattn::cuda::head_slice;
 using qattn::test::bf16;
 using qattn::test::DeviceBuffer;
 
@@ -147,16 +148,6 @@ void check_cases(std::vector<Case>& cases) {
   std::printf("kinterval: %zu cases, worst rel L2 of o/dq/dk/dv %.2e\n", cases.size(), worst);
 }
 
-std::vector<double> head_of(const std::vector<bf16>& x, const AttentionShape& s, int nslots,
-                            int slot, int b, int h) {
-  std::vector<double> out(static_cast<size_t>(s.T) * s.d);
-  for (int t = 0; t < s.T; ++t)
-    for (int k = 0; k < s.d; ++k)
-      out[static_cast<size_t>(t) * s.d + k] = __bfloat162float(
-          x[(((static_cast<size_t>(b) * s.T + t) * nslots + slot) * s.H + h) * s.d + k]);
-  return out;
-}
-
 // |Σ_j dK_j| / sqrt(Σ_j |dK_j|²) of one head's dK (T, d).
 double dk_sum_ratio(const std::vector<double>& dk, int T, int d) {
   double num = 0, den = 0;
@@ -202,10 +193,10 @@ TEST_CASE("K-interval attention: dS rows sum to zero on the GPU, except with det
   for (const auto& opt : every_option_combination(4)) {
     Case c = make_case(opt, s, {});
     c.out = run_gpu(c.cfg, s, c.in);
-    const double gpu = dk_sum_ratio(head_of(c.out.dqkv, s, 3, 1, 0, 1), s.T, s.d);
+    const double gpu = dk_sum_ratio(head_slice(c.out.dqkv, s, 3, 1, 0, 1), s.T, s.d);
     // The reference's ratio on the same head: 0 up to rounding, or the detached terms.
-    const auto q = head_of(c.in.qkv, s, 3, 0, 0, 1), k = head_of(c.in.qkv, s, 3, 1, 0, 1),
-               v = head_of(c.in.qkv, s, 3, 2, 0, 1), dy = head_of(c.in.dout, s, 1, 0, 0, 1);
+    const auto q = head_slice(c.in.qkv, s, 3, 0, 0, 1), k = head_slice(c.in.qkv, s, 3, 1, 0, 1),
+               v = head_slice(c.in.qkv, s, 3, 2, 0, 1), dy = head_slice(c.in.dout, s, 1, 0, 0, 1);
     std::vector<double> o(q.size()), dq(q.size()), dk(q.size()), dv(q.size());
     qattn::cpu::attention_forward(c.cfg, s.T, s.d, q.data(), k.data(), v.data(), o.data());
     qattn::cpu::attention_backward(c.cfg, s.T, s.d, q.data(), k.data(), v.data(), o.data(),
