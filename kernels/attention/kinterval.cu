@@ -442,7 +442,9 @@ Workspace carve(void* base, const AttentionShape& s) {
   return {f, f + rows, f + 2 * rows, f + 3 * rows, reinterpret_cast<bf16*>(f + 4 * rows)};
 }
 
+// The kernels' parameters, once the options are known to be allowed.
 Params make_params(const KIntervalOptions& opt, const AttentionShape& s) {
+  check_options(opt);
   Params p{};
   p.B = s.B, p.H = s.H, p.T = s.T;
   p.scale = 1.0f / std::sqrt(static_cast<float>(s.d));
@@ -521,7 +523,6 @@ size_t kinterval_workspace_bytes(const KIntervalOptions& opt, const AttentionSha
 
 void kinterval_forward(const KIntervalOptions& opt, const AttentionShape& s, const bf16* qkv,
                        bf16* o, float* stats, cudaStream_t stream) {
-  check_options(opt);
   Params p = make_params(opt, s);
   p.qkv = qkv, p.o = o, p.stats = reinterpret_cast<RowStats*>(stats);
   if (s.d == 64) return forward<64>(opt, p, stream);
@@ -531,7 +532,6 @@ void kinterval_forward(const KIntervalOptions& opt, const AttentionShape& s, con
 void kinterval_backward(const KIntervalOptions& opt, const AttentionShape& s, const bf16* qkv,
                         const bf16* o, const bf16* dout, const float* stats, bf16* dqkv,
                         void* workspace, cudaStream_t stream) {
-  check_options(opt);
   const Workspace ws = carve(workspace, s);
   Params p = make_params(opt, s);
   p.qkv = qkv, p.dout = dout, p.dqkv = dqkv;

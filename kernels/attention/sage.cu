@@ -385,7 +385,20 @@ __global__ void __launch_bounds__(kThreads) sage_backward_dq_kernel(const SagePa
 // ---------------------------------------------------------------------------
 // Launchers.
 
+// The pre-pass writes every quantised operand there, and the kernels read it
+// with 16-byte copies: null or misaligned is a caller's bug.
+void require_workspace(const SageOptions& opt, const AttentionShape& s, const void* workspace) {
+  if (workspace == nullptr || reinterpret_cast<uintptr_t>(workspace) % 256 != 0)
+    throw std::invalid_argument("CUDA attention kind sage: workspace " +
+                                std::string(workspace ? "is not 256-byte aligned" : "is null") + " (needs " +
+                                std::to_string(sage_workspace_bytes(opt, s)) +
+                                " bytes, attention_workspace_bytes, 256-byte aligned)");
+}
+
+// The kernels' parameters, once the options and the workspace are known to be usable.
 SageParams make_params(const SageOptions& opt, const AttentionShape& s, void* workspace) {
+  sage_check_options(opt);
+  require_workspace(opt, s, workspace);
   SageParams p{};
   p.ws = sage_workspace(opt, s, workspace);
   p.B = s.B, p.H = s.H, p.T = s.T;
@@ -396,16 +409,6 @@ SageParams make_params(const SageOptions& opt, const AttentionShape& s, void* wo
   p.tile_scales = opt.bwd_granularity == BwdGranularity::tile;
   p.smooth_q = opt.smooth_q;
   return p;
-}
-
-// The pre-pass writes every quantised operand there, and the kernels read it
-// with 16-byte copies: null or misaligned is a caller's bug.
-void require_workspace(const SageOptions& opt, const AttentionShape& s, const void* workspace) {
-  if (workspace == nullptr || reinterpret_cast<uintptr_t>(workspace) % 256 != 0)
-    throw std::invalid_argument("CUDA attention kind sage: workspace " +
-                                std::string(workspace ? "is not 256-byte aligned" : "is null") + " (needs " +
-                                std::to_string(sage_workspace_bytes(opt, s)) +
-                                " bytes, attention_workspace_bytes, 256-byte aligned)");
 }
 
 using Softmax = OnlineSoftmax<1>;
@@ -437,8 +440,6 @@ void sage_check_options(const SageOptions& opt) {
 
 void sage_forward(const SageOptions& opt, const AttentionShape& s, const bf16* qkv, bf16* o, float* lse,
                   void* workspace, cudaStream_t stream) {
-  sage_check_options(opt);
-  require_workspace(opt, s, workspace);
   SageParams p = make_params(opt, s, workspace);
   p.lse_out = lse;
   p.o = o;
@@ -449,8 +450,6 @@ void sage_forward(const SageOptions& opt, const AttentionShape& s, const bf16* q
 
 void sage_backward(const SageOptions& opt, const AttentionShape& s, const bf16* qkv, const bf16* o,
                    const bf16* dout, const float* lse, bf16* dqkv, void* workspace, cudaStream_t stream) {
-  sage_check_options(opt);
-  require_workspace(opt, s, workspace);
   SageParams p = make_params(opt, s, workspace);
   p.lse = lse;
   p.dqkv = dqkv;
