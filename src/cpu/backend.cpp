@@ -87,10 +87,16 @@ LayerDiag diagnose_layer(const AttentionConfig& a, int layer, int B, int H, int 
   d.q_rms = std::sqrt(sq / n);
   d.k_rms = std::sqrt(sk / n);
   d.compared = a.kind != AttentionKind::fpa;
-  // Heads of the first sequence: enough for the statistics, cheap enough for the CPU.
+  // Heads of the first sequence: enough for the statistics. Each head is an
+  // O(T^2 d) double-precision reference, so heads run in parallel; the reduction
+  // below goes in head order, so the figures do not depend on the thread count.
+  std::vector<cpu::AttentionComparison> per_head(H);
+#pragma omp parallel for schedule(dynamic)
   for (int h = 0; h < H; ++h) {
     const size_t o = static_cast<size_t>(h) * T * hd;
-    const auto c = cpu::compare_to_fpa(a, T, hd, q + o, k + o, v + o, dout + o);
+    per_head[h] = cpu::compare_to_fpa(a, T, hd, q + o, k + o, v + o, dout + o);
+  }
+  for (const auto& c : per_head) {
     d.max_abs_score = std::max(d.max_abs_score, c.max_abs_score);
     if (!d.compared) continue;
     d.cos_o += c.cos_o / H, d.cos_p += c.cos_p / H, d.cos_ds += c.cos_ds / H;
