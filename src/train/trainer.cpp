@@ -200,13 +200,20 @@ TrainResult train(const Config& cfg, Backend& backend, const std::string& run_di
   for (const auto& p : passed_over) log.warn("passed over invalid checkpoint {}", p);
 
   // ---- data
-  DataLoader train_data(cfg.data.train, B, T, /*shuffle=*/true, tc.seed, backend.rank(), backend.world());
-  DataLoader val_data(cfg.data.val, B, T, /*shuffle=*/false, tc.seed);
-  for (const DataLoader* d : {&train_data, &val_data})
-    if (d->max_token() >= cfg.model.vocab)
-      throw DataError("data holds token id " + std::to_string(d->max_token()) +
-                      " but model.vocab = " + std::to_string(cfg.model.vocab) +
-                      "; allowed: model.vocab > every token id");
+  // Data errors name the config key they came from.
+  auto open_data = [&](const char* key, const std::string& glob, bool shuffle, int rank, int world) {
+    try {
+      DataLoader d(glob, B, T, shuffle, tc.seed, rank, world);
+      if (d.max_token() >= cfg.model.vocab)
+        throw DataError("holds token id " + std::to_string(d.max_token()) + " but model.vocab = " +
+                        std::to_string(cfg.model.vocab) + "; allowed: model.vocab > every token id");
+      return d;
+    } catch (const DataError& e) {
+      throw DataError(std::string(key) + " = \"" + glob + "\": " + e.what());
+    }
+  };
+  DataLoader train_data = open_data("data.train", cfg.data.train, /*shuffle=*/true, backend.rank(), backend.world());
+  DataLoader val_data = open_data("data.val", cfg.data.val, /*shuffle=*/false, 0, 1);
   const double fpt = flops_per_token(cfg.model);
   log.info("run {} | backend {} | {} parameters | {} layers x {} dim x {} heads, T {} | attention {}",
            cfg.log.name, backend.name(), num_parameters(cfg.model), cfg.model.layers,
