@@ -151,16 +151,27 @@ std::string run_id(const json& overrides) {
   std::map<std::string, int> last_count;
   auto last = [](const std::string& k) { return k.substr(k.rfind('.') + 1); };
   for (const auto& [k, v] : overrides.items()) ++last_count[last(k)];
-  std::string id;
+  std::vector<std::string> parts;  // "key=value", the seed last
   auto add = [&](const std::string& k, const json& v) {
-    id += (id.empty() ? "" : "_") + (last_count[last(k)] > 1 ? k : last(k)) + "=" + slug_value(v);
+    parts.push_back((last_count[last(k)] > 1 ? k : last(k)) + "=" + slug_value(v));
   };
   for (const auto& [k, v] : overrides.items())  // json objects iterate in key order
     if (k != kSeedKey) add(k, v);
   if (overrides.contains(kSeedKey)) add(kSeedKey, overrides[kSeedKey]);
-  if (id.empty()) return "base";
-  if (id.size() > kMaxIdChars) id = id.substr(0, kMaxIdChars - 9) + "-" + hash_hex(overrides.dump());
-  return id;
+  if (parts.empty()) return "base";
+  std::string id;
+  for (const auto& p : parts) id += (id.empty() ? "" : "_") + p;
+  if (id.size() <= kMaxIdChars) return id;
+  // Too long: keep whole "key=value" parts (never a value cut in the middle,
+  // which would read as another value), then a hash of all overrides.
+  id.clear();
+  for (const auto& p : parts) {
+    const size_t grown = id.size() + (id.empty() ? 0 : 1) + p.size();
+    if (grown > kMaxIdChars - 9) break;  // room for "-" + 8 hex digits
+    id += (id.empty() ? "" : "_") + p;
+  }
+  if (id.empty()) id = parts.front().substr(0, kMaxIdChars - 9);  // one part alone is too long
+  return id + "-" + hash_hex(overrides.dump());
 }
 
 Sweep expand_sweep(const json& j, const std::string& source) {

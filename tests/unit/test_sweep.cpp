@@ -95,6 +95,14 @@ TEST_CASE("run ids are stable and readable", "[sweep]") {
   const std::string id = run_id(long_one);
   CHECK(id.size() == 100);
   CHECK(id == run_id(long_one));
+  // Many keys: whole "key=value" parts are kept, never a value cut in the middle.
+  json many;
+  for (int i = 0; i < 12; ++i) many["train.key" + std::to_string(i)] = 32768;
+  const std::string cut = run_id(many);
+  CHECK(cut.size() <= 100);
+  const std::string kept = cut.substr(0, cut.rfind('-'));
+  CHECK(kept.substr(kept.size() - 6) == "=32768");
+  CHECK(cut != run_id(json{{"train.key0", 32768}}));
 }
 
 TEST_CASE("sweep errors name the JSON path and what is allowed", "[sweep]") {
