@@ -71,7 +71,7 @@ void Gpt2<F>::resize(int B, int T) {
     auto& a = layers_[l];
     a.ln1.resize(BT * C), a.ln1_mean.resize(BT), a.ln1_rstd.resize(BT);
     a.qkv.resize(BT * 3 * C);
-    a.q_raw.resize(BT * C), a.k_raw.resize(BT * C), a.q_rrms.resize(BHT), a.k_rrms.resize(BHT);
+    if (m_.qk_norm) a.q_raw.resize(BT * C), a.k_raw.resize(BT * C), a.q_rrms.resize(BHT), a.k_rrms.resize(BHT);
     a.atty_bh.resize(BT * C), a.atty.resize(BT * C), a.residual2.resize(BT * C);
     a.ln2.resize(BT * C), a.ln2_mean.resize(BT), a.ln2_rstd.resize(BT);
     a.fch.resize(BT * 4 * C), a.fch_gelu.resize(BT * 4 * C), a.residual3.resize(BT * C);
@@ -80,6 +80,11 @@ void Gpt2<F>::resize(int B, int T) {
   }
   lnf_.resize(BT * C), lnf_mean_.resize(BT), lnf_rstd_.resize(BT);
   logits_.resize(BT * m_.vocab), losses_.resize(BT);
+  Scratch& g = scratch_;
+  g.tmp.resize(BT * C), g.dlogits.resize(BT * m_.vocab), g.dlnf.resize(BT * C), g.dres.resize(BT * C);
+  g.dfch_gelu.resize(4 * BT * C), g.dfch.resize(4 * BT * C), g.dln.resize(BT * C), g.datty.resize(BT * C);
+  g.dqkv.resize(3 * BT * C), g.dq.resize(BT * C), g.dk.resize(BT * C), g.dv.resize(BT * C);
+  if (m_.qk_norm) g.dq_raw.resize(BT * C), g.dk_raw.resize(BT * C);
 }
 
 template <typename F>
@@ -88,7 +93,7 @@ F Gpt2<F>::forward(const int32_t* inputs, const int32_t* targets, int B, int T) 
   inputs_.assign(inputs, inputs + static_cast<size_t>(B) * T);
   targets_.assign(targets, targets + static_cast<size_t>(B) * T);
   const int C = m_.dim, H = m_.heads, hd = m_.head_dim(), N = B * T;
-  std::vector<F> tmp(static_cast<size_t>(N) * C);  // (B,T,C) projection outputs
+  std::vector<F>& tmp = scratch_.tmp;  // (B,T,C) projection outputs
 
   encoder_forward(encoded_.data(), inputs, param(P_WTE), param(P_WPE), B, T, C);
   for (int l = 0; l < m_.layers; ++l) {
@@ -98,15 +103,15 @@ F Gpt2<F>::forward(const int32_t* inputs, const int32_t* targets, int B, int T) 
     layernorm_forward(a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), residual,
                       param(P_LN1W, l), param(P_LN1B, l), N, C);
     matmul_forward(a.qkv.data(), a.ln1.data(), param(P_QKVW, l), param(P_QKVB, l), N, C, 3 * C);
-    split_heads(a.q_raw.data(), a.qkv.data(), B, T, H, hd, 3 * C, 0);
-    split_heads(a.k_raw.data(), a.qkv.data(), B, T, H, hd, 3 * C, C);
+    // Without QK-norm, q and k go straight to what attention reads.
+    F* q_split = m_.qk_norm ? a.q_raw.data() : io.q.data();
+    F* k_split = m_.qk_norm ? a.k_raw.data() : io.k.data();
+    split_heads(q_split, a.qkv.data(), B, T, H, hd, 3 * C, 0);
+    split_heads(k_split, a.qkv.data(), B, T, H, hd, 3 * C, C);
     split_heads(io.v.data(), a.qkv.data(), B, T, H, hd, 3 * C, 2 * C);
     if (m_.qk_norm) {
       qk_norm_forward(io.q.data(), a.q_rrms.data(), a.q_raw.data(), param(P_QGAMMA, l), B * H * T, hd);
       qk_norm_forward(io.k.data(), a.k_rrms.data(), a.k_raw.data(), param(P_KGAMMA, l), B * H * T, hd);
-    } else {
-      io.q = a.q_raw;
-      io.k = a.k_raw;
     }
 #pragma omp parallel for
     for (int bh = 0; bh < B * H; ++bh) {
@@ -133,18 +138,18 @@ F Gpt2<F>::forward(const int32_t* inputs, const int32_t* targets, int B, int T) 
 template <typename F>
 void Gpt2<F>::backward(F grad_scale) {
   const int B = B_, T = T_, C = m_.dim, H = m_.heads, hd = m_.head_dim(), N = B * T, V = m_.vocab;
-  const size_t NC = static_cast<size_t>(N) * C;
-  std::vector<F> dlogits(static_cast<size_t>(N) * V);
+  Scratch& g = scratch_;  // sized by resize(); the accumulating ones are zeroed before use
+  auto &dlogits = g.dlogits, &dlnf = g.dlnf, &dres = g.dres, &dfch_gelu = g.dfch_gelu, &dfch = g.dfch;
+  auto &dln = g.dln, &datty = g.datty, &dqkv = g.dqkv, &dq = g.dq, &dk = g.dk, &dv = g.dv;
   crossentropy_backward(dlogits.data(), logits_.data(), targets_.data(), grad_scale / N, N, V);
-  std::vector<F> dlnf(NC, F(0)), dres(NC, F(0));
+  std::fill(dlnf.begin(), dlnf.end(), F(0));
+  std::fill(dres.begin(), dres.end(), F(0));
   matmul_backward(dlnf.data(), grad(P_WTE), static_cast<F*>(nullptr), dlogits.data(), lnf_.data(),
                   param(P_WTE), N, C, V);
   const F* last = m_.layers ? layers_.back().residual3.data() : encoded_.data();
   layernorm_backward(dres.data(), grad(P_LNFW), grad(P_LNFB), dlnf.data(), last, param(P_LNFW),
                      lnf_mean_.data(), lnf_rstd_.data(), N, C);
 
-  std::vector<F> dfch_gelu(4 * NC), dfch(4 * NC), dln(NC), datty(NC), dqkv(3 * NC);
-  std::vector<F> dq(NC), dk(NC), dv(NC), dq_raw(NC), dk_raw(NC);
   for (int l = m_.layers - 1; l >= 0; --l) {
     auto& a = layers_[l];
     auto& io = attn_io_[l];
@@ -172,19 +177,16 @@ void Gpt2<F>::backward(F grad_scale) {
                          a.atty_bh.data() + o, io.dout.data() + o, dq.data() + o, dk.data() + o,
                          dv.data() + o);
     }
-    if (m_.qk_norm) {
-      std::fill(dq_raw.begin(), dq_raw.end(), F(0));
-      std::fill(dk_raw.begin(), dk_raw.end(), F(0));
-      qk_norm_backward(dq_raw.data(), grad(P_QGAMMA, l), dq.data(), a.q_raw.data(),
+    if (m_.qk_norm) {  // back through QK-norm to the projection's q and k
+      std::fill(g.dq_raw.begin(), g.dq_raw.end(), F(0));
+      std::fill(g.dk_raw.begin(), g.dk_raw.end(), F(0));
+      qk_norm_backward(g.dq_raw.data(), grad(P_QGAMMA, l), dq.data(), a.q_raw.data(),
                        param(P_QGAMMA, l), a.q_rrms.data(), B * H * T, hd);
-      qk_norm_backward(dk_raw.data(), grad(P_KGAMMA, l), dk.data(), a.k_raw.data(),
+      qk_norm_backward(g.dk_raw.data(), grad(P_KGAMMA, l), dk.data(), a.k_raw.data(),
                        param(P_KGAMMA, l), a.k_rrms.data(), B * H * T, hd);
-    } else {
-      dq_raw = dq;
-      dk_raw = dk;
     }
-    merge_heads(dqkv.data(), dq_raw.data(), B, T, H, hd, 3 * C, 0);
-    merge_heads(dqkv.data(), dk_raw.data(), B, T, H, hd, 3 * C, C);
+    merge_heads(dqkv.data(), (m_.qk_norm ? g.dq_raw : dq).data(), B, T, H, hd, 3 * C, 0);
+    merge_heads(dqkv.data(), (m_.qk_norm ? g.dk_raw : dk).data(), B, T, H, hd, 3 * C, C);
     merge_heads(dqkv.data(), dv.data(), B, T, H, hd, 3 * C, 2 * C);
     std::fill(dln.begin(), dln.end(), F(0));
     matmul_backward(dln.data(), grad(P_QKVW, l), grad(P_QKVB, l), dqkv.data(), a.ln1.data(),

@@ -35,8 +35,8 @@ class Gpt2 {
   struct LayerActs {
     std::vector<F> ln1, ln1_mean, ln1_rstd;   // (B,T,C), (B,T), (B,T)
     std::vector<F> qkv;                       // (B,T,3C)
-    std::vector<F> q_raw, k_raw;              // (B,H,T,hd) before QK-norm
-    std::vector<F> q_rrms, k_rrms;            // (B,H,T) QK-norm saved statistics
+    std::vector<F> q_raw, k_raw;              // (B,H,T,hd) before QK-norm (qk_norm only)
+    std::vector<F> q_rrms, k_rrms;            // (B,H,T) QK-norm saved statistics (qk_norm only)
     std::vector<F> atty_bh;                   // (B,H,T,hd) attention output
     std::vector<F> atty;                      // (B,T,C)
     std::vector<F> residual2;                 // (B,T,C)
@@ -58,6 +58,17 @@ class Gpt2 {
   std::vector<AttentionIO> attn_io_;          // q, k, v as attention saw them
   std::vector<F> lnf_, lnf_mean_, lnf_rstd_;  // (B,T,C), (B,T), (B,T)
   std::vector<F> logits_, losses_;            // (B,T,V), (B,T)
+  // Working buffers of one step, sized with the activations so that a step
+  // allocates nothing.
+  struct Scratch {
+    std::vector<F> tmp;                       // (B,T,C) projection outputs
+    std::vector<F> dlogits;                   // (B,T,V)
+    std::vector<F> dlnf, dres, dln, datty;    // (B,T,C)
+    std::vector<F> dfch_gelu, dfch;           // (B,T,4C)
+    std::vector<F> dqkv;                      // (B,T,3C)
+    std::vector<F> dq, dk, dv;                // (B,H,T,hd) attention gradients
+    std::vector<F> dq_raw, dk_raw;            // (B,H,T,hd) before QK-norm (qk_norm only)
+  } scratch_;
 };
 
 }  // namespace qattn::cpu
