@@ -51,14 +51,14 @@ void read_kinterval(ObjectReader r, KIntervalOptions& k) {
 }
 
 void read_sage(ObjectReader r, SageOptions& s) {
-  r.integer("block_q", s.block_q, 16, 128);
-  r.integer("block_k", s.block_k, 16, 128);
-  for (const char* key : {"block_q", "block_k"}) {
-    const int v = std::string(key) == "block_q" ? s.block_q : s.block_k;
+  auto block_size = [&r](const char* key, int& v) {  // must divide the kernel tile
+    r.integer(key, v, 16, 128);
     if (v != 16 && v != 32 && v != 64 && v != 128)
       r.error(key, std::to_string(v) + " is not allowed; allowed: 16 | 32 | 64 | 128 "
                                        "(must divide the kernel tile)");
-  }
+  };
+  block_size("block_q", s.block_q);
+  block_size("block_k", s.block_k);
   r.boolean("smooth_k", s.smooth_k);
   r.boolean("smooth_q", s.smooth_q);
   r.choice("bwd_granularity", s.bwd_granularity,
