@@ -120,16 +120,17 @@ void write_status(const std::string& run_dir, const json& status) {
   fs::rename(tmp, path);
 }
 
-// The checkpoint to continue from, per the resume mode (nullopt: start fresh).
-// Only the lead rank (rank 0) deletes checkpoints.
+// The checkpoint to continue from, per the resume mode (nullopt: start fresh),
+// and its directory in `dir` ("" when none). Only the lead rank (rank 0)
+// deletes checkpoints.
 std::optional<Checkpoint> checkpoint_to_resume(const Config& cfg, const std::string& run_dir,
                                                ResumeMode mode, std::vector<std::string>& passed_over,
-                                               bool lead) {
+                                               bool lead, std::string& dir) {
   if (mode == ResumeMode::fresh) {
     if (lead) fs::remove_all(checkpoint_root(run_dir));
     return std::nullopt;
   }
-  const std::string dir = latest_checkpoint(run_dir, &passed_over);
+  dir = latest_checkpoint(run_dir, &passed_over);
   if (dir.empty()) {
     if (mode != ResumeMode::require) return std::nullopt;
     std::string msg = run_dir + ": --resume given, but the run has no valid checkpoint";
@@ -179,7 +180,9 @@ TrainResult train(const Config& cfg, Backend& backend, const std::string& run_di
   std::optional<DirLock> lock;  // the lead writes the run directory; two runs on one would interleave
   if (lead) lock.emplace(run_dir);
   std::vector<std::string> passed_over;
-  std::optional<Checkpoint> resume = checkpoint_to_resume(cfg, run_dir, options.resume, passed_over, lead);
+  std::string resumed_dir;
+  std::optional<Checkpoint> resume =
+      checkpoint_to_resume(cfg, run_dir, options.resume, passed_over, lead, resumed_dir);
   const int64_t resumed_step = resume ? resume->state.step : -1;
   if (resume && resume->params.size() != backend.layout().total)
     throw CheckpointError("checkpoint of step " + std::to_string(resumed_step) + " holds " +
@@ -254,7 +257,7 @@ TrainResult train(const Config& cfg, Backend& backend, const std::string& run_di
 
   TrainResult result;
   result.resumed_from = resumed_step;
-  result.last_checkpoint = latest_checkpoint(run_dir);
+  result.last_checkpoint = resumed_dir;  // not latest_checkpoint() again: that re-hashes every checkpoint
   auto status_json = [&](const std::string& status) {
     return json{{"status", status},
                 {"reason", result.reason},
