@@ -218,6 +218,7 @@ TrainResult train(const Config& cfg, Backend& backend, const std::string& run_di
   DataLoader train_data = open_data("data.train", cfg.data.train, /*shuffle=*/true, backend.rank(), backend.world());
   DataLoader val_data = open_data("data.val", cfg.data.val, /*shuffle=*/false, 0, 1);
   const double fpt = flops_per_token(cfg.model);
+  const double peak = backend.peak_flops() * backend.world();  // 0: unknown, no MFU
   log.info("run {} | backend {} | {} parameters | {} layers x {} dim x {} heads, T {} | attention {}",
            cfg.log.name, backend.name(), num_parameters(cfg.model), cfg.model.layers,
            cfg.model.dim, cfg.model.heads, T, to_string(cfg.attention.kind));
@@ -353,7 +354,6 @@ TrainResult train(const Config& cfg, Backend& backend, const std::string& run_di
     ++session_steps;
     st.train_seconds += ms / 1000.0;
     const double tok_s = tc.tokens_per_step / (ms / 1000.0);
-    const double peak = backend.peak_flops() * backend.world();
     const double mfu = peak > 0 ? fpt * tok_s / peak : 0.0;
 
     const bool eval_now = (cfg.eval.every > 0 && step % cfg.eval.every == 0) || step == tc.steps;
@@ -368,7 +368,7 @@ TrainResult train(const Config& cfg, Backend& backend, const std::string& run_di
     if (skip) log.warn("step {}: loss {:.4f} is {:.2f} sd above its running mean; update skipped", step, loss, z);
     if (diag.is_open() && step % cfg.log.diag_every == 0)
       write_diag(diag, step, backend.diagnostics(probe_in.data(), probe_tg.data(), B, T));
-    if (step % cfg.log.every == 0 || eval_now || step == tc.steps) {
+    if (step % cfg.log.every == 0 || eval_now) {  // eval_now holds at the last step
       const double left_s = session_ms / session_steps * (tc.steps - step) / 1000.0;
       log.info("step {:>6}/{} | loss {:.4f}{} | norm {:.3f} | lr {:.2e} | {:.1f} ms | {:.0f} tok/s{} | {:.0f}s left",
                step, tc.steps, loss, eval_now ? fmt::format(" | val {:.4f}", val) : "", norm, lr, ms,
