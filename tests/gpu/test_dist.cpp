@@ -35,6 +35,7 @@ struct Batch {
 struct Run {
   std::vector<double> loss, norm;
   std::vector<float> params, m, v;
+  double probe_loss = 0;  // forward on a fixed batch with this rank's own bf16 weights
   std::string error;  // an exception on this rank
 };
 
@@ -89,6 +90,8 @@ Run train_steps(Backend& be, const Config& c, const std::vector<Batch>& batches,
     r.norm.push_back(norm);
     be.adamw_step(h, norm > 1.0 ? static_cast<float>(1.0 / norm) : 1.0f, s + 1);
   }
+  const Batch& probe = batches.front();
+  r.probe_loss = be.forward_loss(probe.in.data(), probe.tg.data(), c.train.micro_batch, c.model.seq_len);
   be.get_params(r.params);
   be.get_adam_state(r.m, r.v);
   return r;
@@ -193,8 +196,10 @@ TEST_CASE("two GPUs match one GPU on the same global batches; ZeRO-0 and ZeRO-1 
     const auto runs = run_ranks(small_config(1, zero), batches, steps, 2);
     REQUIRE(runs[0].error.empty());
     REQUIRE(runs[1].error.empty());
-    CHECK(runs[0].params == runs[1].params);  // the replicas never drift apart
-    CHECK(runs[0].loss == runs[1].loss);
+    // The replicas never drift apart. (get_params gathers the shards and the
+    // logged loss is already summed over ranks, so neither could show a drift;
+    // each rank's forward on its own bf16 weights can.)
+    CHECK(runs[0].probe_loss == runs[1].probe_loss);
     check_close(runs[0], one, kLossTol, kStateTol);
     by_stage.push_back(runs[0]);
   }

@@ -1,7 +1,7 @@
 // The whole model on the GPU against the CPU backend (the fp32 reference), on
 // a small config with the same parameters and batches:
 //   one step: loss within 1e-2 (absolute, nats), every parameter tensor's
-//   gradient within a relative L2 of 5e-2 (bf16 activations through 2 layers);
+//   gradient within a relative L2 of 3e-2 (bf16 activations through 2 layers; measured <= 1.1e-2);
 //   20 AdamW steps: every step's loss within 1e-2 of the CPU run's.
 // Also: loss and grad norm are bit-identical when a step is repeated; the
 // diagnostics agree with the CPU backend's and leave the gradients alone.
@@ -17,7 +17,7 @@ using namespace qattn::test;
 namespace {
 
 constexpr double kLossTol = 1e-2;
-constexpr double kGradTol = 5e-2;
+constexpr double kGradTol = 3e-2;
 
 Config small_config(bool qk_norm) {
   Config c;
