@@ -17,6 +17,7 @@ namespace {
 // A repeating, learnable sequence: "abcab..." patterns with some variety.
 fs::path make_corpus() {
   const fs::path d = fs::temp_directory_path() / ("qattn_train_" + std::to_string(::getpid()));
+  fs::remove_all(d);  // a stale run of a reused pid would otherwise resume
   fs::create_directories(d);
   std::vector<uint16_t> t;
   for (int i = 0; t.size() < 20000; ++i)
