@@ -25,6 +25,7 @@
 #include <thread>
 
 #include "commands.hpp"
+#include "qattn/atomic_file.hpp"
 #include "qattn/checkpoint.hpp"
 #include "qattn/config.hpp"
 #include "qattn/sweep.hpp"
@@ -96,8 +97,10 @@ std::string describe_exit(int wstatus) {
 
 // Records a child that ended without a status of its own (config error, crash).
 void mark_failed(const std::string& run_dir, const std::string& why) {
-  std::ofstream f(fs::path(run_dir) / "status.json", std::ios::trunc);
-  f << nlohmann::json{{"status", "failed"}, {"reason", why + "; see console.log"}}.dump(2) << '\n';
+  // Atomic like the trainer's own status writes: a reader never sees half a file.
+  write_file_atomically((fs::path(run_dir) / "status.json").string(), [&](std::ostream& f) {
+    f << nlohmann::json{{"status", "failed"}, {"reason", why + "; see console.log"}}.dump(2) << '\n';
+  });
 }
 
 void print_plan(const Sweep& s, const std::vector<RunOutcome>& outcomes) {

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "qattn/atomic_file.hpp"
 #include "qattn/data.hpp"
 
 namespace qattn {
@@ -65,15 +66,14 @@ void write_shard(const std::string& path, const uint16_t* tokens, size_t count) 
   h.words[0] = kShardMagic;
   h.words[1] = kShardVersion;
   h.words[2] = static_cast<int32_t>(static_cast<uint32_t>(count));
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    if (!f) throw DataError("shard " + path + ": cannot create " + tmp);
-    f.write(reinterpret_cast<const char*>(&h), sizeof h);
-    f.write(reinterpret_cast<const char*>(tokens), static_cast<std::streamsize>(2 * count));
-    if (!f) throw DataError("shard " + path + ": write failed (disk full?)");
+  try {
+    write_file_atomically(path, [&](std::ostream& f) {
+      f.write(reinterpret_cast<const char*>(&h), sizeof h);
+      f.write(reinterpret_cast<const char*>(tokens), static_cast<std::streamsize>(2 * count));
+    }, /*binary=*/true);
+  } catch (const std::runtime_error& e) {
+    throw DataError(std::string("shard ") + e.what());
   }
-  std::filesystem::rename(tmp, path);
 }
 
 std::vector<std::string> expand_glob(const std::string& pattern) {

@@ -1,4 +1,5 @@
 // llm.c model files: write (fp32 / bf16) and read, mapped onto ParamLayout.
+#include "qattn/atomic_file.hpp"
 #include "qattn/llmc_model.hpp"
 
 #include <array>
@@ -78,21 +79,20 @@ void write_llmc_model(const std::string& path, const ModelConfig& m, const std::
   values.resize(values.size() + static_cast<size_t>(vp - m.vocab) * m.dim, 0.0f);
   values.insert(values.end(), end_of(P_WTE), end_of(P_LNFB));
 
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    if (!f) throw LlmcError(path + ": cannot create " + tmp);
-    f.write(reinterpret_cast<const char*>(header.data()), sizeof header);
-    if (version == kLlmcVersionFp32) {
-      f.write(reinterpret_cast<const char*>(values.data()), static_cast<std::streamsize>(values.size() * 4));
-    } else {
-      std::vector<uint16_t> half(values.size());
-      for (size_t i = 0; i < values.size(); ++i) half[i] = bf16_from_float(values[i]);
-      f.write(reinterpret_cast<const char*>(half.data()), static_cast<std::streamsize>(half.size() * 2));
-    }
-    if (!f) throw LlmcError(path + ": write failed (disk full?)");
+  try {
+    write_file_atomically(path, [&](std::ostream& f) {
+      f.write(reinterpret_cast<const char*>(header.data()), sizeof header);
+      if (version == kLlmcVersionFp32) {
+        f.write(reinterpret_cast<const char*>(values.data()), static_cast<std::streamsize>(values.size() * 4));
+      } else {
+        std::vector<uint16_t> half(values.size());
+        for (size_t i = 0; i < values.size(); ++i) half[i] = bf16_from_float(values[i]);
+        f.write(reinterpret_cast<const char*>(half.data()), static_cast<std::streamsize>(half.size() * 2));
+      }
+    }, /*binary=*/true);
+  } catch (const std::runtime_error& e) {
+    throw LlmcError(e.what());
   }
-  std::filesystem::rename(tmp, path);
 }
 
 LlmcModel read_llmc_model(const std::string& path) {

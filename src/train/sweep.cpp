@@ -1,4 +1,5 @@
 // Sweep files -> runs with stable ids, and run outcomes -> summary tables.
+#include "qattn/atomic_file.hpp"
 #include "qattn/sweep.hpp"
 
 #include <algorithm>
@@ -473,13 +474,11 @@ std::string write_summary(const Sweep& s, const std::vector<RunOutcome>& outcome
   }
 
   for (const auto& [name, text] : {std::pair{"summary.csv", csv.str()}, std::pair{"summary.md", md.str()}}) {
-    const fs::path path = fs::path(s.dir()) / name, tmp = fs::path(s.dir()) / (std::string(".") + name + ".tmp");
-    {
-      std::ofstream f(tmp, std::ios::trunc);
-      f << text;
-      if (!f) throw SweepError(path.string() + ": write failed");
+    try {
+      write_file_atomically((fs::path(s.dir()) / name).string(), [&](std::ostream& f) { f << text; });
+    } catch (const std::runtime_error& e) {
+      throw SweepError(e.what());
     }
-    fs::rename(tmp, path);
   }
   return md.str();
 }

@@ -3,6 +3,7 @@
 // rule, clip, AdamW, a metrics row, and on their schedules an evaluation, the
 // SPEC §5 diagnostics and a checkpoint. A run continues from its newest valid
 // checkpoint bit-exactly: the checkpoint holds everything the loop reads.
+#include "qattn/atomic_file.hpp"
 #include "qattn/trainer.hpp"
 
 #include <spdlog/sinks/basic_file_sink.h>
@@ -112,12 +113,8 @@ std::ofstream open_csv(const std::string& path, const char* header, int64_t step
 }
 
 void write_status(const std::string& run_dir, const json& status) {
-  const fs::path path = fs::path(run_dir) / "status.json", tmp = fs::path(run_dir) / ".status.json.tmp";
-  {
-    std::ofstream f(tmp, std::ios::trunc);
-    f << status.dump(2) << '\n';
-  }
-  fs::rename(tmp, path);
+  write_file_atomically((fs::path(run_dir) / "status.json").string(),
+                        [&](std::ostream& f) { f << status.dump(2) << '\n'; });
 }
 
 // The checkpoint to continue from, per the resume mode (nullopt: start fresh),

@@ -5,6 +5,7 @@
 #include <fstream>
 #include <numeric>
 
+#include "qattn/atomic_file.hpp"
 #include "qattn/data.hpp"
 
 namespace fs = std::filesystem;
@@ -34,7 +35,23 @@ TEST_CASE("shards round-trip through write_shard/read_shard", "[data]") {
   std::iota(tokens.begin(), tokens.end(), 0);
   qattn::write_shard((d / "a.bin").string(), tokens.data(), tokens.size());
   CHECK(qattn::read_shard((d / "a.bin").string()) == tokens);
-  CHECK(!fs::exists(d / "a.bin.tmp"));
+  CHECK(!fs::exists(d / ".a.bin.tmp"));
+}
+
+TEST_CASE("an atomic write that fails leaves the old file and no temporary", "[data]") {
+  const auto d = temp_dir("atomic");
+  const std::string path = (d / "f.txt").string();
+  qattn::write_file_atomically(path, [](std::ostream& f) { f << "old"; });
+  CHECK_THROWS_WITH(qattn::write_file_atomically(path, [](std::ostream& f) {
+                      f << "half";
+                      f.setstate(std::ios::badbit);  // what a full disk does to the stream
+                    }),
+                    Catch::Contains("f.txt") && Catch::Contains("write failed"));
+  std::ifstream in(path);
+  std::string text;
+  in >> text;
+  CHECK(text == "old");
+  CHECK(!fs::exists(d / ".f.txt.tmp"));
 }
 
 TEST_CASE("bad shards stop with their path and what is wrong", "[data]") {
