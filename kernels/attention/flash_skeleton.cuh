@@ -375,12 +375,8 @@ __device__ __noinline__ void backward_dq_block(const BackwardParams p, int q_blo
   store_tile<Tr::kThreads>(q_tile, p.dqkv + qkv_offset(b, q0, 0, h, p.T, p.H, D), ld, p.T - q0);
 }
 
-// The two halves as launches of their own (grids as in flash_backward_kernel).
-template <class Tr, class Operands, class Softmax>
-__global__ void __launch_bounds__(Tr::kThreads) flash_backward_dkdv_kernel(const BackwardParams p) {
-  extern __shared__ __align__(128) unsigned char smem[];
-  backward_dkdv_block<Tr, Operands, Softmax>(p, blockIdx.x, smem);
-}
+// The dQ half as a launch of its own (grid as in flash_backward_kernel), for
+// K-interval's probability-STE backward, which needs FPA's dQ.
 template <class Tr, class Operands, class Softmax>
 __global__ void __launch_bounds__(Tr::kThreads) flash_backward_dq_kernel(const BackwardParams p) {
   extern __shared__ __align__(128) unsigned char smem[];
