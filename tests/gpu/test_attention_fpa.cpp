@@ -18,6 +18,7 @@
 #include "attention/attention.cuh"
 #include "attention/reference_check.hpp"
 #include "common.cuh"
+#include "gpu_test_util.hpp"
 
 namespace {
 
@@ -27,21 +28,7 @@ using qattn::cuda::AttentionErrorSums;
 using qattn::cuda::AttentionShape;
 using bf16 = __nv_bfloat16;
 
-template <typename T>
-struct DeviceBuffer {
-  T* ptr = nullptr;
-  explicit DeviceBuffer(size_t n) { CUDA_CHECK(cudaMalloc(&ptr, n * sizeof(T))); }
-  ~DeviceBuffer() { cudaFree(ptr); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-};
-
-template <typename T>
-std::vector<T> to_host(const T* dev, size_t n) {
-  std::vector<T> h(n);
-  CUDA_CHECK(cudaMemcpy(h.data(), dev, n * sizeof(T), cudaMemcpyDeviceToHost));
-  return h;
-}
+using qattn::test::DeviceBuffer;
 
 std::vector<bf16> random_bf16(size_t n, std::mt19937_64& rng) {
   std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -65,24 +52,24 @@ AttentionErrors check_fpa(const AttentionShape& s, unsigned long long seed) {
   DeviceBuffer<bf16> d_qkv(n_qkv), d_o(n_o), d_dout(n_o), d_dqkv(n_qkv), d_dqkv2(n_qkv);
   DeviceBuffer<float> d_stats(n_stats);
   DeviceBuffer<unsigned char> d_work(qattn::cuda::attention_workspace_bytes(cfg, s));
-  CUDA_CHECK(cudaMemcpy(d_qkv.ptr, qkv.data(), n_qkv * sizeof(bf16), cudaMemcpyHostToDevice));
-  CUDA_CHECK(cudaMemcpy(d_dout.ptr, dout.data(), n_o * sizeof(bf16), cudaMemcpyHostToDevice));
+  d_qkv.upload(qkv);
+  d_dout.upload(dout);
   // Poison: all-ones bytes are NaN in bf16 and fp32.
-  CUDA_CHECK(cudaMemset(d_o.ptr, 0xFF, n_o * sizeof(bf16)));
-  CUDA_CHECK(cudaMemset(d_stats.ptr, 0xFF, n_stats * sizeof(float)));
-  CUDA_CHECK(cudaMemset(d_dqkv.ptr, 0xFF, n_qkv * sizeof(bf16)));
-  CUDA_CHECK(cudaMemset(d_dqkv2.ptr, 0xFF, n_qkv * sizeof(bf16)));
+  d_o.poison();
+  d_stats.poison();
+  d_dqkv.poison();
+  d_dqkv2.poison();
 
-  qattn::cuda::attention_forward(cfg, s, d_qkv.ptr, d_o.ptr, d_stats.ptr, d_work.ptr, nullptr);
-  qattn::cuda::attention_backward(cfg, s, d_qkv.ptr, d_o.ptr, d_dout.ptr, d_stats.ptr, d_dqkv.ptr,
-                                  d_work.ptr, nullptr);
-  qattn::cuda::attention_backward(cfg, s, d_qkv.ptr, d_o.ptr, d_dout.ptr, d_stats.ptr, d_dqkv2.ptr,
-                                  d_work.ptr, nullptr);
+  qattn::cuda::attention_forward(cfg, s, d_qkv.get(), d_o.get(), d_stats.get(), d_work.get(),
+                                 nullptr);
+  for (auto* dqkv_out : {&d_dqkv, &d_dqkv2})
+    qattn::cuda::attention_backward(cfg, s, d_qkv.get(), d_o.get(), d_dout.get(), d_stats.get(),
+                                    dqkv_out->get(), d_work.get(), nullptr);
   CUDA_CHECK(cudaDeviceSynchronize());
-  const auto o = to_host(d_o.ptr, n_o);
-  const auto stats = to_host(d_stats.ptr, n_stats);
-  const auto dqkv = to_host(d_dqkv.ptr, n_qkv);
-  const auto dqkv2 = to_host(d_dqkv2.ptr, n_qkv);
+  const auto o = d_o.download();
+  const auto stats = d_stats.download();
+  const auto dqkv = d_dqkv.download();
+  const auto dqkv2 = d_dqkv2.download();
   // Deterministic backward: two runs agree bit for bit.
   CHECK(std::memcmp(dqkv.data(), dqkv2.data(), n_qkv * sizeof(bf16)) == 0);
 
