@@ -1,16 +1,26 @@
 #!/usr/bin/env bash
-# One call on the GPU machine for both papers' small-scale grids within a time
+# One call on the GPU machine for the papers' small-scale grids within a time
 # budget: prepare the pycode corpus, measure the small model's speed per
-# attention kind, choose the tokens per run so that the planned runs fit, run
-# both sweeps side by side (one run of each at a time on the one GPU) until the
-# deadline, then summarise, plot and pack everything into $OUT/results.tar.gz.
-# Runs the binary built on the workstation (build-repro/qattn, carried with
-# .deps/ and data/cache/gpt2; the device cannot configure the project).
-#   usage (device): tools/device_reproduce.sh [BUDGET_S]   (default 500)
+# attention kind (one probe per GPU at a time), choose the tokens per run so
+# that the planned runs fit on the given GPUs, run the sweeps side by side
+# until the deadline, then summarise, plot and pack everything into
+# $OUT/results.tar.gz. Runs the binary built on the workstation
+# (build-repro/qattn, carried with .deps/ and data/cache/gpt2; the device
+# cannot configure the project).
+#   usage (device): tools/device_reproduce.sh [BUDGET_S [PAPERS [GPUS]]]
+#     BUDGET_S  seconds for the whole call (default 500)
+#     PAPERS    kinterval,sagebwd (default both; side by side on the GPUs)
+#     GPUS      GPU list for the sweeps, e.g. 0,1 (default 0)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 START=$(date +%s)
 BUDGET=${1:-500}
+IFS=, read -r -a WANTED <<< "${2:-kinterval,sagebwd}"
+GPUS=${3:-0}
+IFS=, read -r -a GPU_LIST <<< "$GPUS"
+for paper in "${WANTED[@]}"; do
+  [[ $paper == kinterval || $paper == sagebwd ]] || { echo "PAPERS: '$paper' is not allowed; allowed: kinterval, sagebwd" >&2; exit 2; }
+done
 DEADLINE=$((START + BUDGET))
 # Reserved at the end: running runs checkpoint on SIGTERM, summaries, plots, tar.
 FINAL_RESERVE_S=35
@@ -34,10 +44,10 @@ log "data ready"
 
 # ---- speed of the small model per attention kind (tokens per step as the K-interval grid)
 BASE=configs/repro/gpt2_6l384_pycode.json
-probe() {  # probe NAME [--set ...]: median tokens/s of steps 3..10 (0 when the run failed)
-  local name=$1 speed
-  shift
-  timeout 45 "$QATTN_BIN" train "$BASE" --set train.tokens=655360 --set train.tokens_per_step=65536 \
+probe() {  # probe GPU NAME [--set ...]: median tokens/s of steps 3..10 (0 when the run failed)
+  local gpu=$1 name=$2 speed
+  shift 2
+  CUDA_VISIBLE_DEVICES=$gpu timeout 45 "$QATTN_BIN" train "$BASE" --set train.tokens=655360 --set train.tokens_per_step=65536 \
     --set train.warmup=1 --set eval.every=0 --set eval.batches=1 --set log.diag_every=0 \
     --set log.out=/tmp/qattn_probe --set log.name="$name" "$@" > "/tmp/qattn_probe_$name.log" 2>&1 ||
     log "probe $name failed: $(tail -n 3 "/tmp/qattn_probe_$name.log")" >&2
@@ -45,10 +55,18 @@ probe() {  # probe NAME [--set ...]: median tokens/s of steps 3..10 (0 when the 
     "/tmp/qattn_probe/$name/metrics.csv" 2> /dev/null)
   echo "${speed:-0}"
 }
-FPA=$(probe fpa)
-SAGE=$(probe sage --set attention.kind=sage)
-KI=$(probe kinterval --set attention.kind=kinterval --set attention.kinterval.calibration=fwm \
-  --set attention.kinterval.rounding=nearest --set attention.kinterval.ste=prob)
+# Only the kinds the wanted papers use, each probe on a GPU of its own when there are several.
+want() { [[ " ${WANTED[*]} " == *" $1 "* ]]; }
+gpu_of() { echo "${GPU_LIST[$(($1 % ${#GPU_LIST[@]}))]}"; }
+SAGE=0 KI=0
+probe "$(gpu_of 0)" fpa > /tmp/qattn_speed_fpa &
+want sagebwd && probe "$(gpu_of 1)" sage --set attention.kind=sage > /tmp/qattn_speed_sage &
+want kinterval && probe "$(gpu_of 2)" kinterval --set attention.kind=kinterval --set attention.kinterval.calibration=fwm \
+  --set attention.kinterval.rounding=nearest --set attention.kinterval.ste=prob > /tmp/qattn_speed_kinterval &
+wait
+FPA=$(cat /tmp/qattn_speed_fpa)
+want sagebwd && SAGE=$(cat /tmp/qattn_speed_sage)
+want kinterval && KI=$(cat /tmp/qattn_speed_kinterval)
 log "speed, tokens/s: fpa $FPA, sage $SAGE, kinterval (nearest, prob STE) $KI"
 
 # ---- tokens per run: the planned runs (seed 1 of every cell, and seed 2 of
@@ -56,22 +74,22 @@ log "speed, tokens/s: fpa $FPA, sage $SAGE, kinterval (nearest, prob STE) $KI"
 # whose attention kind failed its probe is left out (its kernel would fail or
 # hang every run).
 PAPERS=()
-((KI > 0)) && PAPERS+=(kinterval)
-((SAGE > 0)) && PAPERS+=(sagebwd)
+want kinterval && ((KI > 0)) && PAPERS+=(kinterval)
+want sagebwd && ((SAGE > 0)) && PAPERS+=(sagebwd)
 ((FPA > 0)) || PAPERS=()
 ((${#PAPERS[@]} > 0)) || { log "no attention kind ran; nothing to reproduce"; exit 1; }
 TOKENS=$(python3 - "$FPA" "$SAGE" "$KI" "$((DEADLINE - $(date +%s) - FINAL_RESERVE_S))" "$RUN_OVERHEAD_S" \
-  "${PAPERS[@]}" <<'PY'
+  "${#GPU_LIST[@]}" "${PAPERS[@]}" <<'PY'
 import sys
-fpa, sage, ki, left, overhead = (float(x) for x in sys.argv[1:6])
+fpa, sage, ki, left, overhead, gpus = (float(x) for x in sys.argv[1:7])
 speed = {"fpa": fpa, "sage": sage, "kinterval": ki}
 # (kind, runs) per paper: K-interval seed 1: fpa + 11 kinterval cells, seed 2 of
 # the first 5 cells (fpa + 4); SageBwd seed 1: 4 fpa + 7 sage cells, seed 2 of
 # the first 4 (2 + 2).
 plans = {"kinterval": [("fpa", 1 + 1), ("kinterval", 11 + 4)], "sagebwd": [("fpa", 4 + 2), ("sage", 7 + 2)]}
-plan = [entry for paper in sys.argv[6:] for entry in plans[paper]]
+plan = [entry for paper in sys.argv[7:] for entry in plans[paper]]
 runs = sum(n for _, n in plan)
-tokens = (left - overhead * runs) / sum(n / speed[k] for k, n in plan)
+tokens = (gpus * left - overhead * runs) / sum(n / speed[k] for k, n in plan)
 step = 262144  # the largest tokens per step of the grids
 print(max(4 * step, int(tokens // step) * step))
 PY
@@ -85,7 +103,7 @@ log "papers: ${PAPERS[*]}; tokens per run: $TOKENS"
 SWEEP_DEADLINE=$((DEADLINE - FINAL_RESERVE_S + 20))
 PIDS=()
 for paper in "${PAPERS[@]}"; do
-  "tools/reproduce_$paper.sh" --no-data --tokens "$TOKENS" --deadline "$SWEEP_DEADLINE" --set log.diag_every=0 \
+  "tools/reproduce_$paper.sh" --no-data --tokens "$TOKENS" --deadline "$SWEEP_DEADLINE" --gpus "$GPUS" \
     > "$OUT/$paper.log" 2>&1 &
   PIDS+=($!)
 done

@@ -50,7 +50,7 @@ void read_kinterval(ObjectReader r, KIntervalOptions& k) {
   r.finish();
 }
 
-void read_sage(ObjectReader r, SageOptions& s) {
+void read_sage(ObjectReader r, SageOptions& s, std::vector<std::string>& warnings) {
   auto block_size = [&r](const char* key, int& v) {  // must divide the kernel tile
     r.integer(key, v, 16, 128);
     if (v != 16 && v != 32 && v != 64 && v != 128)
@@ -76,15 +76,21 @@ void read_sage(ObjectReader r, SageOptions& s) {
     p.finish();
   }
   if (r.has("softmax")) {
+    // "exact" is sage's own online softmax (as without the block): a sweep can
+    // then vary softmax.kind alone and keep the K-interval options in "set".
+    const bool options_given = r.raw("softmax")->is_object() && r.raw("softmax")->size() > 1;
     ObjectReader sm = r.object("softmax");
     std::string kind = "kinterval";
     sm.string("kind", kind);
-    if (kind != "kinterval")
-      sm.error("kind", "\"" + kind + "\" is not allowed; allowed: \"kinterval\"");
+    if (kind != "kinterval" && kind != "exact")
+      sm.error("kind", "\"" + kind + "\" is not allowed; allowed: \"exact\" | \"kinterval\"");
     // The remaining keys are the kinterval options; read them from the same object.
     KIntervalOptions k;
     read_kinterval(std::move(sm), k);  // "kind" was asked above, so it is not unknown
-    s.softmax = k;
+    if (kind == "kinterval")
+      s.softmax = k;
+    else if (options_given)
+      warnings.push_back("attention.sage.softmax: K-interval options unused, kind is \"exact\"");
   }
   r.finish();
 }
@@ -95,7 +101,7 @@ void read_attention(ObjectReader r, AttentionConfig& a, std::vector<std::string>
                             {"kinterval", AttentionKind::kinterval}});
   const bool ste_given = r.raw("kinterval") && r.raw("kinterval")->is_object() &&
                          r.raw("kinterval")->contains("ste");
-  read_sage(r.object("sage"), a.sage);
+  read_sage(r.object("sage"), a.sage, warnings);
   read_kinterval(r.object("kinterval"), a.kinterval);
   if (ste_given && a.kinterval.rounding == Rounding::lerp)
     warnings.push_back("attention.kinterval.ste: unused with rounding \"lerp\" (lerp has an exact gradient)");

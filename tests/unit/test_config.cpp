@@ -59,7 +59,7 @@ TEST_CASE("bad configs name the JSON path, the value and what is allowed", "[con
       {{"attention.kinterval.window=0"}, "attention.kinterval.window: 0 is out of range; allowed: > 0"},
       {{"attention.sage.block_q=48"}, "attention.sage.block_q: 48 is not allowed"},
       {{"attention.sage.precision.dp=fp8"}, "attention.sage.precision.dp: \"fp8\" is not allowed"},
-      {{"attention.sage.softmax.kind=sage"}, "attention.sage.softmax.kind: \"sage\" is not allowed"},
+      {{"attention.sage.softmax.kind=sage"}, "attention.sage.softmax.kind: \"sage\" is not allowed; allowed: \"exact\" | \"kinterval\""},
       {{"eval.batches=0"}, "eval.batches: 0 is out of range"},
       {{"dist.zero_stage=3"}, "dist.zero_stage: 3 is out of range"},
       {{"bogus.x=1"}, "bogus: unknown key"},
@@ -113,6 +113,24 @@ TEST_CASE("ste with lerp is legal but warned about", "[config]") {
   const auto c = qattn::config_from_json(j);
   REQUIRE(c.warnings.size() == 1);
   CHECK_THAT(c.warnings[0], Catch::Contains("attention.kinterval.ste"));
+}
+
+TEST_CASE("sage's softmax block: kinterval sets the options, exact is the plain softmax", "[config]") {
+  json j = good();
+  qattn::apply_override(j, "attention.kind=sage");
+  qattn::apply_override(j, "attention.sage.softmax.K=16");
+  qattn::apply_override(j, "attention.sage.softmax.calibration=fwm");
+  const auto quantised = qattn::config_from_json(j);  // kind defaults to kinterval
+  REQUIRE(quantised.attention.sage.softmax.has_value());
+  CHECK(quantised.attention.sage.softmax->K == 16);
+  CHECK(quantised.attention.sage.softmax->calibration == qattn::Calibration::fwm);
+  CHECK(quantised.warnings.empty());
+
+  qattn::apply_override(j, "attention.sage.softmax.kind=exact");
+  const auto exact = qattn::config_from_json(j);
+  CHECK_FALSE(exact.attention.sage.softmax.has_value());
+  REQUIRE(exact.warnings.size() == 1);
+  CHECK_THAT(exact.warnings[0], Catch::Contains("attention.sage.softmax"));
 }
 
 TEST_CASE("a missing config file and bad JSON name the file", "[config]") {
