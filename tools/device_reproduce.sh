@@ -24,9 +24,9 @@ done
 DEADLINE=$((START + BUDGET))
 # Reserved at the end: running runs checkpoint on SIGTERM, summaries, plots, tar.
 FINAL_RESERVE_S=35
-# Planned per run besides its tokens: start-up, step-0 and final evaluation,
-# final checkpoint (partly hidden by the other sweep's run on the same GPU).
-RUN_OVERHEAD_S=3
+# Planned per run besides its tokens: start-up, evaluations, the diagnostics
+# step, final checkpoint.
+RUN_OVERHEAD_S=8
 OUT=${OUT:-/tmp/qattn_out}
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH=$PWD/.deps/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
@@ -96,10 +96,9 @@ PY
 )
 log "papers: ${PAPERS[*]}; tokens per run: $TOKENS"
 
-# ---- the grids side by side until the deadline. No SPEC §5 diagnostics here:
-# each diagnostics step computes fp64 CPU references of every layer's heads
-# (~1 s per head on this machine, ~8 s for the 6-layer model), as much as a
-# whole run's training at this budget. The committed sweeps keep them.
+# ---- the grids side by side until the deadline. The sweeps ask for one SPEC §5
+# diagnostics step per run, at its end (fp64 CPU references of every layer's
+# heads, a few seconds: part of RUN_OVERHEAD_S).
 SWEEP_DEADLINE=$((DEADLINE - FINAL_RESERVE_S + 20))
 PIDS=()
 for paper in "${PAPERS[@]}"; do
