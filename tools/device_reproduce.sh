@@ -11,6 +11,8 @@
 #     BUDGET_S  seconds for the whole call (default 500)
 #     PAPERS    kinterval,sagebwd (default both; side by side on the GPUs)
 #     GPUS      GPU list for the sweeps, e.g. 0,1 (default 0)
+#   environment: QATTN_BIN (default build-repro/qattn), TOKENS_PER_RUN (a fixed
+#   budget instead of the planned one), OUT (default /tmp/qattn_out)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 START=$(date +%s)
@@ -94,6 +96,8 @@ step = 262144  # the largest tokens per step of the grids
 print(max(4 * step, int(tokens // step) * step))
 PY
 )
+# TOKENS_PER_RUN (environment) fixes the budget instead, e.g. to match another paper's call.
+[[ -n ${TOKENS_PER_RUN:-} ]] && TOKENS=$TOKENS_PER_RUN
 log "papers: ${PAPERS[*]}; tokens per run: $TOKENS"
 
 # ---- the grids side by side until the deadline. The sweeps ask for one SPEC §5
