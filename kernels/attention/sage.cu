@@ -418,7 +418,8 @@ __global__ void __launch_bounds__(kThreads) sage_backward_dq_kernel(const SagePa
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int row = q0 + row0 + frag_row(2 * half);
-      rows[half].terms = row < p.T ? softmax.row_terms(sums[half], rows[half].st) : float4{};
+      const float4 made = softmax.row_terms(sums[half], rows[half].st);  // every lane: it shuffles
+      rows[half].terms = row < p.T ? made : float4{};
       if (threadIdx.x % 4 == 0) reinterpret_cast<float4*>(terms)[row] = rows[half].terms;
     }
   }
