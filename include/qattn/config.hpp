@@ -93,6 +93,9 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
                    int world_size = 1);
 Config config_from_json(const nlohmann::json& j, const std::string& source = "",
                         int world_size = 1);
+// Only the "attention" section of j (absent: the defaults), validated as in a
+// full config; for tools that need no run (qattn bench attention). Throws ConfigError.
+AttentionConfig attention_config_from_json(const nlohmann::json& j);
 // Applies one "a.b.c=value" override to j (creating objects as needed).
 void apply_override(nlohmann::json& j, const std::string& assignment);
 

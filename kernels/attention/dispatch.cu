@@ -29,7 +29,8 @@ void check_shape(const AttentionShape& s) {
 
 int attention_row_stats(const AttentionConfig& cfg) {
   if (cfg.kind == AttentionKind::kinterval) return kinterval_row_stats();
-  return 1;  // L = m + log l (fpa: of c q.k; sage: of the quantised scores)
+  if (cfg.kind == AttentionKind::sage) return sage_row_stats(cfg.sage);
+  return 1;  // L = m + log l of c q.k
 }
 
 size_t attention_workspace_bytes(const AttentionConfig& cfg, const AttentionShape& s) {

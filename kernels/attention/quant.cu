@@ -186,6 +186,7 @@ SageWorkspace carve(const SageOptions& opt, const AttentionShape& s, Carver& c) 
   ws.query_mean = c.take<float>(heads * ws.blocks * s.d);
   ws.query_bias = opt.smooth_q ? c.take<float>(heads * ws.blocks * ws.Tp) : nullptr;
   ws.delta = c.take<float>(heads * ws.Tp);
+  ws.row_terms = opt.softmax ? c.take<float>(heads * ws.Tp * 4) : nullptr;
   return ws;
 }
 

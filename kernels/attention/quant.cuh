@@ -41,6 +41,8 @@ struct SageWorkspace {
   float* query_mean;          // (B·H, blocks, d)  μ_Q per block (smooth_q)
   float* query_bias;          // (B·H, blocks, Tp) c·μ_Qi·(K_j − μ_K) (smooth_q; else null)
   float* delta;               // (B·H, Tp)         δ = rowsum(dO ∘ O) (backward)
+  float* row_terms;           // (B·H, Tp, 4)      the K-interval composition's backward row
+                              //                   terms (sage_softmax.cuh; softmax block only, else null)
 };
 
 size_t sage_workspace_bytes(const SageOptions& opt, const AttentionShape& s);

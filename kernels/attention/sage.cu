@@ -8,8 +8,9 @@
 // at run time (six precision flags, one kernel per head dim), with per-block
 // scales, and the int8 weight products need T-transposed copies. What they share
 // is used as is: the warp tile primitives (tile_mma.cuh) and the online softmax
-// policy (online_softmax.cuh). The Softmax template parameter is the hook for
-// the K-interval composition (SPEC §4, "sage may take a softmax block").
+// policy (online_softmax.cuh). The Softmax template parameter (sage_softmax.cuh)
+// is plain SageBwd's exact softmax or the K-interval composition (SPEC §4,
+// "sage may take a softmax block").
 //
 // Tiles: 4 warps x 16 rows = 64 rows resident, 64-row steps: every tile is one
 // quantisation block, so each product has one scale per operand (times the
@@ -17,12 +18,15 @@
 //   forward   per query block, key blocks 0 .. diagonal:
 //             S = Q̂K̂ᵀ·s_Q·s_K (+ smooth_q bias) -> mask -> online softmax ->
 //             O += ψ_row(P̃)·V̂ · s_P·s_V;  O /= l, L = m + log l
+//             (K-interval: a first pass over the keys for each row's max and
+//             min; then P̃ = ŵ, O /= Ẑ, the row's RowStats saved instead of L)
+//   dQ        per query block, key blocks 0 .. diagonal: P, dP, dS (below);
+//             dQ += c·ψ(dS)·K̂ (K-interval: a first sweep over the keys for
+//             the row terms ḡ, dL/dm, dL/dℓ, saved for the dK/dV kernel)
 //   dK, dV    per key block, query blocks diagonal .. end, transposed tiles
 //             (keys x queries) so Pᵀ, dSᵀ are A operands straight from registers:
 //             Pᵀ = exp(Sᵀ − L); dV += ψ(Pᵀ)·dÔ; dPᵀ = V·dOᵀ; dSᵀ = Pᵀ ∘ (dPᵀ − δ);
 //             dK += ψ(dSᵀ)·Q̂ (+ smooth_q: c·(dSᵀ1)·μ_Qᵀ)
-//   dQ        per query block, key blocks 0 .. diagonal: P, dP, dS as above;
-//             dQ += c·ψ(dS)·K̂
 // ψ of Pᵀ and dS: one scale per row of the warp's tile (= per key for dV and dK,
 // per query for dQ: "rowcol"), or one per 64x64 tile ("tile").
 // Deterministic: every output element has one writer; sums run in a fixed order.
@@ -30,18 +34,21 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "attention/int8_operands.cuh"
 #include "attention/online_softmax.cuh"
 #include "attention/pipeline.cuh"
 #include "attention/quant.cuh"
 #include "attention/sage.cuh"
+#include "attention/sage_softmax.cuh"
 #include "attention/tile_mma.cuh"
 
 namespace qattn::cuda {
 namespace {
 
 using namespace flash;
+using namespace sage;
 
 constexpr int kWarps = 4, kThreads = 32 * kWarps;
 constexpr int kTile = kSageBlock;  // rows of every tile; 16 per warp
@@ -49,8 +56,11 @@ constexpr int kTileN = kTile / 8;  // 8-column accumulator tiles across a tile
 
 struct SageParams {
   SageWorkspace ws;
-  float* lse_out;    // (B, H, T) L, written by the forward
-  const float* lse;  // (B, H, T) L, read by the backward
+  float* stats_out;    // (B, H, T, Softmax::kStatFloats) written by the forward (L, or RowStats)
+  const float* stats;  // the same, read by the backward
+  float* row_terms;    // (B, H, Tp, Softmax::kTermFloats) the backward's row terms: the
+                       // pre-pass's δ, or the K-interval dQ kernel's row sweep
+  SoftmaxOptions softmax;  // the softmax block (K-interval composition)
   bf16* o;           // (B, T, H, d), forward
   bf16* dqkv;        // (B, T, 3, H, d), backward
   int B, H, T;
@@ -92,12 +102,14 @@ template <int D>
 __host__ __device__ SmemPlan<1, 2> forward_plan(const SageParams& p) {
   return SmemPlan<1, 2>({natural_bytes<D>(p.qk8)}, {natural_bytes<D>(p.qk8), transposed_bytes<D>(p.pv8)});
 }
-// dK/dV: resident K (qk), V (dp); staged Q (qk), Q (dk), dO (dp), dO (dv), L, δ
-template <int D>
+// dK/dV: resident K (qk), V (dp); staged Q (qk), Q (dk), dO (dp), dO (dv), the
+// queries' saved statistics and row terms
+template <int D, class Softmax>
 __host__ __device__ SmemPlan<2, 6> dkdv_plan(const SageParams& p) {
   return SmemPlan<2, 6>({natural_bytes<D>(p.qk8), natural_bytes<D>(p.dp8)},
                         {natural_bytes<D>(p.qk8), transposed_bytes<D>(p.dk8), natural_bytes<D>(p.dp8),
-                         transposed_bytes<D>(p.dv8), kTile * 4, kTile * 4});
+                         transposed_bytes<D>(p.dv8), kTile * 4 * Softmax::kStatFloats,
+                         kTile * 4 * Softmax::kTermFloats});
 }
 // dQ: resident Q (qk), dO (dp); staged K (qk), K (dq), V (dp)
 template <int D>
@@ -161,11 +173,6 @@ __device__ __forceinline__ void product_over_t(float (&acc)[1][D / 8][4], bool i
   }
 }
 
-// Row (within the warp's 16) and column of accumulator element (nt, e) of a
-// 16x8 tile nt, as tile_mma.cuh lays them out (lane = 4g + t: rows g, g + 8).
-__device__ __forceinline__ int frag_row(int e) { return (threadIdx.x % 32) / 4 + (e / 2) * 8; }
-__device__ __forceinline__ int frag_col(int nt, int e) { return nt * 8 + 2 * (threadIdx.x % 4) + e % 2; }
-
 // Rows [t0, t0 + 64) of slot (0 q, 1 k, 2 v) of head h in dqkv, or of o, from a
 // staged bf16 tile; rows past T are skipped.
 template <int D>
@@ -186,8 +193,9 @@ __global__ void __launch_bounds__(kThreads) sage_forward_kernel(const SageParams
   unsigned char* q_slot = smem + plan.resident[0];
   auto k_slot = [&](int s) { return smem + plan.slot(s, 0); };
   auto v_slot = [&](int s) { return smem + plan.slot(s, 1); };
+  auto load_k = [&](int j, int s) { load_natural<D>(k_slot(s), ws.k, p.qk8, ws, bh, j); };
   auto load_kv = [&](int j, int s) {
-    load_natural<D>(k_slot(s), ws.k, p.qk8, ws, bh, j);
+    load_k(j, s);
     load_transposed<D>(v_slot(s), ws.v, p.pv8, ws, bh, j);
   };
 
@@ -196,12 +204,8 @@ __global__ void __launch_bounds__(kThreads) sage_forward_kernel(const SageParams
   const float* scale_k = ws.k.scale + static_cast<size_t>(bh) * ws.blocks;
   const float* scale_v = ws.v.scale + static_cast<size_t>(bh) * ws.blocks;
   const float* bias = p.smooth_q ? ws.query_bias + (static_cast<size_t>(bh) * ws.blocks + q_block) * ws.Tp : nullptr;
-
-  float o_acc[1][D / 8][4];  // (16, d) rows of O owned by this warp
-  zero(o_acc);
-  Softmax softmax(kLog2e);   // S already carries c (Q̂ = ψ(c·Q))
-  pipelined(0, q_block + 1, load_kv, [&](int j, int stage) {
-    float s[1][kTileN][4];  // (16, 64) scores
+  // s (16, 64) = the scores of key block j, masked entries −inf.
+  auto scores = [&](float (&s)[1][kTileN][4], int j, int stage) {
     product_over_d<D>(s, p.qk8, q_slot, row0, k_slot(stage), scale_q[q_block] * scale_k[j]);
 #pragma unroll
     for (int nt = 0; nt < kTileN; ++nt)
@@ -210,12 +214,28 @@ __global__ void __launch_bounds__(kThreads) sage_forward_kernel(const SageParams
         if (bias) s[0][nt][e] += bias[j * kTile + frag_col(nt, e)];
         if (j == q_block && frag_col(nt, e) > row0 + frag_row(e)) s[0][nt][e] = -INFINITY;
       }
-    softmax.update(s, o_acc);  // s now holds P̃ = exp(S − m)
+  };
+
+  float o_acc[1][D / 8][4];  // (16, d) rows of O owned by this warp
+  zero(o_acc);
+  Softmax softmax(p.softmax);
+  if constexpr (Softmax::kCalibrates) {  // pass 1: each row's max and min, then its grid
+    pipelined(0, q_block + 1, load_k, [&](int j, int stage) {
+      float s[1][kTileN][4];
+      scores(s, j, stage);
+      softmax.observe(s, j * kTile);
+    });
+    softmax.calibrate();
+  }
+  pipelined(0, q_block + 1, load_kv, [&](int j, int stage) {
+    float s[1][kTileN][4];
+    scores(s, j, stage);
+    softmax.update(s, o_acc);  // s now holds P̃ = exp(S − m), or ŵ
     product_over_t<D>(o_acc, p.pv8, s, false, nullptr, v_slot(stage), scale_v[j]);
   });
 
   softmax.finalize(o_acc);
-  softmax.store_lse(p.lse_out + static_cast<size_t>(bh) * p.T, q0 + row0, p.T);
+  softmax.store(p.stats_out + static_cast<size_t>(bh) * p.T * Softmax::kStatFloats, q0 + row0, p.T);
   const SmemTile<kTile, D> o_tile{reinterpret_cast<bf16*>(smem)};  // every slot is free now
   store_acc(o_tile, o_acc, row0, 1.0f);
   __syncthreads();
@@ -229,7 +249,7 @@ template <int D, class Softmax>
 __global__ void __launch_bounds__(kThreads) sage_backward_dkdv_kernel(const SageParams p) {
   extern __shared__ __align__(128) unsigned char smem[];
   __shared__ float scratch[2][kWarps];  // per-tile scales of Pᵀ and dSᵀ
-  const SmemPlan<2, 6> plan = dkdv_plan<D>(p);
+  const SmemPlan<2, 6> plan = dkdv_plan<D, Softmax>(p);
   const SageWorkspace& ws = p.ws;
   const int k_block = blockIdx.x, bh = blockIdx.y, b = bh / p.H, h = bh % p.H;
   const int row0 = (threadIdx.x / 32) * 16;
@@ -240,23 +260,27 @@ __global__ void __launch_bounds__(kThreads) sage_backward_dkdv_kernel(const Sage
   auto qt_slot = [&](int s) { return smem + plan.slot(s, 1); };    // Q̂ for dK
   auto do_slot = [&](int s) { return smem + plan.slot(s, 2); };    // dO for dPᵀ
   auto dot_slot = [&](int s) { return smem + plan.slot(s, 3); };   // dÔ for dV
-  auto lse_slot = [&](int s) { return reinterpret_cast<float*>(smem + plan.slot(s, 4)); };
-  auto delta_slot = [&](int s) { return reinterpret_cast<float*>(smem + plan.slot(s, 5)); };
-  const float* lse_src = p.lse + static_cast<size_t>(bh) * p.T;
-  const float* delta_src = ws.delta + static_cast<size_t>(bh) * ws.Tp;
+  auto stats_slot = [&](int s) { return reinterpret_cast<float*>(smem + plan.slot(s, 4)); };
+  auto terms_slot = [&](int s) { return reinterpret_cast<float*>(smem + plan.slot(s, 5)); };
+  constexpr int kStat = Softmax::kStatFloats, kTerm = Softmax::kTermFloats;
+  const float* stats_src = p.stats + static_cast<size_t>(bh) * p.T * kStat;    // (T, kStat)
+  const float* terms_src = p.row_terms + static_cast<size_t>(bh) * ws.Tp * kTerm;  // (Tp, kTerm)
   auto load_queries = [&](int i, int s) {
     load_natural<D>(q_slot(s), ws.q, p.qk8, ws, bh, i);
     load_transposed<D>(qt_slot(s), ws.q, p.dk8, ws, bh, i);
     load_natural<D>(do_slot(s), ws.dout, p.dp8, ws, bh, i);
     load_transposed<D>(dot_slot(s), ws.dout, p.dv8, ws, bh, i);
-    load_row_values_async<kThreads, kTile>(lse_slot(s), lse_src + i * kTile, p.T - i * kTile);
-    load_row_values_async<kThreads, kTile>(delta_slot(s), delta_src + i * kTile, kTile);
+    load_row_values_async<kThreads, kTile * kStat>(stats_slot(s), stats_src + i * kTile * kStat,
+                                                   (p.T - i * kTile) * kStat);
+    load_row_values_async<kThreads, kTile * kTerm>(terms_slot(s), terms_src + i * kTile * kTerm, kTile * kTerm);
   };
 
   load_natural<D>(k_slot, ws.k, p.qk8, ws, bh, k_block);
   load_natural<D>(v_slot, ws.v, p.dp8, ws, bh, k_block);
   const size_t scale0 = static_cast<size_t>(bh) * ws.blocks;
   const float s_k = ws.k.scale[scale0 + k_block], s_v = ws.v.scale[scale0 + k_block];
+
+  const Softmax softmax(p.softmax);
 
   float dk_acc[1][D / 8][4], dv_acc[1][D / 8][4];  // (16, d) rows of dK, dV owned by this warp
   zero(dk_acc);
@@ -265,18 +289,21 @@ __global__ void __launch_bounds__(kThreads) sage_backward_dkdv_kernel(const Sage
   pipelined(k_block, ws.blocks, load_queries, [&](int i, int s) {
     const int q0 = i * kTile;
     const float s_q = ws.q.scale[scale0 + i], s_do = ws.dout.scale[scale0 + i];
-    const float* lse = lse_slot(s);
-    const float* delta = delta_slot(s);
+    const float* stats = stats_slot(s);
+    const float* terms = terms_slot(s);
     const float* bias = p.smooth_q ? ws.query_bias + (scale0 + i) * ws.Tp : nullptr;
-    float w[1][kTileN][4];  // (16 keys, 64 queries): Sᵀ, then Pᵀ, then dSᵀ
-    product_over_d<D>(w, p.qk8, k_slot, row0, q_slot(s), s_k * s_q);
+    auto query_row = [&](int qi) { return Softmax::load_row(stats + qi * kStat, terms + qi * kTerm); };
+    auto visible = [&](int key, int query) { return query < p.T && key <= query; };
+    float score[1][kTileN][4];  // (16 keys, 64 queries): Sᵀ
+    product_over_d<D>(score, p.qk8, k_slot, row0, q_slot(s), s_k * s_q);
+    float w[1][kTileN][4];  // (16 keys, 64 queries): Pᵀ, then dSᵀ
 #pragma unroll
     for (int nt = 0; nt < kTileN; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int key = k0 + row0 + frag_row(e), qi = frag_col(nt, e), query = q0 + qi;
-        const float score = w[0][nt][e] + (bias ? bias[key] : 0.0f);
-        w[0][nt][e] = (query < p.T && key <= query) ? Softmax::probability(score, lse[qi], kLog2e) : 0.0f;
+        const int key = k0 + row0 + frag_row(e), qi = frag_col(nt, e);
+        score[0][nt][e] += bias ? bias[key] : 0.0f;
+        w[0][nt][e] = visible(key, q0 + qi) ? softmax.probability(query_row(qi), score[0][nt][e]) : 0.0f;
       }
     product_over_t<D>(dv_acc, p.dv8, w, p.tile_scales, scratch[0], dot_slot(s), s_do);
     float dp[1][kTileN][4];  // (16 keys, 64 queries): dPᵀ
@@ -284,8 +311,12 @@ __global__ void __launch_bounds__(kThreads) sage_backward_dkdv_kernel(const Sage
 #pragma unroll
     for (int nt = 0; nt < kTileN; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e)
-        w[0][nt][e] = Softmax::grad_score(w[0][nt][e], dp[0][nt][e], delta[frag_col(nt, e)]);
+      for (int e = 0; e < 4; ++e) {
+        const int key = k0 + row0 + frag_row(e), qi = frag_col(nt, e);
+        w[0][nt][e] = visible(key, q0 + qi)
+                          ? softmax.grad(query_row(qi), score[0][nt][e], w[0][nt][e], dp[0][nt][e], key)
+                          : 0.0f;
+      }
     product_over_t<D>(dk_acc, p.dk8, w, p.tile_scales, scratch[1], qt_slot(s), s_q);
     if (p.smooth_q) {  // dK_j += c (dSᵀ 1) μ_Qiᵀ, from the unquantised dS
       float row_sum[2] = {0.0f, 0.0f};
@@ -331,10 +362,13 @@ __global__ void __launch_bounds__(kThreads) sage_backward_dq_kernel(const SagePa
   auto k_slot = [&](int s) { return smem + plan.slot(s, 0); };   // K̂ for S
   auto kt_slot = [&](int s) { return smem + plan.slot(s, 1); };  // K̂ for dQ
   auto v_slot = [&](int s) { return smem + plan.slot(s, 2); };   // V for dP
-  auto load_keys = [&](int j, int s) {
+  auto load_scores = [&](int j, int s) {  // what S and dP read
     load_natural<D>(k_slot(s), ws.k, p.qk8, ws, bh, j);
-    load_transposed<D>(kt_slot(s), ws.k, p.dq8, ws, bh, j);
     load_natural<D>(v_slot(s), ws.v, p.dp8, ws, bh, j);
+  };
+  auto load_keys = [&](int j, int s) {
+    load_scores(j, s);
+    load_transposed<D>(kt_slot(s), ws.k, p.dq8, ws, bh, j);
   };
 
   load_natural<D>(q_slot, ws.q, p.qk8, ws, bh, q_block);
@@ -342,37 +376,72 @@ __global__ void __launch_bounds__(kThreads) sage_backward_dq_kernel(const SagePa
   const size_t scale0 = static_cast<size_t>(bh) * ws.blocks;
   const float s_q = ws.q.scale[scale0 + q_block], s_do = ws.dout.scale[scale0 + q_block];
   const float* bias = p.smooth_q ? ws.query_bias + (scale0 + q_block) * ws.Tp : nullptr;
+  constexpr int kStat = Softmax::kStatFloats, kTerm = Softmax::kTermFloats;
+  float* terms = p.row_terms + static_cast<size_t>(bh) * ws.Tp * kTerm;  // (Tp, kTerm)
+  const Softmax softmax(p.softmax);
 
-  // L and δ of this thread's two rows (rows past T: 0, their P is masked to 0).
-  float lse[2], delta[2];
+  // The saved statistics and row terms of this thread's two rows (rows past T:
+  // no statistics; every entry of theirs is masked). With a row sweep the
+  // terms are made below.
+  typename Softmax::Row rows[2];
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int row = q0 + row0 + frag_row(2 * half);
-    lse[half] = row < p.T ? p.lse[static_cast<size_t>(bh) * p.T + row] : 0.0f;
-    delta[half] = ws.delta[static_cast<size_t>(bh) * ws.Tp + row];
+    rows[half] = Softmax::load_row(row < p.T ? p.stats + (static_cast<size_t>(bh) * p.T + row) * kStat : nullptr,
+                                   Softmax::kRowPass ? nullptr : terms + static_cast<size_t>(row) * kTerm);
+  }
+  // score, dp (16 queries, 64 keys) = S and dP of key block j.
+  auto scores_and_dp = [&](float (&score)[1][kTileN][4], float (&dp)[1][kTileN][4], int j, int s) {
+    product_over_d<D>(score, p.qk8, q_slot, row0, k_slot(s), s_q * ws.k.scale[scale0 + j]);
+    if (bias) {
+#pragma unroll
+      for (int nt = 0; nt < kTileN; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) score[0][nt][e] += bias[j * kTile + frag_col(nt, e)];
+    }
+    product_over_d<D>(dp, p.dp8, do_slot, row0, v_slot(s), s_do * ws.v.scale[scale0 + j]);
+  };
+  auto visible = [&](int key, int row) { return row < p.T && key <= row; };
+
+  if constexpr (Softmax::kRowPass) {  // the row terms, before any dS is quantised
+    typename Softmax::RowSums sums[2];
+    pipelined(0, q_block + 1, load_scores, [&](int j, int s) {
+      float score[1][kTileN][4], dp[1][kTileN][4];
+      scores_and_dp(score, dp, j, s);
+#pragma unroll
+      for (int nt = 0; nt < kTileN; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          if (visible(j * kTile + frag_col(nt, e), q0 + row0 + frag_row(e)))
+            softmax.accumulate(sums[e / 2], rows[e / 2].st, score[0][nt][e], dp[0][nt][e]);
+    });
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = q0 + row0 + frag_row(2 * half);
+      const float4 made = softmax.row_terms(sums[half], rows[half].st);  // every lane: it shuffles
+      rows[half].terms = row < p.T ? made : float4{};
+      if (threadIdx.x % 4 == 0) reinterpret_cast<float4*>(terms)[row] = rows[half].terms;
+    }
   }
 
   float dq_acc[1][D / 8][4];  // (16, d) rows of dQ owned by this warp
   zero(dq_acc);
   pipelined(0, q_block + 1, load_keys, [&](int j, int s) {
-    const float s_k = ws.k.scale[scale0 + j], s_v = ws.v.scale[scale0 + j];
-    float w[1][kTileN][4];  // (16 queries, 64 keys): S, then P, then dS
-    product_over_d<D>(w, p.qk8, q_slot, row0, k_slot(s), s_q * s_k);
+    float score[1][kTileN][4], dp[1][kTileN][4];  // (16 queries, 64 keys): S, dP
+    scores_and_dp(score, dp, j, s);
+    float w[1][kTileN][4];  // (16 queries, 64 keys): dS
 #pragma unroll
     for (int nt = 0; nt < kTileN; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int key = j * kTile + frag_col(nt, e), row = q0 + row0 + frag_row(e);
-        const float score = w[0][nt][e] + (bias ? bias[key] : 0.0f);
-        w[0][nt][e] = (row < p.T && key <= row) ? Softmax::probability(score, lse[e / 2], kLog2e) : 0.0f;
+        const int key = j * kTile + frag_col(nt, e);
+        const typename Softmax::Row& r = rows[e / 2];
+        w[0][nt][e] = visible(key, q0 + row0 + frag_row(e))
+                          ? softmax.grad(r, score[0][nt][e], softmax.probability(r, score[0][nt][e]),
+                                         dp[0][nt][e], key)
+                          : 0.0f;
       }
-    float dp[1][kTileN][4];  // (16 queries, 64 keys): dP
-    product_over_d<D>(dp, p.dp8, do_slot, row0, v_slot(s), s_do * s_v);
-#pragma unroll
-    for (int nt = 0; nt < kTileN; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) w[0][nt][e] = Softmax::grad_score(w[0][nt][e], dp[0][nt][e], delta[e / 2]);
-    product_over_t<D>(dq_acc, p.dq8, w, p.tile_scales, scratch, kt_slot(s), s_k);
+    product_over_t<D>(dq_acc, p.dq8, w, p.tile_scales, scratch, kt_slot(s), ws.k.scale[scale0 + j]);
   });
 
   const SmemTile<kTile, D> dq_tile{reinterpret_cast<bf16*>(smem)};  // every slot is free now
@@ -408,22 +477,47 @@ SageParams make_params(const SageOptions& opt, const AttentionShape& s, void* wo
   p.dp8 = pr.dp == Precision::int8, p.dq8 = pr.dq == Precision::int8, p.dk8 = pr.dk == Precision::int8;
   p.tile_scales = opt.bwd_granularity == BwdGranularity::tile;
   p.smooth_q = opt.smooth_q;
+  p.row_terms = opt.softmax ? p.ws.row_terms : p.ws.delta;
+  if (opt.softmax) {
+    const KIntervalOptions& k = *opt.softmax;
+    SoftmaxOptions& sm = p.softmax;
+    sm.fwm = k.calibration == Calibration::fwm;
+    sm.grid = {static_cast<float>(k.K), 1.0f / static_cast<float>(k.K), sm.fwm ? -INFINITY : 0.0f};
+    sm.rule = kinterval::rule_of(k);
+    sm.window = static_cast<float>(k.window);
+    sm.mask_window = sm.fwm && k.ste_window_mask;
+    sm.detach = k.detach_extrema;
+  }
   return p;
 }
 
-using Softmax = OnlineSoftmax<1>;
-
-template <int D>
+template <int D, class Softmax>
 void forward(const SageParams& p, cudaStream_t stream) {
   launch(sage_forward_kernel<D, Softmax>, dim3(p.ws.blocks, p.B * p.H), kThreads, forward_plan<D>(p).total, stream,
          p);
 }
 
-template <int D>
+// dQ first: with a row sweep it writes the row terms the dK/dV kernel reads.
+template <int D, class Softmax>
 void backward(const SageParams& p, cudaStream_t stream) {
   const dim3 grid(p.ws.blocks, p.B * p.H);
-  launch(sage_backward_dkdv_kernel<D, Softmax>, grid, kThreads, dkdv_plan<D>(p).total, stream, p);
   launch(sage_backward_dq_kernel<D, Softmax>, grid, kThreads, dq_plan<D>(p).total, stream, p);
+  launch(sage_backward_dkdv_kernel<D, Softmax>, grid, kThreads, dkdv_plan<D, Softmax>(p).total, stream, p);
+}
+
+template <class T>
+struct TypeTag {
+  using type = T;
+};
+// Calls run(head dim, softmax policy tag) with the kernels' instantiation for the call.
+template <class Run>
+void dispatch(const SageOptions& opt, const AttentionShape& s, Run&& run) {
+  auto with_head_dim = [&](auto softmax) {
+    if (s.d == 64) return run(std::integral_constant<int, 64>{}, softmax);
+    return run(std::integral_constant<int, 128>{}, softmax);
+  };
+  if (opt.softmax) return with_head_dim(TypeTag<KIntervalSoftmax>{});
+  return with_head_dim(TypeTag<ExactSoftmax>{});
 }
 
 }  // namespace
@@ -433,29 +527,38 @@ void sage_check_options(const SageOptions& opt) {
     throw std::invalid_argument("attention.sage.block_q/block_k = " + std::to_string(opt.block_q) + "/" +
                                 std::to_string(opt.block_k) + ": the CUDA kernels quantise per tile of " +
                                 std::to_string(kSageBlock) + " rows (allowed: 64/64)");
-  if (opt.softmax)
-    throw std::invalid_argument(
-        "attention.sage.softmax: the K-interval composition has no CUDA kernel yet (allowed: no softmax block)");
+  if (opt.softmax && opt.softmax->K < 1)
+    throw std::invalid_argument("attention.sage.softmax.K = " + std::to_string(opt.softmax->K) +
+                                " is not allowed (allowed: K >= 1)");
+  if (opt.softmax && opt.softmax->calibration == Calibration::fwm && !(opt.softmax->window > 0.0))
+    throw std::invalid_argument("attention.sage.softmax.window = " + std::to_string(opt.softmax->window) +
+                                " is not allowed (allowed: > 0 with calibration fwm)");
 }
 
-void sage_forward(const SageOptions& opt, const AttentionShape& s, const bf16* qkv, bf16* o, float* lse,
+int sage_row_stats(const SageOptions& opt) {
+  return opt.softmax ? KIntervalSoftmax::kStatFloats : ExactSoftmax::kStatFloats;
+}
+
+void sage_forward(const SageOptions& opt, const AttentionShape& s, const bf16* qkv, bf16* o, float* stats,
                   void* workspace, cudaStream_t stream) {
   SageParams p = make_params(opt, s, workspace);
-  p.lse_out = lse;
+  p.stats_out = stats;
   p.o = o;
   sage_quantise(opt, s, qkv, nullptr, nullptr, p.ws, stream);
-  if (s.d == 64) return forward<64>(p, stream);
-  return forward<128>(p, stream);
+  dispatch(opt, s, [&](auto d, auto softmax) {
+    forward<decltype(d)::value, typename decltype(softmax)::type>(p, stream);
+  });
 }
 
 void sage_backward(const SageOptions& opt, const AttentionShape& s, const bf16* qkv, const bf16* o,
-                   const bf16* dout, const float* lse, bf16* dqkv, void* workspace, cudaStream_t stream) {
+                   const bf16* dout, const float* stats, bf16* dqkv, void* workspace, cudaStream_t stream) {
   SageParams p = make_params(opt, s, workspace);
-  p.lse = lse;
+  p.stats = stats;
   p.dqkv = dqkv;
   sage_quantise(opt, s, qkv, o, dout, p.ws, stream);
-  if (s.d == 64) return backward<64>(p, stream);
-  return backward<128>(p, stream);
+  dispatch(opt, s, [&](auto d, auto softmax) {
+    backward<decltype(d)::value, typename decltype(softmax)::type>(p, stream);
+  });
 }
 
 }  // namespace qattn::cuda

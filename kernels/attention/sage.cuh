@@ -14,14 +14,18 @@ namespace qattn::cuda {
 // The workspace is sage_workspace_bytes (quant.cuh).
 void sage_check_options(const SageOptions& opt);
 
-// qkv (B, T, 3C) -> o (B, T, C), lse (B, H, T) = L = m + log l of the quantised scores.
+// fp32 saved per (b, h, row) by the forward: 1 (L = m + log l of the quantised
+// scores), or with the softmax block the row's K-interval grid (kinterval_softmax.cuh, RowStats).
+int sage_row_stats(const SageOptions& opt);
+
+// qkv (B, T, 3C) -> o (B, T, C), stats (B, H, T, sage_row_stats).
 void sage_forward(const SageOptions& opt, const AttentionShape& s, const bf16* qkv, bf16* o,
-                  float* lse, void* workspace, cudaStream_t stream);
+                  float* stats, void* workspace, cudaStream_t stream);
 
 // dout (B, T, C) -> dqkv (B, T, 3C), deterministic; re-quantises Q, K, V (the
 // workspace need not survive from the forward).
 void sage_backward(const SageOptions& opt, const AttentionShape& s, const bf16* qkv,
-                   const bf16* o, const bf16* dout, const float* lse, bf16* dqkv,
+                   const bf16* o, const bf16* dout, const float* stats, bf16* dqkv,
                    void* workspace, cudaStream_t stream);
 
 }  // namespace qattn::cuda

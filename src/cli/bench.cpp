@@ -2,7 +2,9 @@
 // Causal FLOPs as FlashAttention counts them: forward 2·B·H·T²·d (4·B·H·T²·d
 // halved by the mask), backward 2.5 × forward. Times are medians of CUDA-event
 // intervals after warm-up, on random normal inputs; the error column compares
-// head (0, 0) with the fp64 CPU reference (relative L2).
+// head (0, 0) with the fp64 CPU reference (relative L2). Options of the kind
+// come from the flags below and from --set attention.PATH=value, read as the
+// config's "attention" section (e.g. --set attention.sage.softmax.K=16).
 #include <algorithm>
 #include <map>
 #include <memory>
@@ -15,6 +17,7 @@
 
 #include "commands.hpp"
 #include "qattn/attention.hpp"
+#include "qattn/config.hpp"
 
 #ifdef QATTN_HAVE_CUDA
 #include <cuda_bf16.h>
@@ -34,6 +37,7 @@ struct BenchOptions {
   int warmup = 5, reps = 20;
   bool no_check = false;       // skip the CPU-reference error column
   KIntervalOptions kinterval;  // used with --kind kinterval
+  std::vector<std::string> sets;  // attention.PATH=value
 };
 
 AttentionKind parse_kind(const std::string& name) {
@@ -43,9 +47,48 @@ AttentionKind parse_kind(const std::string& name) {
                               "': unknown attention kind (allowed: fpa, sage, kinterval)");
 }
 
+// The kind and its options: --kind and the kinterval flags, then every --set,
+// validated as the config's attention section.
+AttentionConfig attention_config(const BenchOptions& opt) {
+  nlohmann::json j;
+  j["attention"]["kind"] = to_string(parse_kind(opt.kind));
+  if (opt.kind == "kinterval") {
+    const KIntervalOptions& k = opt.kinterval;
+    j["attention"]["kinterval"] = {{"K", k.K},
+                                   {"calibration", to_string(k.calibration)},
+                                   {"window", k.window},
+                                   {"rounding", to_string(k.rounding)},
+                                   {"ste", to_string(k.ste)}};
+  }
+  for (const auto& a : opt.sets) {
+    if (a.rfind("attention.", 0) != 0)
+      throw std::invalid_argument("--set " + a + ": bench attention takes only attention.PATH=value");
+    apply_override(j, a);
+  }
+  return attention_config_from_json(j);
+}
+
 #ifdef QATTN_HAVE_CUDA
 using cuda::AttentionShape;
 using bf16 = __nv_bfloat16;
+
+// One line with the options that change the maths of the kind.
+void print_options(const AttentionConfig& cfg) {
+  auto kinterval = [](const char* what, const KIntervalOptions& k) {
+    std::printf("%s: K=%d calibration=%s window=%g rounding=%s ste=%s%s%s\n", what, k.K,
+                to_string(k.calibration).c_str(), k.window, to_string(k.rounding).c_str(),
+                to_string(k.ste).c_str(), k.detach_extrema ? " detach_extrema" : "",
+                k.ste_window_mask ? " ste_window_mask" : "");
+  };
+  if (cfg.kind == AttentionKind::kinterval) kinterval("kinterval", cfg.kinterval);
+  if (cfg.kind != AttentionKind::sage) return;
+  const SagePrecision& p = cfg.sage.precision;
+  std::printf("sage: qk=%s pv=%s dv=%s dp=%s dq=%s dk=%s bwd_granularity=%s smooth_k=%d smooth_q=%d\n",
+              to_string(p.qk).c_str(), to_string(p.pv).c_str(), to_string(p.dv).c_str(), to_string(p.dp).c_str(),
+              to_string(p.dq).c_str(), to_string(p.dk).c_str(), to_string(cfg.sage.bwd_granularity).c_str(),
+              cfg.sage.smooth_k, cfg.sage.smooth_q);
+  if (cfg.sage.softmax) kinterval("sage softmax kinterval", *cfg.sage.softmax);
+}
 
 AttentionShape parse_shape(const std::string& text) {
   const std::string what = "--shape '" + text + "': expected B,H,T,d (four positive integers)";
@@ -159,9 +202,7 @@ void bench_shape(const AttentionConfig& cfg, const AttentionShape& s, const Benc
 #endif
 
 void run_bench_attention(const BenchOptions& opt) {
-  AttentionConfig cfg;
-  cfg.kind = parse_kind(opt.kind);
-  cfg.kinterval = opt.kinterval;
+  const AttentionConfig cfg = attention_config(opt);
 #ifdef QATTN_HAVE_CUDA
   std::vector<AttentionShape> shapes;
   for (const auto& text : opt.shapes) shapes.push_back(parse_shape(text));
@@ -178,10 +219,7 @@ void run_bench_attention(const BenchOptions& opt) {
       "(fwd 2BHT^2d, bwd 2.5x)%s\n",
       prop.name, prop.major, prop.minor, opt.warmup, opt.reps,
       !opt.no_check ? "; err = rel. L2 of head (0,0) vs fp64 CPU" : "");
-  if (cfg.kind == AttentionKind::kinterval)
-    std::printf("kinterval: K=%d calibration=%s window=%g rounding=%s ste=%s\n", cfg.kinterval.K,
-                to_string(cfg.kinterval.calibration).c_str(), cfg.kinterval.window,
-                to_string(cfg.kinterval.rounding).c_str(), to_string(cfg.kinterval.ste).c_str());
+  print_options(cfg);
   std::printf("%-6s %3s %3s %6s %4s  %8s %8s  %8s %8s  %9s%s\n", "kind", "B", "H", "T", "d",
               "fwd ms", "TFLOP/s", "bwd ms", "TFLOP/s", "total ms",
               !opt.no_check ? "  err o   dq      dk      dv" : "");
@@ -228,6 +266,10 @@ void add_bench_command(CLI::App& app) {
   attn->add_option("--ste", opt->kinterval.ste, "kinterval: weight or prob (nearest only)")
       ->transform(CLI::CheckedTransformer(stes))
       ->capture_default_str();
+  attn->add_option("--set", opt->sets,
+                   "an option of the kind: attention.PATH=value as in a config (repeatable), e.g. "
+                   "attention.sage.softmax.K=16")
+      ->type_name("attention.PATH=VALUE");
   attn->callback([opt] { run_bench_attention(*opt); });
 }
 

@@ -221,6 +221,16 @@ Config config_from_json(const json& j, const std::string& source, int world_size
   return c;
 }
 
+AttentionConfig attention_config_from_json(const json& j) {
+  AttentionConfig a;
+  json effective;
+  std::vector<std::string> errors, warnings;
+  ObjectReader root(&j, effective, "", errors);
+  read_attention(root.object("attention"), a, warnings);
+  if (!errors.empty()) throw ConfigError(errors);
+  return a;
+}
+
 void apply_override(json& j, const std::string& assignment) {
   const auto eq = assignment.find('=');
   if (eq == std::string::npos || eq == 0)

@@ -8,6 +8,9 @@
 // - all six products bf16 against the CUDA FPA kernel;
 // - the Gaussian accuracy table (T = 4096) against fp64 FPA, as SageBwd's Table 1;
 // - causality: how much changing future tokens moves past outputs;
+// - the K-interval softmax block (SPEC §4 composition) against the CPU sage
+//   reference with the same block: every calibration x rounding x ste at
+//   K in {4, 16}, d in {64, 128}, T in {64, 1000}, and the other options once;
 // - options the kernels cannot run are refused with the option's name.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -31,8 +34,12 @@ namespace {
 using qattn::AttentionConfig;
 using qattn::AttentionKind;
 using qattn::BwdGranularity;
+using qattn::Calibration;
+using qattn::KIntervalOptions;
 using qattn::Precision;
+using qattn::Rounding;
 using qattn::SageOptions;
+using qattn::Ste;
 using qattn::cuda::AttentionShape;
 using qattn::test::DeviceBuffer;
 using bf16 = __nv_bfloat16;
@@ -84,7 +91,9 @@ struct GpuRun {
   std::vector<bf16> o, dqkv;  // (B, T, H, d), (B, T, 3, H, d)
 };
 
-// Forward, then backward twice: the two gradients must agree bit for bit.
+// Forward, then backward twice: the two gradients must agree bit for bit. The
+// outputs, the saved statistics and the workspace start as NaN: anything read
+// before it is written shows.
 GpuRun run_gpu(const AttentionConfig& cfg, const AttentionShape& s, const std::vector<bf16>& qkv,
                const std::vector<bf16>& dout) {
   const size_t n_stats = static_cast<size_t>(s.B) * s.H * s.T * qattn::cuda::attention_row_stats(cfg);
@@ -96,6 +105,7 @@ GpuRun run_gpu(const AttentionConfig& cfg, const AttentionShape& s, const std::v
   d_o.poison();
   d_stats.poison();
   d_dqkv.poison();
+  work.poison();
   qattn::cuda::attention_forward(cfg, s, d_qkv.get(), d_o.get(), d_stats.get(), work.get(), nullptr);
   qattn::cuda::attention_backward(cfg, s, d_qkv.get(), d_o.get(), d_dout.get(), d_stats.get(), d_dqkv.get(),
                                   work.get(), nullptr);
@@ -279,6 +289,112 @@ TEST_CASE("sage on the GPU matches the CPU sage reference, forward and backward"
     }
 }
 
+namespace {
+
+// Sage (default options unless `sage` says otherwise) with a K-interval softmax block.
+AttentionConfig composed_config(const KIntervalOptions& k, SageOptions sage = {}) {
+  sage.softmax = k;
+  return sage_config(sage);
+}
+
+std::string describe(const AttentionConfig& cfg, const AttentionShape& s) {
+  const KIntervalOptions& k = *cfg.sage.softmax;
+  const qattn::SagePrecision& p = cfg.sage.precision;
+  return "K=" + std::to_string(k.K) + " " + qattn::to_string(k.calibration) + " " + qattn::to_string(k.rounding) +
+         " ste=" + qattn::to_string(k.ste) + (k.detach_extrema ? " detach" : "") +
+         (k.ste_window_mask ? " mask" : "") + " dp=" + qattn::to_string(p.dp) + " " +
+         qattn::to_string(cfg.sage.bwd_granularity) + (cfg.sage.smooth_q ? " smooth_q" : "") + " (B,H,T,d)=(" +
+         std::to_string(s.B) + "," + std::to_string(s.H) + "," + std::to_string(s.T) + "," + std::to_string(s.d) +
+         ")";
+}
+
+}  // namespace
+
+TEST_CASE("sage with the K-interval softmax block matches the CPU sage reference with the same block",
+          "[sage][sage-kinterval]") {
+  struct Case {
+    AttentionConfig cfg;
+    AttentionShape s;
+    std::vector<bf16> qkv, dout;
+    GpuRun run;
+    qattn::cuda::AttentionErrors e;
+  };
+  std::vector<Case> cases;
+  // T = 64: one tile, two heads; T = 1000: a tail tile, one head (the fp64
+  // reference costs O(T² d) per head).
+  const std::vector<AttentionShape> shapes{{1, 2, 64, 64}, {1, 1, 1000, 64}, {1, 2, 64, 128}, {1, 1, 1000, 128}};
+  for (const int K : {4, 16})
+    for (const Calibration cal : {Calibration::minmax, Calibration::fwm})
+      for (const Rounding rounding : {Rounding::nearest, Rounding::lerp})
+        for (const Ste ste : {Ste::weight, Ste::prob})
+          for (const AttentionShape& s : shapes) {
+            KIntervalOptions k;
+            k.K = K, k.calibration = cal, k.rounding = rounding, k.ste = ste;
+            cases.push_back({composed_config(k), s, {}, {}, {}, {}});
+          }
+  // The remaining options once each, on a tail shape; fwm + nearest + weight,
+  // where the window mask and the path through m both act.
+  KIntervalOptions fwm_weight;
+  fwm_weight.K = 16, fwm_weight.calibration = Calibration::fwm, fwm_weight.rounding = Rounding::nearest;
+  fwm_weight.ste = Ste::weight;
+  KIntervalOptions detach = fwm_weight, mask = fwm_weight, minmax_lerp;
+  detach.detach_extrema = true;
+  mask.ste_window_mask = true;
+  minmax_lerp.K = 4;  // the defaults: minmax, lerp (both calibration terms)
+  SageOptions dp_int8, tile, smooth_q;
+  dp_int8.precision.dp = Precision::int8;
+  tile.bwd_granularity = BwdGranularity::tile;
+  smooth_q.smooth_q = true;
+  const AttentionShape tail{1, 1, 1000, 64};
+  for (const AttentionConfig& cfg :
+       {composed_config(detach), composed_config(mask), composed_config(fwm_weight, dp_int8),
+        composed_config(minmax_lerp, dp_int8), composed_config(fwm_weight, tile), composed_config(minmax_lerp, tile),
+        composed_config(minmax_lerp, smooth_q)})
+    cases.push_back({cfg, tail, {}, {}, {}, {}});
+
+  // Scores of standard deviation ~2 (Q, K ~ N(0, 1.5²)): fwm's 8-nat window cuts keys off.
+  for (Case& c : cases) {
+    c.qkv = random_qkv(c.s, 1.5f, 0.3f);
+    c.dout = random_heads(c.s);
+    c.run = run_gpu(c.cfg, c.s, c.qkv, c.dout);
+  }
+#pragma omp parallel for schedule(dynamic)
+  for (size_t i = 0; i < cases.size(); ++i) {
+    Case& c = cases[i];
+    qattn::cuda::AttentionErrorSums sums;
+    for (int bh = 0; bh < c.s.B * c.s.H; ++bh)
+      sums.add(qattn::cuda::compare_head_with_cpu(c.cfg, c.s, bh / c.s.H, bh % c.s.H, c.qkv, c.dout, c.run.o,
+                                                  c.run.dqkv, nullptr));
+    c.e = qattn::cuda::relative_errors(sums);
+  }
+  for (const Case& c : cases) {
+    std::printf("sage+kinterval vs CPU  %-62s rel L2: o %.2e  dq %.2e  dk %.2e  dv %.2e\n",
+                describe(c.cfg, c.s).c_str(), c.e.o, c.e.dq, c.e.dk, c.e.dv);
+    INFO(describe(c.cfg, c.s));
+    // Plain sage's tolerances (the test above): bf16 outputs and int8 levels
+    // that flip where fp32 and fp64 straddle a .5. The quantised weights add
+    // the rare nearest-rounding flip of a grid level (kinterval's GPU test),
+    // one entry of a row in ~10⁶, well inside them.
+    CHECK(c.e.o < 1e-2);
+    CHECK(c.e.dq < 2e-2);
+    CHECK(c.e.dk < 2e-2);
+    CHECK(c.e.dv < 2e-2);
+  }
+}
+
+TEST_CASE("sage with the K-interval block: detach_extrema changes nothing under the probability STE",
+          "[sage][sage-kinterval]") {
+  const AttentionShape s{1, 2, 1000, 64};
+  KIntervalOptions prob;
+  prob.rounding = Rounding::nearest, prob.ste = Ste::prob;
+  KIntervalOptions detached = prob;
+  detached.detach_extrema = true;
+  const std::vector<bf16> qkv = random_qkv(s, 1.5f, 0.3f), dout = random_heads(s);
+  const GpuRun a = run_gpu(composed_config(prob), s, qkv, dout), b = run_gpu(composed_config(detached), s, qkv, dout);
+  CHECK(std::memcmp(a.o.data(), b.o.data(), a.o.size() * sizeof(bf16)) == 0);
+  CHECK(std::memcmp(a.dqkv.data(), b.dqkv.data(), a.dqkv.size() * sizeof(bf16)) == 0);
+}
+
 TEST_CASE("sage with all six products bf16 equals the CUDA FPA kernel within bf16 rounding", "[sage]") {
   SageOptions all_bf16;
   for (Precision* p : {&all_bf16.precision.qk, &all_bf16.precision.pv, &all_bf16.precision.dv,
@@ -433,12 +549,13 @@ TEST_CASE("sage kernels refuse what they cannot run, naming the option", "[sage]
   SageOptions small_blocks, composed;
   small_blocks.block_q = 32;
   composed.softmax = qattn::KIntervalOptions{};
+  composed.softmax->K = 0;
   CHECK_THROWS_WITH(qattn::cuda::attention_forward(sage_config(small_blocks), s, nullptr, nullptr, nullptr,
                                                    nullptr, nullptr),
                     Catch::Contains("attention.sage.block_q/block_k = 32/64"));
   CHECK_THROWS_WITH(qattn::cuda::attention_backward(sage_config(composed), s, nullptr, nullptr, nullptr, nullptr,
                                                     nullptr, nullptr, nullptr),
-                    Catch::Contains("attention.sage.softmax"));
+                    Catch::Contains("attention.sage.softmax.K = 0"));
   CHECK_THROWS_WITH(qattn::cuda::attention_forward(sage_config(), s, nullptr, nullptr, nullptr, nullptr, nullptr),
                     Catch::Contains("workspace is null"));
 }

@@ -136,3 +136,20 @@ TEST_CASE("sage's softmax block: kinterval sets the options, exact is the plain 
 TEST_CASE("a missing config file and bad JSON name the file", "[config]") {
   CHECK_THROWS_WITH(qattn::load_config("/nonexistent/x.json"), Catch::Contains("/nonexistent/x.json"));
 }
+
+TEST_CASE("the attention section alone (qattn bench attention --set) validates like a full config", "[config]") {
+  json j;
+  j["attention"]["kind"] = "sage";
+  for (const char* a : {"attention.sage.softmax.kind=kinterval", "attention.sage.softmax.K=16",
+                        "attention.sage.softmax.calibration=fwm", "attention.sage.softmax.rounding=nearest"})
+    qattn::apply_override(j, a);
+  const qattn::AttentionConfig a = qattn::attention_config_from_json(j);
+  CHECK(a.kind == qattn::AttentionKind::sage);
+  REQUIRE(a.sage.softmax.has_value());
+  CHECK(a.sage.softmax->K == 16);
+  CHECK(a.sage.softmax->calibration == qattn::Calibration::fwm);
+  CHECK(a.sage.softmax->rounding == qattn::Rounding::nearest);
+  qattn::apply_override(j, "attention.sage.softmax.K=0");
+  CHECK_THROWS_WITH(qattn::attention_config_from_json(j), Catch::Contains("attention.sage.softmax.K"));
+  CHECK(qattn::attention_config_from_json(json::object()).kind == qattn::AttentionKind::fpa);
+}

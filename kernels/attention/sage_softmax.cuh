@@ -1,0 +1,244 @@
+// The softmax policies of the SageBwd kernels (sage.cu): what turns a tile of
+// scores S (already carrying c = 1/√d: Q̂ = ψ(c·Q)) into weights, what the
+// forward saves per row, and what the backward makes of S and dP.
+//   ExactSoftmax      plain SageBwd (SPEC §3): online softmax, saves L.
+//   KIntervalSoftmax  the composition with the K-interval quantised softmax
+//                     (SPEC §4, sage's softmax block): the forward calibrates
+//                     each row's grid in a first pass over the keys, saves its
+//                     RowStats; the backward's dQ kernel first sweeps each row
+//                     for its terms (ḡ, dL/dm, dL/dℓ; L for the probability
+//                     STE), so that dS is complete, calibration terms routed to
+//                     the argmax / argmin entries included, before it is
+//                     quantised for the dQ and dK products.
+//
+// A thread holds two rows (g, g + 8) of a warp's 16-row tile and two columns
+// per 8-column accumulator tile (tile_mma.cuh layouts, lane = 4g + t).
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cmath>
+
+#include "attention/kinterval_softmax.cuh"
+#include "attention/online_softmax.cuh"
+
+namespace qattn::cuda::sage {
+
+using flash::fast_exp2;
+using flash::kLn2;
+using flash::kLog2e;
+using flash::row_sum4;
+
+// Row (within the warp's 16) and column of accumulator element (nt, e) of a
+// 16x8 tile nt, as tile_mma.cuh lays them out (lane = 4g + t: rows g, g + 8).
+__device__ __forceinline__ int frag_row(int e) { return (threadIdx.x % 32) / 4 + (e / 2) * 8; }
+__device__ __forceinline__ int frag_col(int nt, int e) { return nt * 8 + 2 * (threadIdx.x % 4) + e % 2; }
+
+// The softmax block's options as the kernels use them (unused by ExactSoftmax).
+struct SoftmaxOptions {
+  kinterval::GridOptions grid;
+  kinterval::Rule rule;
+  float window;      // fwm's W in nats
+  bool fwm;
+  bool mask_window;  // weight STE: entries below the fwm window get dS = 0
+  bool detach;       // no derivative through m and ℓ
+};
+
+// ---------------------------------------------------------------------------
+// Plain SageBwd: the online softmax of online_softmax.cuh; backward P = exp(S − L),
+// dS = P (dP − δ) with the pre-pass's δ = rowsum(dO ∘ O).
+struct ExactSoftmax : flash::OnlineSoftmax<1> {
+  static constexpr bool kCalibrates = false;  // the forward is one online pass
+  static constexpr bool kRowPass = false;     // the backward's row terms come from the pre-pass
+  static constexpr int kStatFloats = 1;       // saved per row: L
+  static constexpr int kTermFloats = 1;       // backward per row: δ
+  struct Row {
+    float lse, delta;
+  };
+
+  __device__ explicit ExactSoftmax(const SoftmaxOptions&) : OnlineSoftmax<1>(kLog2e) {}
+
+  // After finalize: L of rows [row0, row0 + 16) of the warp into stats (T).
+  __device__ void store(float* stats, int row0, int rows_valid) const { store_lse(stats, row0, rows_valid); }
+
+  // A row's values; null reads as 0.
+  __device__ static Row load_row(const float* stats, const float* terms) {
+    return {stats ? *stats : 0.0f, terms ? *terms : 0.0f};
+  }
+  // The weight of one visible entry for dV (and the start of dS).
+  __device__ float probability(const Row& r, float score) const {
+    return OnlineSoftmax<1>::probability(score, r.lse, kLog2e);
+  }
+  // dS of one visible entry, given its probability p.
+  __device__ float grad(const Row& r, float /*score*/, float p, float dp, int /*key*/) const {
+    return grad_score(p, dp, r.delta);
+  }
+};
+
+// ---------------------------------------------------------------------------
+// K-interval weights over sage's scores. The grid maths is kinterval_softmax.cuh's
+// with c = 1 (the scores carry c already): RowStats in units of S.
+struct KIntervalSoftmax {
+  static constexpr bool kCalibrates = true;  // forward pass 1: each row's max and min
+  static constexpr bool kRowPass = true;     // backward: the dQ kernel sweeps the row terms first
+  static constexpr int kStatFloats = kinterval::kRowStats;
+  static constexpr int kTermFloats = 4;
+  // Backward per row: the grid, and the terms of the row sweep.
+  struct Row {
+    kinterval::RowStats st;
+    float4 terms;  // ḡ, dL/dm, dL/dℓ (0 when detached), L of the exact softmax (probability STE)
+  };
+  // The row sweep's sums over this thread's columns of one row (g_j = dP_j):
+  // a0 = Σ e_j, a1 = Σ e_j g_j with e = ŵ (for ḡ) or exp(S − m) (probability STE);
+  // m0 = Σ f_j, m1 = Σ f_j g_j with f_j = ∂ŵ_j/∂m as the rule has it (l0, l1: ∂/∂ℓ).
+  // dL/dm = Σ f_j (g_j − ḡ)/Ẑ is linear in ḡ, so one sweep gives ḡ and both terms.
+  struct RowSums {
+    float a0 = 0.0f, a1 = 0.0f, m0 = 0.0f, m1 = 0.0f, l0 = 0.0f, l1 = 0.0f;
+  };
+
+  SoftmaxOptions opt;
+  // Forward state of the thread's two rows.
+  kinterval::Extremum hi[2], lo[2];
+  kinterval::RowStats st[2];
+  float z[2];  // Ẑ over this thread's columns
+
+  __device__ explicit KIntervalSoftmax(const SoftmaxOptions& o) : opt(o) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      hi[half] = {-INFINITY, 0};
+      lo[half] = {INFINITY, 0};
+      z[half] = 0.0f;
+    }
+  }
+
+  // ŵ of a visible score.
+  __device__ float weight(const kinterval::RowStats& r, float score) const {
+    const float u = kinterval::grid_coord(r, score, opt.grid);
+    return opt.rule == kinterval::Rule::lerp ? kinterval::quantised_weight<Rounding::lerp>(u, r, opt.grid)
+                                             : kinterval::quantised_weight<Rounding::nearest>(u, r, opt.grid);
+  }
+
+  // Forward pass 1, one key block from key k0: the rows' max and min with their
+  // lowest indices. Masked entries are −inf. A thread meets its keys in
+  // increasing order, so strict comparisons keep the lowest index.
+  template <int kNTiles>
+  __device__ void observe(const float (&s)[1][kNTiles][4], int k0) {
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float v = s[0][nt][e];
+        if (v == -INFINITY) continue;
+        const int key = k0 + frag_col(nt, e);
+        if (v > hi[e / 2].value) hi[e / 2] = {v, key};
+        if (v < lo[e / 2].value) lo[e / 2] = {v, key};
+      }
+  }
+  // After pass 1: each row's grid.
+  __device__ void calibrate() {
+#pragma unroll
+    for (int half = 0; half < 2; ++half)
+      st[half] = kinterval::make_row_stats(kinterval::row_extremum4<true>(hi[half]),
+                                           kinterval::row_extremum4<false>(lo[half]), 1.0f, opt.grid, opt.fwm,
+                                           opt.window);
+  }
+  // Pass 2, one key block: scores (masked −inf) become ŵ (masked 0), summed into Ẑ.
+  // The weights are relative to the row's final max: nothing to rescale.
+  template <int kNTiles, int kDTiles>
+  __device__ void update(float (&s)[1][kNTiles][4], float (&)[1][kDTiles][4]) {
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float v = s[0][nt][e];
+        s[0][nt][e] = v == -INFINITY ? 0.0f : weight(st[e / 2], v);
+        z[e / 2] += s[0][nt][e];
+      }
+  }
+  // O = O / Ẑ after the last key block (Ẑ >= 1: the max has ŵ = 1).
+  template <int kDTiles>
+  __device__ void finalize(float (&o)[1][kDTiles][4]) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      st[half].inv_z = 1.0f / row_sum4(z[half]);
+#pragma unroll
+      for (int dt = 0; dt < kDTiles; ++dt) {
+        o[0][dt][2 * half] *= st[half].inv_z;
+        o[0][dt][2 * half + 1] *= st[half].inv_z;
+      }
+    }
+  }
+  // The RowStats of rows [row0, row0 + 16) of the warp into stats (T, kStatFloats).
+  __device__ void store(float* stats, int row0, int rows_valid) const {
+    if (threadIdx.x % 4 != 0) return;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = row0 + frag_row(2 * half);
+      if (row < rows_valid) reinterpret_cast<kinterval::RowStats*>(stats)[row] = st[half];
+    }
+  }
+
+  // A row's values; null reads as 0.
+  __device__ static Row load_row(const float* stats, const float* terms) {
+    Row r{};
+    if (stats) r.st = *reinterpret_cast<const kinterval::RowStats*>(stats);
+    if (terms) r.terms = *reinterpret_cast<const float4*>(terms);
+    return r;
+  }
+
+  // Backward row sweep, one visible entry.
+  __device__ void accumulate(RowSums& a, const kinterval::RowStats& r, float score, float dp) const {
+    if (opt.rule == kinterval::Rule::prob_ste) {  // exact p ∝ exp(S − m): ḡ and L of the exact softmax
+      const float e = fast_exp2(fmaf(score, kLog2e, -r.w_base));
+      a.a0 += e;
+      a.a1 += e * dp;
+      return;
+    }
+    const float u = kinterval::grid_coord(r, score, opt.grid);
+    a.a1 += weight(r, score) * dp;  // Σ ŵ g; ḡ = that / Ẑ
+    if (opt.rule == kinterval::Rule::lerp) {  // the derivative per unit h: lerp_grad is linear in h
+      const kinterval::LerpGrad f = kinterval::lerp_grad(u, 1.0f, r, r.u_scale, opt.grid, opt.fwm);
+      a.m0 += f.dm, a.m1 += f.dm * dp;
+      a.l0 += f.dl, a.l1 += f.dl * dp;
+    } else {  // weight STE: ∂L/∂m = −Σ w_j h_j, w = exp(S − m)
+      const float w = opt.mask_window && u < 0.0f ? 0.0f : fast_exp2(fmaf(score, kLog2e, -r.w_base));
+      a.m0 -= w, a.m1 -= w * dp;
+    }
+  }
+  // The row's terms from the sums of its four threads (every thread of the row
+  // calls it and gets the same terms).
+  __device__ float4 row_terms(RowSums a, const kinterval::RowStats& r) const {
+    a.a0 = row_sum4(a.a0), a.a1 = row_sum4(a.a1);
+    a.m0 = row_sum4(a.m0), a.m1 = row_sum4(a.m1);
+    a.l0 = row_sum4(a.l0), a.l1 = row_sum4(a.l1);
+    if (opt.rule == kinterval::Rule::prob_ste)  // L = m + log Σ exp(S − m); no path through m, ℓ
+      return make_float4(a.a1 / a.a0, 0.0f, 0.0f, (r.w_base + __log2f(a.a0)) * kLn2);
+    const float gbar = a.a1 * r.inv_z;
+    // A flat lerp row has constant weights: nothing flows through m or ℓ.
+    if (opt.detach || (opt.rule == kinterval::Rule::lerp && r.u_scale == 0.0f))
+      return make_float4(gbar, 0.0f, 0.0f, 0.0f);
+    return make_float4(gbar, r.inv_z * (a.m1 - gbar * a.m0), r.inv_z * (a.l1 - gbar * a.l0), 0.0f);
+  }
+
+  // p̂ of one visible entry, for dV.
+  __device__ float probability(const Row& r, float score) const { return weight(r.st, score) * r.st.inv_z; }
+  // dS of one visible entry (key = its key index): the rule's direct part plus
+  // the calibration terms where the key is the row's argmax / argmin.
+  __device__ float grad(const Row& r, float score, float /*p̂*/, float dp, int key) const {
+    const float gbar = r.terms.x;
+    float ds;
+    if (opt.rule == kinterval::Rule::prob_ste) {
+      ds = fast_exp2(fmaf(score, kLog2e, -r.terms.w * kLog2e)) * (dp - gbar);
+    } else {
+      const float u = kinterval::grid_coord(r.st, score, opt.grid), h = (dp - gbar) * r.st.inv_z;
+      if (opt.rule == kinterval::Rule::lerp)
+        ds = kinterval::lerp_grad(u, h, r.st, r.st.u_scale, opt.grid, opt.fwm).ds;
+      else
+        ds = opt.mask_window && u < 0.0f ? 0.0f : fast_exp2(fmaf(score, kLog2e, -r.st.w_base)) * h;
+    }
+    if (key == r.st.argmax) ds += r.terms.y;
+    if (key == r.st.argmin) ds += r.terms.z;
+    return ds;
+  }
+};
+
+}  // namespace qattn::cuda::sage
