@@ -53,17 +53,44 @@ class Run:
             self.status = "diverged"
 
 
+# Step counts that follow the tokens per step; they vary with it and say nothing more.
+FOLLOWING_KEYS = {"train.warmup", "eval.every", "log.diag_every", "train.checkpoint_every"}
+
+
+def short_labels(rows, keys):
+    """A legend label per setting: the varied keys whose values differ between
+    settings, by their last path component (the whole path less "attention."
+    where two share it); an exact-attention run drops the options of the
+    quantised kinds, which it does not use."""
+    varied = [k for k in keys if k not in FOLLOWING_KEYS and len({r[k] for r in rows}) > 1]
+    last = [k.rsplit(".", 1)[-1] for k in varied]
+    names = [k.removeprefix("attention.") if last.count(n) > 1 else n for k, n in zip(varied, last)]
+    labels = {}
+    for r in rows:
+        exact = r.get("attention.kind") == "fpa"
+        parts = [f"{n}={r[k]}" for k, n in zip(varied, names)
+                 if not (exact and k.startswith(("attention.sage.", "attention.kinterval.")))]
+        labels[r["setting"]] = " ".join(parts) or r["setting"]
+    return labels
+
+
 def load_runs(root):
     """Runs under root, from a sweep's summary.csv, a single run, or subfolders."""
     summary = os.path.join(root, "summary.csv")
     if os.path.exists(summary):
-        runs = []
         with open(summary, newline="") as f:
-            for row in csv.DictReader(f):
-                path = os.path.join(root, row["id"])
-                if os.path.exists(os.path.join(path, "metrics.csv")):
-                    runs.append(Run(path, row["id"], row["setting"], row["status"],
-                                    row["baseline"], row.get("train.seed", "")))
+            reader = csv.DictReader(f)
+            rows = list(reader)
+            columns = reader.fieldnames
+        # The sweep's varied keys are the columns between "setting" and "train.seed".
+        keys = columns[columns.index("setting") + 1:columns.index("train.seed")]
+        labels = short_labels(rows, keys)
+        runs = []
+        for row in rows:
+            path = os.path.join(root, row["id"])
+            if os.path.exists(os.path.join(path, "metrics.csv")):
+                runs.append(Run(path, row["id"], labels[row["setting"]], row["status"],
+                                labels.get(row["baseline"], row["baseline"]), row.get("train.seed", "")))
         return runs
     if os.path.exists(os.path.join(root, "metrics.csv")):
         name = os.path.basename(os.path.normpath(root))
@@ -126,10 +153,32 @@ def draw_group(ax, curves, color, label):
             ax.annotate("diverged", pts[-1], textcoords="offset points", xytext=(4, 4), fontsize=7, color=color)
 
 
+def palette():
+    """Matplotlib's ten colours and five more: a grid has up to 15 settings."""
+    return plt.rcParams["axes.prop_cycle"].by_key()["color"] + ["black", "darkgoldenrod", "navy", "lime", "teal"]
+
+
+def zoom_to_late(ax, curves):
+    """y range of the last 80% of the tokens, where the settings separate."""
+    end = max((pts[-1][0] for pts in curves if pts), default=0)
+    ys = [y for pts in curves for x, y in pts if x >= 0.2 * end]
+    if ys:
+        pad = 0.05 * (max(ys) - min(ys) or 1.0)
+        ax.set_ylim(min(ys) - pad, max(ys) + pad)
+
+
+def legend_below(fig, ax):
+    """One legend under the figure: long labels would hide the curves."""
+    fig.tight_layout()
+    handles, labels = ax.get_legend_handles_labels()
+    if handles:
+        fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=2, fontsize=8, frameon=False)
+
+
 def plot_losses(runs, out, window, title):
     fig, (ax_train, ax_val) = plt.subplots(1, 2, figsize=(13, 5))
     groups = by_setting(runs)
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    colors = palette()
     for i, (setting, members) in enumerate(groups.items()):
         color = colors[i % len(colors)]
         label = setting + (" [baseline]" if members[0].baseline == "(baseline)" else "")
@@ -142,10 +191,11 @@ def plot_losses(runs, out, window, title):
         ax.set_ylabel("loss (nats)")
         ax.set_title(name)
         ax.grid(alpha=0.3)
-    ax_val.legend(fontsize=7, loc="upper right")
+    zoom_to_late(ax_val, [r.val[1:] for r in runs if r.status != "diverged"])
+    zoom_to_late(ax_train, [smooth(r.train, window) for r in runs if r.status != "diverged"])
     fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(out, dpi=120)
+    legend_below(fig, ax_val)
+    fig.savefig(out, dpi=120, bbox_inches="tight")
     plt.close(fig)
 
 
@@ -159,7 +209,7 @@ def plot_gaps(runs, out, title):
     if not groups:
         return False
     fig, ax = plt.subplots(figsize=(8, 5))
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    colors = palette()
     for i, (setting, members) in enumerate(groups.items()):
         curves = []
         for r in members:
@@ -174,9 +224,8 @@ def plot_gaps(runs, out, title):
     ax.set_ylabel("val loss gap to baseline (nats)")
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out, dpi=120)
+    legend_below(fig, ax)
+    fig.savefig(out, dpi=120, bbox_inches="tight")
     plt.close(fig)
     return True
 
