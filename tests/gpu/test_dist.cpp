@@ -138,6 +138,13 @@ void check_close(const Run& a, const Run& b, double loss_tol, double state_tol) 
   CHECK(rel_l2(a.v, b.v) <= state_tol);
 }
 
+// The reference: the plain (non-NCCL) CUDA backend on GPU 0.
+Run train_plain(const Config& cfg, const std::vector<Batch>& batches, int steps) {
+  CUDA_CHECK(cudaSetDevice(0));
+  auto be = make_cuda_backend(cfg);
+  return train_steps(*be, cfg, batches, steps);
+}
+
 int device_count() {
   int n = 0;
   CUDA_CHECK(cudaGetDeviceCount(&n));
@@ -150,12 +157,7 @@ TEST_CASE("one NCCL rank (ZeRO-0 and ZeRO-1) trains like the plain backend", "[d
   const int steps = 12;
   const Config plain_cfg = small_config(2, 1);
   const auto batches = make_batches(steps * 2, plain_cfg);
-  CUDA_CHECK(cudaSetDevice(0));
-  Run ref;
-  {
-    auto plain = make_cuda_backend(plain_cfg);
-    ref = train_steps(*plain, plain_cfg, batches, steps);
-  }
+  const Run ref = train_plain(plain_cfg, batches, steps);
   CHECK(ref.loss.back() < ref.loss.front() - 0.1);  // it learns
   for (int zero : {0, 1}) {
     INFO("ZeRO-" << zero);
@@ -184,12 +186,7 @@ TEST_CASE("two GPUs match one GPU on the same global batches; ZeRO-0 and ZeRO-1 
   const int steps = 50;
   const Config one_cfg = small_config(2, 1);
   const auto batches = make_batches(steps * 2, one_cfg);
-  CUDA_CHECK(cudaSetDevice(0));
-  Run one;
-  {
-    auto be = make_cuda_backend(one_cfg);
-    one = train_steps(*be, one_cfg, batches, steps);
-  }
+  const Run one = train_plain(one_cfg, batches, steps);
   std::vector<Run> by_stage;
   for (int zero : {0, 1}) {
     INFO("ZeRO-" << zero << " on 2 GPUs vs 1 GPU");

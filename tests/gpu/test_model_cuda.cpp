@@ -7,6 +7,8 @@
 // diagnostics agree with the CPU backend's and leave the gradients alone.
 #include <cmath>
 #include <cstdio>
+#include <memory>
+#include <vector>
 
 #include "gpu_test_util.hpp"
 #include "qattn/backend.hpp"
@@ -58,18 +60,62 @@ double tensor_rel_l2(const std::vector<float>& a, const std::vector<float>& b, s
                 std::vector<float>(b.begin() + off, b.begin() + off + n));
 }
 
+// The CPU backend (fp32 reference) and the CUDA backend, from the same parameters.
+struct Twins {
+  std::unique_ptr<Backend> cpu, gpu;
+};
+
+Twins make_twins(const Config& cfg) {
+  Twins t{make_cpu_backend(cfg), make_cuda_backend(cfg)};
+  std::vector<float> params;
+  t.cpu->get_params(params);
+  t.gpu->set_params(params);
+  return t;
+}
+
+// Loss and clipped grad norm of one AdamW step, per backend (0 cpu, 1 cuda).
+struct StepResult {
+  double loss[2];
+  float norm[2];
+};
+
+// `steps` AdamW steps of both backends on the same fresh batches, `accum`
+// micro-batches per step; the per-step results, printed as they come.
+std::vector<StepResult> train_both(Twins& t, const Config& cfg, int steps, int accum) {
+  const int B = cfg.train.micro_batch, T = cfg.model.seq_len;
+  const AdamWHyper h{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f};
+  std::vector<StepResult> out;
+  for (int step = 1; step <= steps; ++step) {
+    std::vector<std::vector<int32_t>> ins(accum), tgs(accum);
+    for (int a = 0; a < accum; ++a) make_batch(B, T, cfg.model.vocab, ins[a], tgs[a]);
+    StepResult r{};
+    Backend* backends[2] = {t.cpu.get(), t.gpu.get()};
+    for (int i = 0; i < 2; ++i) {
+      Backend& be = *backends[i];
+      be.zero_grad();
+      for (int a = 0; a < accum; ++a)
+        r.loss[i] += be.forward_backward(ins[a].data(), tgs[a].data(), B, T, 1.0f / accum) / accum;
+      r.norm[i] = be.grad_norm();
+      be.adamw_step(h, r.norm[i] > 1.0f ? 1.0f / r.norm[i] : 1.0f, step);
+    }
+    std::printf("step %2d loss cpu %.5f cuda %.5f diff %+.5f; grad norm cpu %.4f cuda %.4f\n", step,
+                r.loss[0], r.loss[1], r.loss[1] - r.loss[0], r.norm[0], r.norm[1]);
+    out.push_back(r);
+  }
+  return out;
+}
+
 }  // namespace
 
 TEST_CASE("CUDA model: one step's loss and every gradient match the CPU backend", "[model]") {
   for (const bool qk_norm : {false, true}) {
     INFO("qk_norm = " << qk_norm);
     const Config cfg = small_config(qk_norm);
-    auto cpu = make_cpu_backend(cfg);
-    auto gpu = make_cuda_backend(cfg);
-    std::vector<float> params;
+    Twins twins = make_twins(cfg);
+    auto& cpu = twins.cpu;
+    auto& gpu = twins.gpu;
+    std::vector<float> params, back;
     cpu->get_params(params);
-    gpu->set_params(params);
-    std::vector<float> back;
     gpu->get_params(back);
     CHECK(rel_l2(back, params) == 0.0);
 
@@ -108,41 +154,20 @@ TEST_CASE("CUDA model: one step's loss and every gradient match the CPU backend"
 
 TEST_CASE("CUDA model: 20 training steps follow the CPU backend's losses", "[model]") {
   const Config cfg = small_config(false);
-  auto cpu = make_cpu_backend(cfg);
-  auto gpu = make_cuda_backend(cfg);
-  std::vector<float> params;
-  cpu->get_params(params);
-  gpu->set_params(params);
-  const int B = cfg.train.micro_batch, T = cfg.model.seq_len, accum = 2;
-  const AdamWHyper h{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f};
-  for (int step = 1; step <= 20; ++step) {
-    double loss[2] = {0, 0};
-    std::vector<std::vector<int32_t>> ins(accum), tgs(accum);
-    for (int a = 0; a < accum; ++a) make_batch(B, T, cfg.model.vocab, ins[a], tgs[a]);
-    Backend* backends[2] = {cpu.get(), gpu.get()};
-    for (int i = 0; i < 2; ++i) {
-      Backend& be = *backends[i];
-      be.zero_grad();
-      for (int a = 0; a < accum; ++a)
-        loss[i] += be.forward_backward(ins[a].data(), tgs[a].data(), B, T, 1.0f / accum) / accum;
-      const float norm = be.grad_norm();
-      be.adamw_step(h, norm > 1.0f ? 1.0f / norm : 1.0f, step);
-    }
-    std::printf("step %2d loss cpu %.5f cuda %.5f diff %+.5f\n", step, loss[0], loss[1],
-                loss[1] - loss[0]);
-    INFO("step " << step);
-    CHECK(std::abs(loss[0] - loss[1]) < kLossTol);
+  Twins twins = make_twins(cfg);
+  const auto steps = train_both(twins, cfg, 20, /*accum=*/2);
+  for (size_t i = 0; i < steps.size(); ++i) {
+    INFO("step " << i + 1);
+    CHECK(std::abs(steps[i].loss[0] - steps[i].loss[1]) < kLossTol);
   }
 }
 
 TEST_CASE("CUDA model: diagnostics match the CPU backend and leave the gradients alone",
           "[model]") {
   const Config cfg = small_config(true);
-  auto cpu = make_cpu_backend(cfg);
-  auto gpu = make_cuda_backend(cfg);
-  std::vector<float> params;
-  cpu->get_params(params);
-  gpu->set_params(params);
+  Twins twins = make_twins(cfg);
+  auto& cpu = twins.cpu;
+  auto& gpu = twins.gpu;
   const int B = 2, T = cfg.model.seq_len;  // a probe batch smaller than the micro-batch
   std::vector<int32_t> in, tg;
   make_batch(cfg.train.micro_batch, T, cfg.model.vocab, in, tg);
@@ -176,31 +201,14 @@ TEST_CASE("CUDA model with sage + the K-interval softmax block (fwm, nearest, pr
   KIntervalOptions k;
   k.K = 16, k.calibration = Calibration::fwm, k.rounding = Rounding::nearest, k.ste = Ste::prob;
   cfg.attention.sage.softmax = k;
-  auto cpu = make_cpu_backend(cfg);
-  auto gpu = make_cuda_backend(cfg);
-  std::vector<float> params;
-  cpu->get_params(params);
-  gpu->set_params(params);
-  const int B = cfg.train.micro_batch, T = cfg.model.seq_len;
-  const AdamWHyper h{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f};
-  for (int step = 1; step <= 5; ++step) {
-    std::vector<int32_t> in, tg;
-    make_batch(B, T, cfg.model.vocab, in, tg);
-    float loss[2], norm[2];
-    Backend* backends[2] = {cpu.get(), gpu.get()};
-    for (int i = 0; i < 2; ++i) {
-      backends[i]->zero_grad();
-      loss[i] = backends[i]->forward_backward(in.data(), tg.data(), B, T, 1.0f);
-      norm[i] = backends[i]->grad_norm();
-      backends[i]->adamw_step(h, norm[i] > 1.0f ? 1.0f / norm[i] : 1.0f, step);
-    }
-    std::printf("sage+kinterval step %d loss cpu %.5f cuda %.5f; grad norm cpu %.4f cuda %.4f\n", step, loss[0],
-                loss[1], norm[0], norm[1]);
-    INFO("step " << step);
+  Twins twins = make_twins(cfg);
+  const auto steps = train_both(twins, cfg, 5, /*accum=*/1);
+  for (size_t i = 0; i < steps.size(); ++i) {
+    INFO("step " << i + 1);
     // The CPU backend quantises fp32 activations, the GPU bf16 ones: int8 and
     // grid levels differ more often than in FPA, so the norm gets a looser bound.
-    CHECK(std::abs(loss[0] - loss[1]) < kLossTol);
-    CHECK(std::isfinite(norm[1]));
-    CHECK(std::abs(norm[1] - norm[0]) / norm[0] < 0.1);
+    CHECK(std::abs(steps[i].loss[0] - steps[i].loss[1]) < kLossTol);
+    CHECK(std::isfinite(steps[i].norm[1]));
+    CHECK(std::abs(steps[i].norm[1] - steps[i].norm[0]) / steps[i].norm[0] < 0.1);
   }
 }
