@@ -116,13 +116,49 @@ std::string read_text(const fs::path& path) {
   return std::string(std::istreambuf_iterator<char>(f), {});
 }
 
-std::vector<float> read_floats(const fs::path& path) {
-  const auto bytes = fs::file_size(path);
-  std::vector<float> v(bytes / sizeof(float));
+// Reads a whole file into elements of T (a size not a multiple of sizeof(T)
+// keeps its tail bytes out, which the manifest's byte count then reports).
+template <class T>
+std::vector<T> read_whole(const fs::path& path, uint64_t& bytes) {
+  bytes = fs::file_size(path);
+  std::vector<T> v(bytes / sizeof(T));
   std::ifstream f(path, std::ios::binary);
-  if (!f.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(v.size() * sizeof(float))))
+  if (!f.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(v.size() * sizeof(T))))
     throw CheckpointError("cannot read " + path.string());
   return v;
+}
+
+FileSum sum_of(const void* data, uint64_t bytes) {
+  Fnv1a64 h;
+  h.update(static_cast<const unsigned char*>(data), bytes);
+  return {bytes, h.hex()};
+}
+
+// What is wrong with a file against its manifest entry ("" when nothing).
+std::string mismatch(const char* file, const FileSum& got, const json& want) {
+  if (got.bytes != want.at("bytes").get<uint64_t>())
+    return std::string(file) + " holds " + std::to_string(got.bytes) + " bytes; the manifest says " +
+           std::to_string(want.at("bytes").get<uint64_t>());
+  if (got.hash != want.at("fnv1a64").get<std::string>())
+    return std::string(file) + ": checksum " + got.hash + " does not match the manifest's " +
+           want.at("fnv1a64").get<std::string>();
+  return "";
+}
+
+// The manifest of the checkpoint in d, checked for format and the list of
+// files; throws CheckpointError or json::exception with what is wrong.
+json read_manifest(const fs::path& d) {
+  if (!fs::exists(d / "manifest.json")) throw CheckpointError("no manifest.json (the write did not finish)");
+  json manifest = json::parse(read_text(d / "manifest.json"));
+  if (manifest.at("format") != kFormat || manifest.at("version") != kFormatVersion)
+    throw CheckpointError("manifest.json: not a " + std::string(kFormat) + " version " +
+                          std::to_string(kFormatVersion) + " manifest");
+  for (const char* file : kFiles) {
+    if (!manifest.at("files").contains(file))
+      throw CheckpointError("manifest.json does not list " + std::string(file));
+    if (!fs::exists(d / file)) throw CheckpointError(std::string(file) + " is missing");
+  }
+  return manifest;
 }
 
 json state_to_json(const TrainState& s) {
@@ -240,25 +276,11 @@ std::string save_checkpoint(const std::string& run_dir, const Checkpoint& ck, in
 
 std::string checkpoint_problem(const std::string& dir) {
   const fs::path d(dir);
-  if (!fs::exists(d / "manifest.json")) return "no manifest.json (the write did not finish)";
-  json manifest;
   try {
-    manifest = json::parse(read_text(d / "manifest.json"));
-    if (manifest.at("format") != kFormat || manifest.at("version") != kFormatVersion)
-      return "manifest.json: not a " + std::string(kFormat) + " version " +
-             std::to_string(kFormatVersion) + " manifest";
-    for (const char* file : kFiles) {
-      if (!manifest.at("files").contains(file)) return "manifest.json does not list " + std::string(file);
-      const json& want = manifest["files"][file];
-      if (!fs::exists(d / file)) return std::string(file) + " is missing";
-      const FileSum got = sum_file(d / file);
-      if (got.bytes != want.at("bytes").get<uint64_t>())
-        return std::string(file) + " holds " + std::to_string(got.bytes) + " bytes; the manifest says " +
-               std::to_string(want.at("bytes").get<uint64_t>());
-      if (got.hash != want.at("fnv1a64").get<std::string>())
-        return std::string(file) + ": checksum " + got.hash + " does not match the manifest's " +
-               want.at("fnv1a64").get<std::string>();
-    }
+    const json manifest = read_manifest(d);
+    for (const char* file : kFiles)  // streamed: a scan over many checkpoints holds none in memory
+      if (std::string why = mismatch(file, sum_file(d / file), manifest["files"][file]); !why.empty())
+        return why;
   } catch (const json::exception& e) {
     return std::string("manifest.json: ") + e.what();
   } catch (const CheckpointError& e) {
@@ -268,19 +290,41 @@ std::string checkpoint_problem(const std::string& dir) {
 }
 
 Checkpoint load_checkpoint(const std::string& dir) {
-  if (const std::string why = checkpoint_problem(dir); !why.empty())
-    throw CheckpointError("checkpoint " + dir + " is not valid: " + why);
   const fs::path d(dir);
+  const auto invalid = [&dir](const std::string& why) {
+    return CheckpointError("checkpoint " + dir + " is not valid: " + why);
+  };
+  // Each file is read once, checked against the manifest in memory, then used.
   Checkpoint ck;
+  std::vector<char> config_text, state_text;
   try {
-    ck.config = json::parse(read_text(d / "config.json"));
-    ck.state = state_from_json(json::parse(read_text(d / "state.json")));
+    const json manifest = read_manifest(d);
+    const auto check = [&](const char* file, const auto& data, uint64_t bytes) {
+      if (std::string why = mismatch(file, sum_of(data.data(), bytes), manifest["files"][file]); !why.empty())
+        throw CheckpointError(why);
+    };
+    uint64_t bytes = 0;
+    config_text = read_whole<char>(d / "config.json", bytes);
+    check("config.json", config_text, bytes);
+    state_text = read_whole<char>(d / "state.json", bytes);
+    check("state.json", state_text, bytes);
+    ck.params = read_whole<float>(d / "params.bin", bytes);
+    check("params.bin", ck.params, bytes);
+    ck.adam_m = read_whole<float>(d / "adam_m.bin", bytes);
+    check("adam_m.bin", ck.adam_m, bytes);
+    ck.adam_v = read_whole<float>(d / "adam_v.bin", bytes);
+    check("adam_v.bin", ck.adam_v, bytes);
+  } catch (const json::exception& e) {
+    throw invalid(std::string("manifest.json: ") + e.what());
+  } catch (const CheckpointError& e) {
+    throw invalid(e.what());
+  }
+  try {
+    ck.config = json::parse(config_text.begin(), config_text.end());
+    ck.state = state_from_json(json::parse(state_text.begin(), state_text.end()));
   } catch (const json::exception& e) {
     throw CheckpointError("checkpoint " + dir + ": config.json or state.json: " + e.what());
   }
-  ck.params = read_floats(d / "params.bin");
-  ck.adam_m = read_floats(d / "adam_m.bin");
-  ck.adam_v = read_floats(d / "adam_v.bin");
   if (ck.adam_m.size() != ck.params.size() || ck.adam_v.size() != ck.params.size())
     throw CheckpointError("checkpoint " + dir + ": adam_m.bin / adam_v.bin differ in size from params.bin");
   return ck;
