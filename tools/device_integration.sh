@@ -19,14 +19,27 @@ nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
 timeout 240 "$BUILD/tests/qattn_gpu_tests" > "$OUT/gpu_tests.log" 2>&1
 echo "gpu tests rc=$?: $(tail -n 3 "$OUT/gpu_tests.log" | tr '\n' ' ')"
 
-# 2. Attention kernels, each kind, beside the PyTorch peers.
-shapes="--shape 8,12,1024,64 --shape 4,16,4096,128"
+# 2. Attention kernels, each kind, beside the PyTorch peers: the issues' two
+# shapes with the fp64 CPU check of head (0, 0), the other ANCHORS shapes and
+# (8, 12, 2048, 64) without it (the check of a 16k row costs more than the bench).
+check_shapes="--shape 8,12,1024,64 --shape 4,16,4096,128"
+more_shapes="--shape 8,12,2048,64 --shape 4,12,4096,64 --shape 1,16,16384,128"
+bench() {
+  "$BUILD/qattn" bench attention "$@" $check_shapes
+  "$BUILD/qattn" bench attention "$@" $more_shapes --no-check
+}
+SAGE_KINTERVAL="--set attention.sage.softmax.kind=kinterval --set attention.sage.softmax.K=16
+  --set attention.sage.softmax.calibration=fwm --set attention.sage.softmax.rounding=nearest
+  --set attention.sage.softmax.ste=prob"
 {
-  "$BUILD/qattn" bench attention --kind fpa $shapes
-  "$BUILD/qattn" bench attention --kind sage $shapes
-  "$BUILD/qattn" bench attention --kind kinterval $shapes --rounding lerp --calibration minmax --K 4
-  "$BUILD/qattn" bench attention --kind kinterval $shapes --rounding nearest --calibration fwm --ste weight --K 4
-  python3 tools/bench_peers.py --attention-only --shape 8,12,1024,64 --shape 4,16,4096,128
+  bench --kind fpa
+  bench --kind sage
+  bench --kind sage $SAGE_KINTERVAL
+  bench --kind kinterval --rounding lerp --calibration minmax --K 4
+  bench --kind kinterval --rounding nearest --calibration fwm --ste weight --K 4
+  bench --kind kinterval --rounding nearest --calibration minmax --ste prob --K 4
+  bench --kind kinterval --rounding lerp --calibration minmax --K 32 --detach-extrema
+  python3 tools/bench_peers.py --attention-only $check_shapes $more_shapes
 } > "$OUT/bench_attention.log" 2>&1
 echo "attention bench rc=$?"
 
@@ -42,8 +55,13 @@ for name, count in (("train", (steps + 2) * 524288 + 1025), ("val", 4 * 64 * 102
         f.write(struct.pack("<3i", 20240520, 1, count) + bytes(4 * 253))
         f.write(array.array("H", (random.randrange(50257) for _ in range(count))).tobytes())
 PY
-for kind in fpa sage kinterval; do
-  timeout 120 "$BUILD/qattn" train configs/gpt2_124m_fpa.json --set attention.kind=$kind \
+# name and the --set arguments of each attention setting
+SETTINGS=("fpa|" "sage|" "kinterval|" "sage-kinterval|$SAGE_KINTERVAL")
+for setting in "${SETTINGS[@]}"; do
+  kind=${setting%%|*}
+  sets=${setting#*|}
+  # shellcheck disable=SC2086 # $sets is a list of --set arguments
+  timeout 120 "$BUILD/qattn" train configs/gpt2_124m_fpa.json --set attention.kind=${kind%%-*} $sets \
     --set "data.train=$DATA/synth_train_*.bin" --set "data.val=$DATA/synth_val_*.bin" \
     --set train.steps=$STEPS --set train.warmup=2 --set train.micro_batch=64 \
     --set eval.every=0 --set eval.batches=1 --set log.diag_every=0 --set train.checkpoint_every=0 \
@@ -54,9 +72,10 @@ timeout 240 python3 tools/bench_peers.py --gpt2-only > "$OUT/bench_gpt2_peers.lo
 echo "gpt2 peers rc=$?"
 
 echo "===== attention (median ms / TFLOP/s)"
-grep -vE "^\s*$" "$OUT/bench_attention.log" | tail -n 40
+grep -vE "^\s*$" "$OUT/bench_attention.log" | cut -c1-120
 echo "===== GPT-2 124M tokens/s"
-for kind in fpa sage kinterval; do
+for setting in "${SETTINGS[@]}"; do
+  kind=${setting%%|*}
   python3 - "$kind" "/tmp/runs/$kind/metrics.csv" <<'PY'
 import csv, statistics, sys
 kind, path = sys.argv[1], sys.argv[2]
