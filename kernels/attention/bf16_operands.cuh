@@ -55,9 +55,14 @@ struct Bf16Operands {
   __device__ static __forceinline__ void dq(float (&acc)[kRT][kDT][4],
                                             SmemTile<kKeys, kQueries> ds_t, int row0,
                                             SmemTile<kR, kC> k, int col0) {
-    uint32_t a[kRT][kKeys / 16][4];
-    load_a_transposed(a, ds_t, row0);
-    mma_b_kn(acc, a, k, col0);
+    // One 16-key slice at a time (views 16 rows down keep the swizzle), so the A
+    // fragments hold 4 registers, not 4 per slice, beside the dK and dV accumulators.
+#pragma unroll
+    for (int ks = 0; ks < kKeys / 16; ++ks) {
+      uint32_t a[kRT][1][4];
+      load_a_transposed(a, SmemTile<16, kQueries>{ds_t.data + ks * 16 * kQueries}, row0);
+      mma_b_kn(acc, a, SmemTile<16, kC>{k.data + ks * 16 * kC}, col0);
+    }
   }
 
  private:

@@ -61,7 +61,7 @@ struct BackwardParams {
   float scale;       // c
   float scale_log2;  // c · log2(e)
   // flash_backward_kernel's dQ sums (the dQ kernel needs neither), nq = ceil(T / kBlockM):
-  float* dq_sum;  // (B, H, nq kBlockM, d) fp32 scratch, no initial value needed
+  float* dq_sum;  // (B, H, nq, kBlockM d) fp32 scratch (DqSum's order), no initial value needed
   int* dq_turn;   // (B, H, nq) turn counters, zero before the launch
 };
 
@@ -260,7 +260,8 @@ static __global__ void attention_delta_kernel(const BackwardParams p, int d) {
 // index. CUDA dispatches blocks in increasing linear index, so when a block is
 // resident every block of lower index is resident or finished; the lowest
 // unfinished resident block therefore waits for nobody, finishes, and by
-// induction every block does.
+// induction every block does. A block never waits while it holds a turn: it
+// passes the previous step's turn at the start of the next step, before any wait.
 //
 // Why this order is fast. Every key block visits its query blocks from the
 // last one down to its diagonal. Two key blocks that start together then reach
@@ -269,72 +270,115 @@ static __global__ void attention_delta_kernel(const BackwardParams p, int d) {
 // several steps each time); a key block started later finds the lower ones
 // ahead and does not wait at all. Key block 0, which sees every query block,
 // has the lowest index of its head: the heaviest blocks start first, the light
-// ones fill the tail.
+// ones fill the tail. Within a step the latencies of the turn stay off the
+// critical path where the turn is already there (the usual case): when a step
+// starts, thread 0 passes the previous step's turn and the last warp's first
+// thread looks at this step's counter (each stalls one warp of a different
+// SM sub-partition, whose other warp keeps the tensor core busy); the copy of
+// the sum flies while the dQ product runs.
 template <class Tr>
 __device__ __forceinline__ int last_key_block(int q_block, int T) {
   return (min(T, (q_block + 1) * Tr::kBlockM) - 1) / Tr::kBlockN;
 }
 
-// Adds the warp's part dq (rows row0 .., columns col0 .. of the step's dQ,
-// unscaled) of dS_ij K_j, j = k_block, i = q_block, into the fp32 sum of query
-// block i in its turn, so the sum is (((j=0) + (j=1)) + ...) on every run. Key
-// block 0 starts the sum (the scratch holds no initial value); the last key
-// block of i writes dQ = c · sum as bf16 into dqkv instead, after which no one
-// waits on the counter. dq is left holding the sum.
-template <class Tr, int kRT, int kNT>
-__device__ __forceinline__ void add_dq_in_key_order(const BackwardParams& p,
-                                                    float (&dq)[kRT][kNT][4], int b, int h,
-                                                    int q_block, int k_block, int row0,
-                                                    int col0) {
-  constexpr int D = Tr::kHeadDim, BM = Tr::kBlockM;
-  const size_t slot = (static_cast<size_t>(b) * p.H + h) * ((p.T + BM - 1) / BM) + q_block;
-  int* turn = p.dq_turn + slot;
-  float* sum = p.dq_sum + slot * BM * D;  // (BM, d) fp32 sum of query block i
-  const bool first = k_block == 0, last = k_block == last_key_block<Tr>(q_block, p.T);
-  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  // Element pair (mt, nt, half) of dq: row row0 + 16 mt + g + 8 half, columns col0 + 8 nt + 2t, + 1.
-  auto sum_at = [&](int mt, int nt, int half) {
-    return reinterpret_cast<float2*>(sum + (row0 + mt * 16 + g + half * 8) * D + col0 + nt * 8 +
-                                     2 * t);
-  };
-  if (!first) {
-    wait_for_turn(turn, k_block);
-    float2 before[kRT][kNT][2];  // all loads first, so they are in flight together
+// Index of query block q_block of head (b, h) among the dQ sums and counters.
+template <class Tr>
+__device__ __forceinline__ size_t dq_slot(const BackwardParams& p, int b, int h, int q_block) {
+  return (static_cast<size_t>(b) * p.H + h) * ((p.T + Tr::kBlockM - 1) / Tr::kBlockM) + q_block;
+}
+
+// Query block q_block's fp32 dQ sum and turn counter, as key block k_block sees
+// them. The sum is kept in the order of the warps' accumulators, not by row: the
+// element pair (mt, nt, half) of lane l of warp w (dq[mt][nt][2 half], + 1) is
+// float2 number (w · kPairs + (2 (mt · kNT + nt) + half)) · 32 + l, so a warp
+// reads and writes 256 contiguous bytes at a time, in global and shared memory
+// alike. Only the last turn maps pairs to rows and columns of dQ.
+template <class Tr>
+struct DqSum {
+  float* sum;  // (kBlockM d) fp32
+  int* turn;
+  bool first;  // k_block starts the sum (the scratch holds no initial value)
+  bool last;   // k_block ends it: writes dQ = c · sum as bf16, passes no turn
+
+  __device__ DqSum(const BackwardParams& p, int b, int h, int q_block, int k_block) {
+    const size_t slot = dq_slot<Tr>(p, b, h, q_block);
+    sum = p.dq_sum + slot * Tr::kBlockM * Tr::kHeadDim;
+    turn = p.dq_turn + slot;
+    first = k_block == 0;
+    last = k_block == last_key_block<Tr>(q_block, p.T);
+  }
+
+  // Offset (in floats) of this thread's pair 0; pair q is 64 q floats further.
+  template <int kRT, int kNT>
+  __device__ __forceinline__ static int own_pairs() {
+    constexpr int kPairs = 2 * kRT * kNT;
+    static_assert(kPairs * 32 * 2 * Tr::kWarps == Tr::kBlockM * Tr::kHeadDim,
+                  "the warps' pairs must cover the (kBlockM, d) sum once");
+    return ((threadIdx.x / 32) * kPairs * 32 + threadIdx.x % 32) * 2;
+  }
+
+  // Starts copying what the earlier turns summed (from L2) into `staging`
+  // (kBlockM d fp32 of shared memory, same order), as one cp.async group.
+  __device__ __forceinline__ void stage(float* staging) const {
+    constexpr int kChunks = Tr::kBlockM * Tr::kHeadDim / 4;  // 16 bytes each
+    static_assert(kChunks % Tr::kThreads == 0, "the sum's chunks must split over the threads");
 #pragma unroll
-    for (int mt = 0; mt < kRT; ++mt)
-#pragma unroll
-      for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-        for (int half = 0; half < 2; ++half) before[mt][nt][half] = __ldcg(sum_at(mt, nt, half));
+    for (int i = 0; i < kChunks / Tr::kThreads; ++i) {
+      const int chunk = i * Tr::kThreads + threadIdx.x;
+      cp_async_16(staging + 4 * chunk, sum + 4 * chunk, true);
+    }
+    cp_async_commit();
+  }
+
+  // dq = staged + dq (the earlier turns' sum first: the same order every run).
+  // After the staging copies completed and a barrier.
+  template <int kRT, int kNT>
+  __device__ __forceinline__ static void add_staged(float (&dq)[kRT][kNT][4],
+                                                    const float* staging) {
+    const float* own = staging + own_pairs<kRT, kNT>();
 #pragma unroll
     for (int mt = 0; mt < kRT; ++mt)
 #pragma unroll
       for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
-          dq[mt][nt][2 * half] = before[mt][nt][half].x + dq[mt][nt][2 * half];
-          dq[mt][nt][2 * half + 1] = before[mt][nt][half].y + dq[mt][nt][2 * half + 1];
+          const float2 before =
+              *reinterpret_cast<const float2*>(own + 64 * (2 * (mt * kNT + nt) + half));
+          dq[mt][nt][2 * half] = before.x + dq[mt][nt][2 * half];
+          dq[mt][nt][2 * half + 1] = before.y + dq[mt][nt][2 * half + 1];
         }
   }
+
+  // The warp's part of the sum into the fp32 scratch, or, for the last turn, dQ =
+  // c · sum as bf16 into dqkv at rows row0 + 16 mt + g + 8 half, columns col0 +
+  // 8 nt + 2t and + 1 (lane = 4g + t; rows past T skipped).
+  template <int kRT, int kNT>
+  __device__ __forceinline__ void store(const BackwardParams& p, int b, int h, int q_block,
+                                        const float (&dq)[kRT][kNT][4], int row0,
+                                        int col0) const {
+    float* own = sum + own_pairs<kRT, kNT>();
+    const int lane = threadIdx.x % 32;
 #pragma unroll
-  for (int mt = 0; mt < kRT; ++mt)
+    for (int mt = 0; mt < kRT; ++mt)
 #pragma unroll
-    for (int nt = 0; nt < kNT; ++nt)
+      for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const float x = dq[mt][nt][2 * half], y = dq[mt][nt][2 * half + 1];
-        if (!last) {
-          __stcg(sum_at(mt, nt, half), make_float2(x, y));
-        } else {
-          const int query = q_block * BM + row0 + mt * 16 + g + half * 8;
+        for (int half = 0; half < 2; ++half) {
+          const float x = dq[mt][nt][2 * half], y = dq[mt][nt][2 * half + 1];
+          if (!last) {
+            __stcg(reinterpret_cast<float2*>(own + 64 * (2 * (mt * kNT + nt) + half)),
+                   make_float2(x, y));
+            continue;
+          }
+          const int query = q_block * Tr::kBlockM + row0 + mt * 16 + lane / 4 + half * 8;
           if (query < p.T)
-            *reinterpret_cast<uint32_t*>(p.dqkv + qkv_offset(b, query, 0, h, p.T, p.H, D) +
-                                         col0 + nt * 8 + 2 * t) =
+            *reinterpret_cast<uint32_t*>(p.dqkv +
+                                         qkv_offset(b, query, 0, h, p.T, p.H, Tr::kHeadDim) +
+                                         col0 + nt * 8 + 2 * (lane % 4)) =
                 pack_bf16x2(x * p.scale, y * p.scale);
         }
-      }
-  if (!last) pass_turn(turn, k_block + 1);
-}
+  }
+};
 
 template <class Tr, class Operands, class Softmax>
 __global__ void __launch_bounds__(Tr::kThreads) flash_backward_kernel(const BackwardParams p) {
@@ -349,6 +393,7 @@ __global__ void __launch_bounds__(Tr::kThreads) flash_backward_kernel(const Back
   bf16* q_stages = v_tile.data + BN * D;                        // 2 x [(BM, d) Q, (BM, d) dO]
   const SmemTile<BN, BM> ds_tile{q_stages + 4 * BM * D};        // (BN, BM) dSᵀ of the step
   float* stat_stages = reinterpret_cast<float*>(ds_tile.data + BN * BM);  // 2 x [(BM) L, (BM) δ]
+  __shared__ bool turn_seen;  // the step's turn was there when the step started
 
   const int k_block = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int warp = threadIdx.x / 32;
@@ -382,9 +427,19 @@ __global__ void __launch_bounds__(Tr::kThreads) flash_backward_kernel(const Back
   float dk_acc[RT][D / 8][4], dv_acc[RT][D / 8][4];  // (16 RT, d) rows of dK, dV owned by this warp
   zero(dk_acc);
   zero(dv_acc);
-  // Causal: query blocks before the one holding the block's first key see none of it.
-  pipelined(0, n_qblocks - k0 / BM, load_queries, [&](int step, int s) {
+  // Thread 0 passes the turn of a step's query block (unless this was its last
+  // key block) once the barriers after the step have ordered every thread's
+  // writes of the sum: when the next step starts, or after the last step.
+  auto pass_turn_of = [&](int q_block) {
+    if (k_block != last_key_block<Tr>(q_block, p.T))
+      pass_turn(p.dq_turn + dq_slot<Tr>(p, b, h, q_block), k_block + 1);
+  };
+  const int first_qblock = k0 / BM;  // causal: earlier query blocks see none of the keys
+  pipelined(0, n_qblocks - first_qblock, load_queries, [&](int step, int s) {
     const int q_block = n_qblocks - 1 - step, q0 = q_block * BM;
+    if (threadIdx.x == 0 && step > 0) pass_turn_of(q_block + 1);
+    if (threadIdx.x == Tr::kThreads - 32)
+      turn_seen = k_block > 0 && is_turn(p.dq_turn + dq_slot<Tr>(p, b, h, q_block), k_block);
     const float* lse = lse_stage(s);
     const float* delta = delta_stage(s);
     float w[RT][BM / 8][4];  // (16 RT keys, BM queries): Sᵀ, then Pᵀ, then dSᵀ
@@ -412,12 +467,29 @@ __global__ void __launch_bounds__(Tr::kThreads) flash_backward_kernel(const Back
       Operands::dk(dk_acc, w, q_stage(s));
     }
     store_acc(ds_tile, w, warp_row0, 1.0f);
-    __syncthreads();  // the step's whole dSᵀ is in shared memory
+    __syncthreads();  // the step's whole dSᵀ is in shared memory, turn_seen is set
+
+    const DqSum<Tr> dq_sum(p, b, h, q_block, k_block);
+    // What key blocks 0 .. k_block - 1 summed is staged in this step's Q and dO
+    // tiles ((BM, d) fp32 in their 2 (BM, d) bf16), free once dK and dV are done.
+    float* staging = reinterpret_cast<float*>(q_stage(s).data);
+    const bool staged_early = turn_seen;
+    if (staged_early) dq_sum.stage(staging);  // copies in flight during the product
     float dq[DQ_RT][DQ_COLS / 8][4];  // (16 DQ_RT, DQ_COLS) of the step's dQ, unscaled
     zero(dq);
     Operands::dq(dq, ds_tile, dq_row0, k_tile, dq_col0);
-    add_dq_in_key_order<Tr>(p, dq, b, h, q_block, k_block, dq_row0, dq_col0);
+    if (!dq_sum.first) {
+      if (!staged_early) {
+        wait_for_turn(dq_sum.turn, k_block);
+        dq_sum.stage(staging);
+      }
+      cp_async_wait<0>();  // (also the next step's tiles, issued a whole step ago)
+      __syncthreads();     // every thread's copies have landed
+      dq_sum.add_staged(dq, staging);
+    }
+    dq_sum.store(p, b, h, q_block, dq, dq_row0, dq_col0);
   });
+  if (threadIdx.x == 0) pass_turn_of(first_qblock);
 
   // K and V tiles are free: stage dK (times c) and dV there, then store both.
   store_acc(k_tile, dk_acc, warp_row0, p.scale);

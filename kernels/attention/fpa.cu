@@ -27,9 +27,9 @@ using BackwardTiles =
     std::conditional_t<D == 64, DkDvTraits<64, 4, 1, 64>, DkDvTraits<128, 8, 1, 64>>;
 
 // Element counts of the backward's scratch, carved from the workspace in this
-// order (the sums first: their float2 accesses need 8-byte alignment whatever
-// B H T is), nq = ceil(T / kBlockM):
-//   dQ sums (B, H, nq kBlockM, d) fp32, δ (B, H, T) fp32, turn counters (B, H, nq) int.
+// order (the sums first: their 16-byte copies need the workspace's alignment
+// whatever B H T is), nq = ceil(T / kBlockM):
+//   dQ sums (B, H, nq, kBlockM d) fp32, δ (B, H, T) fp32, turn counters (B, H, nq) int.
 template <int D>
 struct WorkspaceLayout {
   size_t sums, deltas, turns;
