@@ -116,7 +116,7 @@ void sweep_backward(Problem& pb, std::vector<float>& first) {
   const size_t n_turns = size_t(pb.B) * pb.H * ((pb.T + Tr::kBlockM - 1) / Tr::kBlockM);
   const float ms = time_kernel(
       flash_backward_kernel<Tr, Bf16Operands, OnlineSoftmax<1>>,
-      dim3((pb.T + Tr::kBlockN - 1) / Tr::kBlockN, pb.H, pb.B), Tr::kThreads, Tr::kSmemBytes,
+      dim3((pb.T + Tr::kBlockN - 1) / Tr::kBlockN * pb.H * pb.B), Tr::kThreads, Tr::kSmemBytes,
       backward_params(pb),
       [&] { CUDA_CHECK(cudaMemsetAsync(pb.dq_turn, 0, n_turns * sizeof(int))); });
   const auto g = to_float(pb.dqkv, pb.n_qkv);

@@ -240,8 +240,8 @@ static __global__ void attention_delta_kernel(const BackwardParams p, int d) {
 }
 
 // ---------------------------------------------------------------------------
-// Backward: dK, dV of key block blockIdx.x of head blockIdx.y, batch blockIdx.z,
-// and its part of dQ. Grid (ceil(T / kBlockN), H, B).
+// Backward: dK, dV of one key block and its part of dQ. Grid: one dimension of
+// B H ceil(T / kBlockN) blocks, block (b H + h) ceil(T / kBlockN) + k_block.
 //
 // Each warp owns 16 kRowTiles keys and computes the transposed tiles Sᵀ, Pᵀ,
 // dPᵀ, dSᵀ (keys x queries), so Pᵀ and dSᵀ go from accumulators straight into
@@ -255,9 +255,9 @@ static __global__ void attention_delta_kernel(const BackwardParams p, int d) {
 // counter of i says j, adds its part to the fp32 sum, and passes the turn to
 // j + 1; the last one (the diagonal block of i) writes dQ_i as bf16 instead.
 //
-// Why it cannot deadlock. Within a head the linear block index grows with j
-// (x is the key block), so a block only ever waits for blocks of lower linear
-// index. CUDA dispatches blocks in increasing linear index, so when a block is
+// Why it cannot deadlock. Within a head the block index grows with j, so a
+// block only ever waits for blocks of lower index. CUDA dispatches the blocks
+// of a one-dimensional grid in increasing index, so when a block is
 // resident every block of lower index is resident or finished; the lowest
 // unfinished resident block therefore waits for nobody, finishes, and by
 // induction every block does. A block never waits while it holds a turn: it
@@ -281,10 +281,10 @@ __device__ __forceinline__ int last_key_block(int q_block, int T) {
   return (min(T, (q_block + 1) * Tr::kBlockM) - 1) / Tr::kBlockN;
 }
 
-// Index of query block q_block of head (b, h) among the dQ sums and counters.
+// Index of query block q_block of head b H + h among the dQ sums and counters.
 template <class Tr>
-__device__ __forceinline__ size_t dq_slot(const BackwardParams& p, int b, int h, int q_block) {
-  return (static_cast<size_t>(b) * p.H + h) * ((p.T + Tr::kBlockM - 1) / Tr::kBlockM) + q_block;
+__device__ __forceinline__ size_t dq_slot(const BackwardParams& p, int head, int q_block) {
+  return static_cast<size_t>(head) * ((p.T + Tr::kBlockM - 1) / Tr::kBlockM) + q_block;
 }
 
 // Query block q_block's fp32 dQ sum and turn counter, as key block k_block sees
@@ -300,8 +300,8 @@ struct DqSum {
   bool first;  // k_block starts the sum (the scratch holds no initial value)
   bool last;   // k_block ends it: writes dQ = c · sum as bf16, passes no turn
 
-  __device__ DqSum(const BackwardParams& p, int b, int h, int q_block, int k_block) {
-    const size_t slot = dq_slot<Tr>(p, b, h, q_block);
+  __device__ DqSum(const BackwardParams& p, int head, int q_block, int k_block) {
+    const size_t slot = dq_slot<Tr>(p, head, q_block);
     sum = p.dq_sum + slot * Tr::kBlockM * Tr::kHeadDim;
     turn = p.dq_turn + slot;
     first = k_block == 0;
@@ -353,7 +353,7 @@ struct DqSum {
   // c · sum as bf16 into dqkv at rows row0 + 16 mt + g + 8 half, columns col0 +
   // 8 nt + 2t and + 1 (lane = 4g + t; rows past T skipped).
   template <int kRT, int kNT>
-  __device__ __forceinline__ void store(const BackwardParams& p, int b, int h, int q_block,
+  __device__ __forceinline__ void store(const BackwardParams& p, int head, int q_block,
                                         const float (&dq)[kRT][kNT][4], int row0,
                                         int col0) const {
     float* own = sum + own_pairs<kRT, kNT>();
@@ -372,9 +372,9 @@ struct DqSum {
           }
           const int query = q_block * Tr::kBlockM + row0 + mt * 16 + lane / 4 + half * 8;
           if (query < p.T)
-            *reinterpret_cast<uint32_t*>(p.dqkv +
-                                         qkv_offset(b, query, 0, h, p.T, p.H, Tr::kHeadDim) +
-                                         col0 + nt * 8 + 2 * (lane % 4)) =
+            *reinterpret_cast<uint32_t*>(
+                p.dqkv + qkv_offset(head / p.H, query, 0, head % p.H, p.T, p.H, Tr::kHeadDim) +
+                col0 + nt * 8 + 2 * (lane % 4)) =
                 pack_bf16x2(x * p.scale, y * p.scale);
         }
   }
@@ -395,7 +395,9 @@ __global__ void __launch_bounds__(Tr::kThreads) flash_backward_kernel(const Back
   float* stat_stages = reinterpret_cast<float*>(ds_tile.data + BN * BM);  // 2 x [(BM) L, (BM) δ]
   __shared__ bool turn_seen;  // the step's turn was there when the step started
 
-  const int k_block = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int n_kblocks = (p.T + BN - 1) / BN;
+  const int k_block = blockIdx.x % n_kblocks, head = blockIdx.x / n_kblocks;
+  const int h = head % p.H, b = head / p.H;
   const int warp = threadIdx.x / 32;
   const int k0 = k_block * BN;
   const int warp_row0 = warp * 16 * RT;  // first key of the warp, within the block
@@ -405,7 +407,7 @@ __global__ void __launch_bounds__(Tr::kThreads) flash_backward_kernel(const Back
   const int dq_col0 = (warp / Tr::kDqRowWarps) * DQ_COLS;
   const int n_qblocks = (p.T + BM - 1) / BM;
   const size_t ld = static_cast<size_t>(3) * p.H * D, ld_o = static_cast<size_t>(p.H) * D;
-  const size_t stat0 = (static_cast<size_t>(b) * p.H + h) * p.T;  // (b, h) slice of L and δ
+  const size_t stat0 = static_cast<size_t>(head) * p.T;  // (b, h) slice of L and δ
   const bf16* q_src = p.qkv + qkv_offset(b, 0, 0, h, p.T, p.H, D);
   const bf16* do_src = p.dout + head_offset(b, 0, h, p.T, p.H, D);
   auto q_stage = [&](int s) { return SmemTile<BM, D>{q_stages + (2 * s) * BM * D}; };
@@ -432,14 +434,14 @@ __global__ void __launch_bounds__(Tr::kThreads) flash_backward_kernel(const Back
   // writes of the sum: when the next step starts, or after the last step.
   auto pass_turn_of = [&](int q_block) {
     if (k_block != last_key_block<Tr>(q_block, p.T))
-      pass_turn(p.dq_turn + dq_slot<Tr>(p, b, h, q_block), k_block + 1);
+      pass_turn(p.dq_turn + dq_slot<Tr>(p, head, q_block), k_block + 1);
   };
   const int first_qblock = k0 / BM;  // causal: earlier query blocks see none of the keys
   pipelined(0, n_qblocks - first_qblock, load_queries, [&](int step, int s) {
     const int q_block = n_qblocks - 1 - step, q0 = q_block * BM;
     if (threadIdx.x == 0 && step > 0) pass_turn_of(q_block + 1);
     if (threadIdx.x == Tr::kThreads - 32)
-      turn_seen = k_block > 0 && is_turn(p.dq_turn + dq_slot<Tr>(p, b, h, q_block), k_block);
+      turn_seen = k_block > 0 && is_turn(p.dq_turn + dq_slot<Tr>(p, head, q_block), k_block);
     const float* lse = lse_stage(s);
     const float* delta = delta_stage(s);
     float w[RT][BM / 8][4];  // (16 RT keys, BM queries): Sᵀ, then Pᵀ, then dSᵀ
@@ -469,7 +471,7 @@ __global__ void __launch_bounds__(Tr::kThreads) flash_backward_kernel(const Back
     store_acc(ds_tile, w, warp_row0, 1.0f);
     __syncthreads();  // the step's whole dSᵀ is in shared memory, turn_seen is set
 
-    const DqSum<Tr> dq_sum(p, b, h, q_block, k_block);
+    const DqSum<Tr> dq_sum(p, head, q_block, k_block);
     // What key blocks 0 .. k_block - 1 summed is staged in this step's Q and dO
     // tiles ((BM, d) fp32 in their 2 (BM, d) bf16), free once dK and dV are done.
     float* staging = reinterpret_cast<float*>(q_stage(s).data);
@@ -487,7 +489,7 @@ __global__ void __launch_bounds__(Tr::kThreads) flash_backward_kernel(const Back
       __syncthreads();     // every thread's copies have landed
       dq_sum.add_staged(dq, staging);
     }
-    dq_sum.store(p, b, h, q_block, dq, dq_row0, dq_col0);
+    dq_sum.store(p, head, q_block, dq, dq_row0, dq_col0);
   });
   if (threadIdx.x == 0) pass_turn_of(first_qblock);
 

@@ -69,9 +69,10 @@ void backward(const AttentionShape& s, const bf16* qkv, const bf16* o, const bf1
   attention_delta_kernel<<<ceil_div(static_cast<long long>(s.B) * s.T * s.H, kDeltaRowsPerBlock),
                            32 * kDeltaRowsPerBlock, 0, stream>>>(p, D);
   CUDA_CHECK_LAUNCH();
-  // x is the key block: a block waits only for lower x of its head (flash_backward_kernel).
+  // One dimension, key blocks of a head in ascending order: a block waits only
+  // for blocks of lower index (flash_backward_kernel).
   launch(flash_backward_kernel<Tr, Bf16Operands, OnlineSoftmax<1>>,
-         dim3(ceil_div(s.T, Tr::kBlockN), s.H, s.B), Tr::kThreads, Tr::kSmemBytes, stream, p);
+         dim3(ceil_div(s.T, Tr::kBlockN) * s.H * s.B), Tr::kThreads, Tr::kSmemBytes, stream, p);
 }
 
 }  // namespace
