@@ -33,17 +33,14 @@ __global__ void fill_normal(bf16* x, size_t n, unsigned seed) {
   }
 }
 
-// prepare() runs before each launch, outside the timed interval.
-template <class Params, class Prepare>
-float time_kernel(void (*kernel)(Params), dim3 grid, int threads, int smem, const Params& p,
-                  Prepare&& prepare) {
+template <class Params>
+float time_kernel(void (*kernel)(Params), dim3 grid, int threads, int smem, const Params& p) {
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   cudaEvent_t a, b;
   CUDA_CHECK(cudaEventCreate(&a));
   CUDA_CHECK(cudaEventCreate(&b));
   std::vector<float> ms;
   for (int i = 0; i < 23; ++i) {
-    prepare();
     CUDA_CHECK(cudaEventRecord(a));
     kernel<<<grid, threads, smem>>>(p);
     CUDA_CHECK(cudaEventRecord(b));
@@ -78,8 +75,6 @@ struct Problem {
   int B, H, T, d;
   bf16 *qkv, *o, *dout, *dqkv;
   float *lse, *delta;
-  float* dq_sum;  // (B, H, T rounded up to 128, d): room for every query tile tried
-  int* dq_turn;   // (B, H, ceil(T / 16)): as many counters as the smallest query tile needs
   size_t n_qkv, n_o;
   double fwd_flops() const { return 2.0 * B * H * double(T) * T * d; }
 };
@@ -94,7 +89,7 @@ void sweep_forward(Problem& pb, std::vector<float>& first) {
   const ForwardParams p{pb.qkv, pb.o, pb.lse, pb.B, pb.H, pb.T, kLog2e / std::sqrt(float(pb.d))};
   const float ms = time_kernel(flash_forward_kernel<Tr, Bf16Operands, OnlineSoftmax<Tr::kRowTiles>>,
                                dim3((pb.T + Tr::kBlockM - 1) / Tr::kBlockM, pb.H, pb.B),
-                               Tr::kThreads, Tr::kSmemBytes, p, [] {});
+                               Tr::kThreads, Tr::kSmemBytes, p);
   const auto o = to_float(pb.o, pb.n_o);
   if (first.empty()) first = o;
   char name[64];
@@ -105,35 +100,37 @@ void sweep_forward(Problem& pb, std::vector<float>& first) {
 
 BackwardParams backward_params(const Problem& pb) {
   const float c = 1.0f / std::sqrt(float(pb.d));
-  return {pb.qkv, pb.o, pb.dout, pb.lse, pb.delta, pb.dqkv,   pb.B,
-          pb.H,   pb.T, c,       c * kLog2e, pb.dq_sum, pb.dq_turn};
+  return {pb.qkv, pb.o, pb.dout, pb.lse, pb.delta, pb.dqkv, pb.B, pb.H, pb.T, c, c * kLog2e};
 }
 
-// One backward launch (dK/dV with the ordered dQ sums); FLOPs counted as the 5
-// products it does (2.5 x forward). The turn counters are zeroed before each launch.
-template <class Tr>
-void sweep_backward(Problem& pb, std::vector<float>& first) {
-  const size_t n_turns = size_t(pb.B) * pb.H * ((pb.T + Tr::kBlockM - 1) / Tr::kBlockM);
-  const float ms = time_kernel(
-      flash_backward_kernel<Tr, Bf16Operands, OnlineSoftmax<1>>,
-      dim3((pb.T + Tr::kBlockN - 1) / Tr::kBlockN * pb.H * pb.B), Tr::kThreads, Tr::kSmemBytes,
-      backward_params(pb),
-      [&] { CUDA_CHECK(cudaMemsetAsync(pb.dq_turn, 0, n_turns * sizeof(int))); });
+// One backward launch (dK/dV blocks and dQ blocks); FLOPs counted as the
+// 7 products it does (3.5 x forward), not the 2.5 x of the usual convention.
+template <class DkDv, class Dq>
+struct BackwardPair {};
+
+template <class DkDv, class Dq>
+void sweep_backward(Problem& pb, std::vector<float>& first, BackwardPair<DkDv, Dq>) {
+  const int blocks =
+      (pb.T + DkDv::kBlockN - 1) / DkDv::kBlockN + (pb.T + Dq::kBlockM - 1) / Dq::kBlockM;
+  const float ms = time_kernel(flash_backward_kernel<DkDv, Dq, Bf16Operands, OnlineSoftmax<1>>,
+                               dim3(blocks, pb.H, pb.B), DkDv::kThreads,
+                               std::max(DkDv::kSmemBytes, Dq::kSmemBytes), backward_params(pb));
   const auto g = to_float(pb.dqkv, pb.n_qkv);
   if (first.empty()) first = g;
-  char name[64];
-  std::snprintf(name, sizeof name, "w%d rt%d N%d M%d", Tr::kWarps, Tr::kRowTiles, Tr::kBlockN,
-                Tr::kBlockM);
-  report("bwd", name, ms, 2.5 * pb.fwd_flops(), rel_l2(g, first));
+  char name[96];
+  std::snprintf(name, sizeof name, "w%d kv:rt%d N%d M%d q:rt%d M%d N%d", DkDv::kWarps,
+                DkDv::kRowTiles, DkDv::kBlockN, DkDv::kBlockM, Dq::kRowTiles, Dq::kBlockM,
+                Dq::kBlockN);
+  report("bwd", name, ms, 3.5 * pb.fwd_flops(), rel_l2(g, first));
 }
 
 template <class... Fwd>
 struct ForwardList {};
-template <class... Bwd>
+template <class... Pairs>
 struct BackwardList {};
 
-template <class... Fwd, class... Bwd>
-void sweep(int B, int H, int T, int d, ForwardList<Fwd...>, BackwardList<Bwd...>) {
+template <class... Fwd, class... Pairs>
+void sweep(int B, int H, int T, int d, ForwardList<Fwd...>, BackwardList<Pairs...>) {
   Problem pb{B, H, T, d};
   pb.n_qkv = size_t(B) * T * 3 * H * d, pb.n_o = size_t(B) * T * H * d;
   CUDA_CHECK(cudaMalloc(&pb.qkv, pb.n_qkv * sizeof(bf16)));
@@ -142,8 +139,6 @@ void sweep(int B, int H, int T, int d, ForwardList<Fwd...>, BackwardList<Bwd...>
   CUDA_CHECK(cudaMalloc(&pb.dout, pb.n_o * sizeof(bf16)));
   CUDA_CHECK(cudaMalloc(&pb.lse, size_t(B) * H * T * sizeof(float)));
   CUDA_CHECK(cudaMalloc(&pb.delta, size_t(B) * H * T * sizeof(float)));
-  CUDA_CHECK(cudaMalloc(&pb.dq_sum, size_t(B) * H * ((T + 127) / 128 * 128) * d * sizeof(float)));
-  CUDA_CHECK(cudaMalloc(&pb.dq_turn, size_t(B) * H * ((T + 15) / 16) * sizeof(int)));
   fill_normal<<<1024, 256>>>(pb.qkv, pb.n_qkv, 1234u);
   fill_normal<<<1024, 256>>>(pb.dout, pb.n_o, 5678u);
   CUDA_CHECK_LAUNCH();
@@ -155,9 +150,9 @@ void sweep(int B, int H, int T, int d, ForwardList<Fwd...>, BackwardList<Bwd...>
   const BackwardParams bp = backward_params(pb);
   attention_delta_kernel<<<(B * T * H + 7) / 8, 256>>>(bp, d);
   CUDA_CHECK_LAUNCH();
-  (sweep_backward<Bwd>(pb, first_dqkv), ...);
-  for (void* ptr : {(void*)pb.qkv, (void*)pb.dqkv, (void*)pb.o, (void*)pb.dout, (void*)pb.lse,
-                    (void*)pb.delta, (void*)pb.dq_sum, (void*)pb.dq_turn})
+  (sweep_backward(pb, first_dqkv, Pairs{}), ...);
+  for (void* ptr :
+       {(void*)pb.qkv, (void*)pb.dqkv, (void*)pb.o, (void*)pb.dout, (void*)pb.lse, (void*)pb.delta})
     CUDA_CHECK(cudaFree(ptr));
 }
 
@@ -165,11 +160,15 @@ void sweep(int B, int H, int T, int d, ForwardList<Fwd...>, BackwardList<Bwd...>
 
 int main() {
   sweep(8, 12, 1024, 64, ForwardList<ForwardTraits<64, 4, 2, 64>, ForwardTraits<64, 8, 2, 64>>{},
-        BackwardList<DkDvTraits<64, 4, 1, 64>, DkDvTraits<64, 8, 1, 128>,
-                     DkDvTraits<64, 4, 1, 128>>{});
+        BackwardList<BackwardPair<DkDvTraits<64, 4, 1, 64>, DqTraits<64, 4, 2, 64>>,
+                     BackwardPair<DkDvTraits<64, 8, 1, 128>, DqTraits<64, 8, 1, 64>>,
+                     BackwardPair<DkDvTraits<64, 4, 1, 128>, DqTraits<64, 4, 2, 32>>,
+                     BackwardPair<DkDvTraits<64, 4, 2, 32>, DqTraits<64, 4, 2, 64>>>{});
   sweep(4, 16, 4096, 128,
         ForwardList<ForwardTraits<128, 8, 1, 128>, ForwardTraits<128, 8, 1, 64>,
                     ForwardTraits<128, 4, 1, 128>>{},
-        BackwardList<DkDvTraits<128, 8, 1, 64>, DkDvTraits<128, 4, 1, 64>>{});
+        BackwardList<BackwardPair<DkDvTraits<128, 8, 1, 64>, DqTraits<128, 8, 1, 64>>,
+                     BackwardPair<DkDvTraits<128, 4, 1, 64>, DqTraits<128, 4, 1, 64>>,
+                     BackwardPair<DkDvTraits<128, 8, 1, 32>, DqTraits<128, 8, 1, 64>>>{});
   return 0;
 }

@@ -36,7 +36,7 @@ int attention_row_stats(const AttentionConfig& cfg) {
 size_t attention_workspace_bytes(const AttentionConfig& cfg, const AttentionShape& s) {
   switch (cfg.kind) {
     case AttentionKind::fpa:
-      return fpa_workspace_bytes(s);
+      return static_cast<size_t>(s.B) * s.H * s.T * sizeof(float);  // δ
     case AttentionKind::sage:
       return sage_workspace_bytes(cfg.sage, s);
     case AttentionKind::kinterval:
@@ -66,7 +66,7 @@ void attention_backward(const AttentionConfig& cfg, const AttentionShape& s, con
   check_shape(s);
   switch (cfg.kind) {
     case AttentionKind::fpa:
-      return fpa_backward(s, qkv, o, dout, stats, workspace, dqkv, stream);
+      return fpa_backward(s, qkv, o, dout, stats, static_cast<float*>(workspace), dqkv, stream);
     case AttentionKind::sage:
       return sage_backward(cfg.sage, s, qkv, o, dout, stats, dqkv, workspace, stream);
     case AttentionKind::kinterval:

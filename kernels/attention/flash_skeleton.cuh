@@ -1,8 +1,8 @@
 // The tiled flash-attention skeleton: causal, T x T never materialised, bf16
 // tiles in shared memory, fp32 accumulators in registers. A forward kernel, a
-// backward kernel, the δ pre-pass and a dQ kernel (K-interval's), parameterised
-// by two policies, so that a kind that differs only in these swaps them and
-// keeps the loops:
+// backward (one launch, or its dK/dV and dQ halves as launches of their own) and
+// the δ pre-pass, parameterised by two policies, so that a kind that differs
+// only in these swaps them and keeps the loops:
 //
 //   Operands  the precision of each of the six products (qk, pv, dp, dv, dk, dq):
 //             Bf16Operands (bf16_operands.cuh) for FPA; an int8 policy holds
@@ -18,27 +18,25 @@
 // K-interval (kinterval.cu) needs a first pass for each row's max and min and
 // extra row terms in the backward, so it shares the pipeline, the K/V stages,
 // the accumulator walk (for_each_acc), the products, the δ pre-pass and, for
-// its probability STE, the dQ kernel (flash_backward_dq_kernel) as is.
+// its probability STE, FPA's dQ kernel as is.
 //
 // Layouts (attention.cuh): q, k, v are rows of the fused activation
 // (B, T, 3, H, d), row stride 3·H·d; o, dout are (B, T, H, d); L and δ are
-// (B, H, T) fp32. Rows past T are zero-filled on load and never stored to outputs.
+// (B, H, T) fp32. Rows past T are zero-filled on load and never stored.
 //
 // Forward (per block of kBlockM query rows, key blocks in order 0 .. diagonal):
 //   S = c Q Kᵀ -> causal mask -> online softmax (m, l; O rescaled) -> O += P V;
 //   at the end O /= l and L = c m + log l.
-// Backward, deterministic (no atomics; every sum is taken in a fixed order):
+// Backward, deterministic (no atomics; every output element has one writer):
 //   δ = rowsum(dO ∘ O)                                  (delta pre-pass)
-//   then one block per key block j, over the query blocks i it sees:
-//     Pᵀ, dV += Pᵀ dO, dSᵀ = Pᵀ ∘ (dPᵀ − δ), dK += dSᵀ Q  (registers)
-//     dQ_i += dS_ij K_j: added into an fp32 sum of query block i in global
-//     memory in key-block order (turn_counter.cuh); the last key block of i
-//     writes dQ_i = c · sum as bf16.
-//   Five products; the dQ kernel (per query block, over key blocks: P, dS,
-//   dQ += dS K) recomputes S and dP for seven.
+//   then one launch whose blocks do either of
+//   per key block, over query blocks:   Pᵀ, dV += Pᵀ dO, dSᵀ = Pᵀ ∘ (dPᵀ − δ), dK += dSᵀ Q
+//   per query block, over key blocks:   P, dS = P ∘ (dP − δ), dQ += dS K
+// The dQ blocks recompute S and dP (two more products than an atomic dQ) so that
+// dQ is summed in a fixed order; sharing one launch lets them fill the tail of
+// the dK/dV blocks.
 #pragma once
 #include "pipeline.cuh"
-#include "turn_counter.cuh"
 
 namespace qattn::cuda::flash {
 
@@ -60,9 +58,6 @@ struct BackwardParams {
   int B, H, T;
   float scale;       // c
   float scale_log2;  // c · log2(e)
-  // flash_backward_kernel's dQ sums (the dQ kernel needs neither), nq = ceil(T / kBlockM):
-  float* dq_sum;  // (B, H, nq, kBlockM d) fp32 scratch (DqSum's order), no initial value needed
-  int* dq_turn;   // (B, H, nq) turn counters, zero before the launch
 };
 
 // Offset of row t of slot (0 q, 1 k, 2 v) of head h, batch b in (B, T, 3, H, d).
@@ -91,16 +86,9 @@ struct DkDvTraits {
   static constexpr int kHeadDim = kHeadDim_, kWarps = kWarps_, kThreads = 32 * kWarps_;
   static constexpr int kRowTiles = kRowTiles_;
   static constexpr int kBlockN = 16 * kRowTiles_ * kWarps_;  // keys per block
-  static constexpr int kBlockM = kBlockM_;                   // query rows per step (>= 64:
-                                                             // the dSᵀ tile's row width)
-  // A step's dQ (kBlockM, d) split over the warps: kDqRowWarps groups of
-  // 16 kDqRowTiles rows, each group's columns split kDqCols per warp.
-  static constexpr int kDqRowTiles = kBlockM > 16 * kWarps_ ? kBlockM / (16 * kWarps_) : 1;
-  static constexpr int kDqRowWarps = kBlockM / (16 * kDqRowTiles);
-  static constexpr int kDqCols = kHeadDim * kDqRowWarps / kWarps_;
-  // K and V tiles, two stages of (Q tile, dO tile), the dSᵀ tile, two stages of (L, δ).
-  static constexpr int kSmemBytes =
-      (2 * kBlockN + 4 * kBlockM) * kHeadDim * 2 + kBlockN * kBlockM * 2 + 4 * kBlockM * 4;
+  static constexpr int kBlockM = kBlockM_;                   // query rows per step
+  // K and V tiles, two stages of (Q tile, dO tile), two stages of (L, δ).
+  static constexpr int kSmemBytes = (2 * kBlockN + 4 * kBlockM) * kHeadDim * 2 + 4 * kBlockM * 4;
 };
 
 template <int kHeadDim_, int kWarps_, int kRowTiles_, int kBlockN_>
@@ -240,183 +228,34 @@ static __global__ void attention_delta_kernel(const BackwardParams p, int d) {
 }
 
 // ---------------------------------------------------------------------------
-// Backward: dK, dV of one key block and its part of dQ. Grid: one dimension of
-// B H ceil(T / kBlockN) blocks, block (b H + h) ceil(T / kBlockN) + k_block.
-//
-// Each warp owns 16 kRowTiles keys and computes the transposed tiles Sᵀ, Pᵀ,
-// dPᵀ, dSᵀ (keys x queries), so Pᵀ and dSᵀ go from accumulators straight into
-// the A operand of dV += Pᵀ dO and dK += dSᵀ Q without a trip through shared
-// memory. dQ_i += dS_ij K_j sums over all keys of the block, so dSᵀ goes to
-// shared memory (bf16, the precision of every product's operands) and the warps
-// split the step's (kBlockM, d) part of dQ between them instead.
-//
-// Order of the dQ sums. Query block i gets dS_ij K_j from key blocks
-// j = 0 .. last_key_block(i), added in ascending j: block j waits until the turn
-// counter of i says j, adds its part to the fp32 sum, and passes the turn to
-// j + 1; the last one (the diagonal block of i) writes dQ_i as bf16 instead.
-//
-// Why it cannot deadlock. Within a head the block index grows with j, so a
-// block only ever waits for blocks of lower index. CUDA dispatches the blocks
-// of a one-dimensional grid in increasing index, so when a block is
-// resident every block of lower index is resident or finished; the lowest
-// unfinished resident block therefore waits for nobody, finishes, and by
-// induction every block does. A block never waits while it holds a turn: it
-// passes the previous step's turn at the start of the next step, before any wait.
-//
-// Why this order is fast. Every key block visits its query blocks from the
-// last one down to its diagonal. Two key blocks that start together then reach
-// each query block at the same step, and j trails j - 1 by one add (ascending
-// visits from the diagonal would make j wait for j - 1's whole wavefront,
-// several steps each time); a key block started later finds the lower ones
-// ahead and does not wait at all. Key block 0, which sees every query block,
-// has the lowest index of its head: the heaviest blocks start first, the light
-// ones fill the tail. Within a step the latencies of the turn stay off the
-// critical path where the turn is already there (the usual case): when a step
-// starts, thread 0 passes the previous step's turn and the last warp's first
-// thread looks at this step's counter (each stalls one warp of a different
-// SM sub-partition, whose other warp keeps the tensor core busy); the copy of
-// the sum flies while the dQ product runs.
-template <class Tr>
-__device__ __forceinline__ int last_key_block(int q_block, int T) {
-  return (min(T, (q_block + 1) * Tr::kBlockM) - 1) / Tr::kBlockN;
-}
-
-// Index of query block q_block of head b H + h among the dQ sums and counters.
-template <class Tr>
-__device__ __forceinline__ size_t dq_slot(const BackwardParams& p, int head, int q_block) {
-  return static_cast<size_t>(head) * ((p.T + Tr::kBlockM - 1) / Tr::kBlockM) + q_block;
-}
-
-// Query block q_block's fp32 dQ sum and turn counter, as key block k_block sees
-// them. The sum is kept in the order of the warps' accumulators, not by row: the
-// element pair (mt, nt, half) of lane l of warp w (dq[mt][nt][2 half], + 1) is
-// float2 number (w · kPairs + (2 (mt · kNT + nt) + half)) · 32 + l, so a warp
-// reads and writes 256 contiguous bytes at a time, in global and shared memory
-// alike. Only the last turn maps pairs to rows and columns of dQ.
-template <class Tr>
-struct DqSum {
-  float* sum;  // (kBlockM d) fp32
-  int* turn;
-  bool first;  // k_block starts the sum (the scratch holds no initial value)
-  bool last;   // k_block ends it: writes dQ = c · sum as bf16, passes no turn
-
-  __device__ DqSum(const BackwardParams& p, int head, int q_block, int k_block) {
-    const size_t slot = dq_slot<Tr>(p, head, q_block);
-    sum = p.dq_sum + slot * Tr::kBlockM * Tr::kHeadDim;
-    turn = p.dq_turn + slot;
-    first = k_block == 0;
-    last = k_block == last_key_block<Tr>(q_block, p.T);
-  }
-
-  // Offset (in floats) of this thread's pair 0; pair q is 64 q floats further.
-  template <int kRT, int kNT>
-  __device__ __forceinline__ static int own_pairs() {
-    constexpr int kPairs = 2 * kRT * kNT;
-    static_assert(kPairs * 32 * 2 * Tr::kWarps == Tr::kBlockM * Tr::kHeadDim,
-                  "the warps' pairs must cover the (kBlockM, d) sum once");
-    return ((threadIdx.x / 32) * kPairs * 32 + threadIdx.x % 32) * 2;
-  }
-
-  // Starts copying what the earlier turns summed (from L2) into `staging`
-  // (kBlockM d fp32 of shared memory, same order), as one cp.async group.
-  __device__ __forceinline__ void stage(float* staging) const {
-    constexpr int kChunks = Tr::kBlockM * Tr::kHeadDim / 4;  // 16 bytes each
-    static_assert(kChunks % Tr::kThreads == 0, "the sum's chunks must split over the threads");
-#pragma unroll
-    for (int i = 0; i < kChunks / Tr::kThreads; ++i) {
-      const int chunk = i * Tr::kThreads + threadIdx.x;
-      cp_async_16(staging + 4 * chunk, sum + 4 * chunk, true);
-    }
-    cp_async_commit();
-  }
-
-  // dq = staged + dq (the earlier turns' sum first: the same order every run).
-  // After the staging copies completed and a barrier.
-  template <int kRT, int kNT>
-  __device__ __forceinline__ static void add_staged(float (&dq)[kRT][kNT][4],
-                                                    const float* staging) {
-    const float* own = staging + own_pairs<kRT, kNT>();
-#pragma unroll
-    for (int mt = 0; mt < kRT; ++mt)
-#pragma unroll
-      for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const float2 before =
-              *reinterpret_cast<const float2*>(own + 64 * (2 * (mt * kNT + nt) + half));
-          dq[mt][nt][2 * half] = before.x + dq[mt][nt][2 * half];
-          dq[mt][nt][2 * half + 1] = before.y + dq[mt][nt][2 * half + 1];
-        }
-  }
-
-  // The warp's part of the sum into the fp32 scratch, or, for the last turn, dQ =
-  // c · sum as bf16 into dqkv at rows row0 + 16 mt + g + 8 half, columns col0 +
-  // 8 nt + 2t and + 1 (lane = 4g + t; rows past T skipped).
-  template <int kRT, int kNT>
-  __device__ __forceinline__ void store(const BackwardParams& p, int head, int q_block,
-                                        const float (&dq)[kRT][kNT][4], int row0,
-                                        int col0) const {
-    float* own = sum + own_pairs<kRT, kNT>();
-    const int lane = threadIdx.x % 32;
-#pragma unroll
-    for (int mt = 0; mt < kRT; ++mt)
-#pragma unroll
-      for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const float x = dq[mt][nt][2 * half], y = dq[mt][nt][2 * half + 1];
-          if (!last) {
-            __stcg(reinterpret_cast<float2*>(own + 64 * (2 * (mt * kNT + nt) + half)),
-                   make_float2(x, y));
-            continue;
-          }
-          const int query = q_block * Tr::kBlockM + row0 + mt * 16 + lane / 4 + half * 8;
-          if (query < p.T)
-            *reinterpret_cast<uint32_t*>(
-                p.dqkv + qkv_offset(head / p.H, query, 0, head % p.H, p.T, p.H, Tr::kHeadDim) +
-                col0 + nt * 8 + 2 * (lane % 4)) =
-                pack_bf16x2(x * p.scale, y * p.scale);
-        }
-  }
-};
-
+// dK, dV of one key block (k_block) of head blockIdx.y, batch blockIdx.z.
+// Each warp owns 16 kRowTiles keys and computes the transposed tiles Sᵀ, Pᵀ, dPᵀ, dSᵀ
+// (keys x queries), so Pᵀ and dSᵀ go from accumulators straight into the A
+// operand of dV += Pᵀ dO and dK += dSᵀ Q without a trip through shared memory.
 template <class Tr, class Operands, class Softmax>
-__global__ void __launch_bounds__(Tr::kThreads) flash_backward_kernel(const BackwardParams p) {
+__device__ __noinline__ void backward_dkdv_block(const BackwardParams p, int k_block,
+                                                 unsigned char* smem) {
   constexpr int D = Tr::kHeadDim, BM = Tr::kBlockM, BN = Tr::kBlockN, RT = Tr::kRowTiles;
-  constexpr int DQ_RT = Tr::kDqRowTiles, DQ_COLS = Tr::kDqCols;
-  static_assert(Tr::kWarps % Tr::kDqRowWarps == 0 && DQ_COLS % 16 == 0 &&
-                    Tr::kDqRowWarps * 16 * DQ_RT == BM,
-                "the warps must split the step's dQ into 16-row, 16-column pieces");
-  extern __shared__ __align__(128) unsigned char smem[];
   const SmemTile<BN, D> k_tile{reinterpret_cast<bf16*>(smem)};  // (BN, d)
   const SmemTile<BN, D> v_tile{k_tile.data + BN * D};           // (BN, d)
   bf16* q_stages = v_tile.data + BN * D;                        // 2 x [(BM, d) Q, (BM, d) dO]
-  const SmemTile<BN, BM> ds_tile{q_stages + 4 * BM * D};        // (BN, BM) dSᵀ of the step
-  float* stat_stages = reinterpret_cast<float*>(ds_tile.data + BN * BM);  // 2 x [(BM) L, (BM) δ]
-  __shared__ bool turn_seen;  // the step's turn was there when the step started
+  float* stat_stages = reinterpret_cast<float*>(q_stages + 4 * BM * D);  // 2 x [(BM) L, (BM) δ]
 
-  const int n_kblocks = (p.T + BN - 1) / BN;
-  const int k_block = blockIdx.x % n_kblocks, head = blockIdx.x / n_kblocks;
-  const int h = head % p.H, b = head / p.H;
+  const int h = blockIdx.y, b = blockIdx.z;
   const int warp = threadIdx.x / 32;
   const int k0 = k_block * BN;
   const int warp_row0 = warp * 16 * RT;  // first key of the warp, within the block
   const int warp_key0 = k0 + warp_row0;
-  // The warp's part of a step's dQ: rows [dq_row0, + 16 DQ_RT), columns [dq_col0, + DQ_COLS).
-  const int dq_row0 = (warp % Tr::kDqRowWarps) * 16 * DQ_RT;
-  const int dq_col0 = (warp / Tr::kDqRowWarps) * DQ_COLS;
-  const int n_qblocks = (p.T + BM - 1) / BM;
   const size_t ld = static_cast<size_t>(3) * p.H * D, ld_o = static_cast<size_t>(p.H) * D;
-  const size_t stat0 = static_cast<size_t>(head) * p.T;  // (b, h) slice of L and δ
+  const size_t stat0 = (static_cast<size_t>(b) * p.H + h) * p.T;  // (b, h) slice of L and δ
   const bf16* q_src = p.qkv + qkv_offset(b, 0, 0, h, p.T, p.H, D);
   const bf16* do_src = p.dout + head_offset(b, 0, h, p.T, p.H, D);
   auto q_stage = [&](int s) { return SmemTile<BM, D>{q_stages + (2 * s) * BM * D}; };
   auto do_stage = [&](int s) { return SmemTile<BM, D>{q_stages + (2 * s + 1) * BM * D}; };
   auto lse_stage = [&](int s) { return stat_stages + (2 * s) * BM; };
   auto delta_stage = [&](int s) { return stat_stages + (2 * s + 1) * BM; };
-  // Step `step` visits query block n_qblocks - 1 - step: the last one first.
-  auto load_queries = [&](int step, int s) {
-    const int q0 = (n_qblocks - 1 - step) * BM;
+  auto load_queries = [&](int i, int s) {
+    const int q0 = i * BM;
     load_tile_async<Tr::kThreads>(q_stage(s), q_src + q0 * ld, ld, p.T - q0);
     load_tile_async<Tr::kThreads>(do_stage(s), do_src + q0 * ld_o, ld_o, p.T - q0);
     load_row_values_async<Tr::kThreads, BM>(lse_stage(s), p.lse + stat0 + q0, p.T - q0);
@@ -429,69 +268,35 @@ __global__ void __launch_bounds__(Tr::kThreads) flash_backward_kernel(const Back
   float dk_acc[RT][D / 8][4], dv_acc[RT][D / 8][4];  // (16 RT, d) rows of dK, dV owned by this warp
   zero(dk_acc);
   zero(dv_acc);
-  // Thread 0 passes the turn of a step's query block (unless this was its last
-  // key block) once the barriers after the step have ordered every thread's
-  // writes of the sum: when the next step starts, or after the last step.
-  auto pass_turn_of = [&](int q_block) {
-    if (k_block != last_key_block<Tr>(q_block, p.T))
-      pass_turn(p.dq_turn + dq_slot<Tr>(p, head, q_block), k_block + 1);
-  };
-  const int first_qblock = k0 / BM;  // causal: earlier query blocks see none of the keys
-  pipelined(0, n_qblocks - first_qblock, load_queries, [&](int step, int s) {
-    const int q_block = n_qblocks - 1 - step, q0 = q_block * BM;
-    if (threadIdx.x == 0 && step > 0) pass_turn_of(q_block + 1);
-    if (threadIdx.x == Tr::kThreads - 32)
-      turn_seen = k_block > 0 && is_turn(p.dq_turn + dq_slot<Tr>(p, head, q_block), k_block);
+  // Causal: queries before the block's first key see none of it.
+  pipelined(k0 / BM, (p.T + BM - 1) / BM, load_queries, [&](int i, int s) {
+    const int q0 = i * BM;
+    // Skip when every key of the warp is after every query of the block, or past T.
+    if (warp_key0 > q0 + BM - 1 || warp_key0 >= p.T) return;
     const float* lse = lse_stage(s);
     const float* delta = delta_stage(s);
+    uint32_t k_frag[RT][D / 16][4];
+    load_a(k_frag, k_tile, warp_row0);
     float w[RT][BM / 8][4];  // (16 RT keys, BM queries): Sᵀ, then Pᵀ, then dSᵀ
     zero(w);
-    // A warp whose keys are all after every query of the step, or past T, has dSᵀ = 0.
-    if (warp_key0 <= q0 + BM - 1 && warp_key0 < p.T) {
-      uint32_t k_frag[RT][D / 16][4];
-      load_a(k_frag, k_tile, warp_row0);
-      Operands::qk(w, k_frag, q_stage(s));
-      for_each_acc<RT, BM / 8>([&](int mt, int nt, int e) {
-        const int key = warp_key0 + acc_row(mt, e), qi = acc_col(nt, e), query = q0 + qi;
-        w[mt][nt][e] = (query < p.T && key <= query)
-                           ? Softmax::probability(w[mt][nt][e], lse[qi], p.scale_log2)
-                           : 0.0f;
-      });
-      Operands::dv(dv_acc, w, do_stage(s));
-      uint32_t v_frag[RT][D / 16][4];
-      load_a(v_frag, v_tile, warp_row0);
-      float dp[RT][BM / 8][4];  // (16 RT keys, BM queries): dPᵀ
-      zero(dp);
-      Operands::dp(dp, v_frag, do_stage(s));
-      for_each_acc<RT, BM / 8>([&](int mt, int nt, int e) {
-        w[mt][nt][e] = Softmax::grad_score(w[mt][nt][e], dp[mt][nt][e], delta[acc_col(nt, e)]);
-      });
-      Operands::dk(dk_acc, w, q_stage(s));
-    }
-    store_acc(ds_tile, w, warp_row0, 1.0f);
-    __syncthreads();  // the step's whole dSᵀ is in shared memory, turn_seen is set
-
-    const DqSum<Tr> dq_sum(p, head, q_block, k_block);
-    // What key blocks 0 .. k_block - 1 summed is staged in this step's Q and dO
-    // tiles ((BM, d) fp32 in their 2 (BM, d) bf16), free once dK and dV are done.
-    float* staging = reinterpret_cast<float*>(q_stage(s).data);
-    const bool staged_early = turn_seen;
-    if (staged_early) dq_sum.stage(staging);  // copies in flight during the product
-    float dq[DQ_RT][DQ_COLS / 8][4];  // (16 DQ_RT, DQ_COLS) of the step's dQ, unscaled
-    zero(dq);
-    Operands::dq(dq, ds_tile, dq_row0, k_tile, dq_col0);
-    if (!dq_sum.first) {
-      if (!staged_early) {
-        wait_for_turn(dq_sum.turn, k_block);
-        dq_sum.stage(staging);
-      }
-      cp_async_wait<0>();  // (also the next step's tiles, issued a whole step ago)
-      __syncthreads();     // every thread's copies have landed
-      dq_sum.add_staged(dq, staging);
-    }
-    dq_sum.store(p, head, q_block, dq, dq_row0, dq_col0);
+    Operands::qk(w, k_frag, q_stage(s));
+    for_each_acc<RT, BM / 8>([&](int mt, int nt, int e) {
+      const int key = warp_key0 + acc_row(mt, e), qi = acc_col(nt, e), query = q0 + qi;
+      w[mt][nt][e] = (query < p.T && key <= query)
+                         ? Softmax::probability(w[mt][nt][e], lse[qi], p.scale_log2)
+                         : 0.0f;
+    });
+    Operands::dv(dv_acc, w, do_stage(s));
+    uint32_t v_frag[RT][D / 16][4];
+    load_a(v_frag, v_tile, warp_row0);
+    float dp[RT][BM / 8][4];  // (16 RT keys, BM queries): dPᵀ
+    zero(dp);
+    Operands::dp(dp, v_frag, do_stage(s));
+    for_each_acc<RT, BM / 8>([&](int mt, int nt, int e) {
+      w[mt][nt][e] = Softmax::grad_score(w[mt][nt][e], dp[mt][nt][e], delta[acc_col(nt, e)]);
+    });
+    Operands::dk(dk_acc, w, q_stage(s));
   });
-  if (threadIdx.x == 0) pass_turn_of(first_qblock);
 
   // K and V tiles are free: stage dK (times c) and dV there, then store both.
   store_acc(k_tile, dk_acc, warp_row0, p.scale);
@@ -502,20 +307,16 @@ __global__ void __launch_bounds__(Tr::kThreads) flash_backward_kernel(const Back
 }
 
 // ---------------------------------------------------------------------------
-// dQ of query block gridDim.x - 1 - blockIdx.x (the last query block, which
-// sees every key, starts first) of head blockIdx.y, batch blockIdx.z, over its
-// key blocks: S and dP recomputed. Grid (ceil(T / kBlockM), H, B). FPA's
-// backward sums dQ in its dK/dV blocks instead; K-interval's probability-STE
-// backward, whose dK/dV blocks are its own, needs FPA's dQ from this kernel.
+// dQ of one query block (q_block) of head blockIdx.y, batch blockIdx.z.
 template <class Tr, class Operands, class Softmax>
-__global__ void __launch_bounds__(Tr::kThreads) flash_backward_dq_kernel(const BackwardParams p) {
+__device__ __noinline__ void backward_dq_block(const BackwardParams p, int q_block,
+                                               unsigned char* smem) {
   constexpr int D = Tr::kHeadDim, BM = Tr::kBlockM, BN = Tr::kBlockN, RT = Tr::kRowTiles;
-  extern __shared__ __align__(128) unsigned char smem[];
   const SmemTile<BM, D> q_tile{reinterpret_cast<bf16*>(smem)};  // (BM, d)
   const SmemTile<BM, D> do_tile{q_tile.data + BM * D};          // (BM, d)
   bf16* kv_stages = do_tile.data + BM * D;                      // 2 x [(BN, d) K, (BN, d) V]
 
-  const int q_block = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int h = blockIdx.y, b = blockIdx.z;
   const int warp = threadIdx.x / 32;
   const int q0 = q_block * BM;
   const int warp_row0 = warp * 16 * RT;
@@ -572,6 +373,29 @@ __global__ void __launch_bounds__(Tr::kThreads) flash_backward_dq_kernel(const B
   store_acc(q_tile, dq_acc, warp_row0, p.scale);  // the Q tile is free: stage dQ (times c) there
   __syncthreads();
   store_tile<Tr::kThreads>(q_tile, p.dqkv + qkv_offset(b, q0, 0, h, p.T, p.H, D), ld, p.T - q0);
+}
+
+// The dQ half as a launch of its own (grid as in flash_backward_kernel), for
+// K-interval's probability-STE backward, which needs FPA's dQ.
+template <class Tr, class Operands, class Softmax>
+__global__ void __launch_bounds__(Tr::kThreads) flash_backward_dq_kernel(const BackwardParams p) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  backward_dq_block<Tr, Operands, Softmax>(p, gridDim.x - 1 - blockIdx.x, smem);
+}
+
+// The backward as one launch. Grid (ceil(T / DkDvTr::kBlockN) + ceil(T / DqTr::kBlockM), H, B):
+// the dK/dV blocks first, key block 0 (which sees every query) leading, then the
+// dQ blocks, the last query block (which sees every key) leading.
+template <class DkDvTr, class DqTr, class Operands, class Softmax>
+__global__ void __launch_bounds__(DkDvTr::kThreads) flash_backward_kernel(const BackwardParams p) {
+  static_assert(DkDvTr::kThreads == DqTr::kThreads,
+                "both halves of the launch share its block size");
+  extern __shared__ __align__(128) unsigned char smem[];
+  const int n_kv_blocks = (p.T + DkDvTr::kBlockN - 1) / DkDvTr::kBlockN;
+  if (static_cast<int>(blockIdx.x) < n_kv_blocks)
+    backward_dkdv_block<DkDvTr, Operands, Softmax>(p, blockIdx.x, smem);
+  else
+    backward_dq_block<DqTr, Operands, Softmax>(p, gridDim.x - 1 - blockIdx.x, smem);
 }
 
 }  // namespace qattn::cuda::flash

@@ -11,12 +11,8 @@ namespace qattn::cuda {
 void fpa_forward(const AttentionShape& s, const bf16* qkv, bf16* o, float* lse,
                  cudaStream_t stream);
 
-// Bytes of the backward's scratch: δ = rowsum(dO ∘ O) (B, H, T) fp32, the fp32
-// dQ sums (B, H, T rounded up to the query tile, d) and their turn counters.
-size_t fpa_workspace_bytes(const AttentionShape& s);
-
-// dout (B, T, C) -> dqkv (B, T, 3C), using fpa_workspace_bytes(s) of workspace.
+// dout (B, T, C) -> dqkv (B, T, 3C); delta (B, H, T) fp32 is scratch for δ = rowsum(dO ∘ O).
 void fpa_backward(const AttentionShape& s, const bf16* qkv, const bf16* o, const bf16* dout,
-                  const float* lse, void* workspace, bf16* dqkv, cudaStream_t stream);
+                  const float* lse, float* delta, bf16* dqkv, cudaStream_t stream);
 
 }  // namespace qattn::cuda

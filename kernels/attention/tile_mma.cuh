@@ -155,23 +155,6 @@ __device__ __forceinline__ void load_a(uint32_t (&a)[kRowTiles][kKSteps][4],
       ldmatrix_x4(a[mt][ks], tile.at(row0 + mt * 16 + (lane % 16), ks * 16 + (lane / 16) * 8));
 }
 
-// A fragments of rows [row0, row0 + 16 kRowTiles) of the transpose of a tile
-// stored (k, m): the tile's rows are the reduction index, so the A operand
-// (m, k) is read with transposing loads (dS out of the dSᵀ tile). Matrix q of
-// the x4 load is (rows m 0-7 | 8-15 by q % 2, k 0-7 | 8-15 by q / 2).
-template <int kRowTiles, int kKSteps, int kRows, int kCols>
-__device__ __forceinline__ void load_a_transposed(uint32_t (&a)[kRowTiles][kKSteps][4],
-                                                  SmemTile<kRows, kCols> tile, int row0) {
-  static_assert(kKSteps * 16 == kRows);
-  const int lane = threadIdx.x % 32;
-#pragma unroll
-  for (int mt = 0; mt < kRowTiles; ++mt)
-#pragma unroll
-    for (int ks = 0; ks < kKSteps; ++ks)
-      ldmatrix_x4_trans(a[mt][ks], tile.at(ks * 16 + (lane % 8) + (lane / 16) * 8,
-                                           row0 + mt * 16 + ((lane / 8) % 2) * 8));
-}
-
 // Accumulators as the A operand of the next product (P -> P V, dS -> dS K):
 // the 16x8 tiles 2k and 2k+1 form the 16x16 A fragment k, rounded to bf16.
 template <int kRowTiles, int kNTiles>
@@ -211,15 +194,14 @@ __device__ __forceinline__ void mma_b_nk(float (&acc)[kRowTiles][kNTiles][4],
     }
 }
 
-// acc (16 kRowTiles, 8 kNTiles) += a (16 kRowTiles, 16 kKSteps) * b[:, col0 : col0 + 8 kNTiles],
-// where the tile b is stored (k, n): rows are the reduction index, n is contiguous.
-// This is O += P V, dV += Pᵀ dO, dK += dSᵀ Q and dQ += dS K (which a warp may
-// compute for a slice of the columns, col0 a multiple of 16).
+// acc (16 kRowTiles, 8 kNTiles) += a (16 kRowTiles, 16 kKSteps) * b, where the
+// tile b is stored (k, n): rows are the reduction index, n is contiguous.
+// This is O += P V, dV += Pᵀ dO, dK += dSᵀ Q and dQ += dS K.
 template <int kRowTiles, int kNTiles, int kKSteps, int kRows, int kCols>
 __device__ __forceinline__ void mma_b_kn(float (&acc)[kRowTiles][kNTiles][4],
                                          const uint32_t (&a)[kRowTiles][kKSteps][4],
-                                         SmemTile<kRows, kCols> b, int col0 = 0) {
-  static_assert(kNTiles % 2 == 0 && kNTiles * 8 <= kCols && kKSteps * 16 <= kRows);
+                                         SmemTile<kRows, kCols> b) {
+  static_assert(kNTiles % 2 == 0 && kNTiles * 8 == kCols && kKSteps * 16 <= kRows);
   const int lane = threadIdx.x % 32;
 #pragma unroll
   for (int ks = 0; ks < kKSteps; ++ks)
@@ -227,7 +209,7 @@ __device__ __forceinline__ void mma_b_kn(float (&acc)[kRowTiles][kNTiles][4],
     for (int np = 0; np < kNTiles / 2; ++np) {
       uint32_t r[4];  // (n tile 2np: k 0-7, k 8-15), (n tile 2np+1: k 0-7, k 8-15)
       ldmatrix_x4_trans(
-          r, b.at(ks * 16 + (lane % 8) + ((lane / 8) % 2) * 8, col0 + np * 16 + (lane / 16) * 8));
+          r, b.at(ks * 16 + (lane % 8) + ((lane / 8) % 2) * 8, np * 16 + (lane / 16) * 8));
 #pragma unroll
       for (int mt = 0; mt < kRowTiles; ++mt) {
         mma_bf16_16816(acc[mt][2 * np], a[mt][ks], r[0], r[1]);
