@@ -83,7 +83,19 @@ __device__ __forceinline__ void hide_future_keys(int k0, int row_first, Hide&& h
 
 // ---------------------------------------------------------------------------
 // Forward. Grid (ceil(T / kBlockM), H, B); the heaviest (last) query blocks start first.
-template <class Tr, Rounding kRounding>
+// kIndices: the extrema whose key the backward routes a calibration term to
+// (index tracking costs a compare and two selects per score; the values alone one min or max).
+enum class Indices { none, argmax, both };
+
+Indices indices_needed(const KIntervalOptions& opt) {
+  const Rule rule = rule_of(opt);
+  if (opt.detach_extrema || rule == Rule::prob_ste) return Indices::none;  // no path through m, ℓ
+  // dL/dℓ is 0 for fwm (no ℓ) and for the weight STE (w = exp(s − m)).
+  const bool lerp_minmax = rule == Rule::lerp && opt.calibration == Calibration::minmax;
+  return lerp_minmax ? Indices::both : Indices::argmax;
+}
+
+template <class Tr, Rounding kRounding, Indices kIndices>
 __global__ void __launch_bounds__(Tr::kThreads) forward_kernel(const Params p) {
   constexpr int D = Tr::kHeadDim, BM = Tr::kBlockM, BN = Tr::kBlockN, RT = Tr::kRowTiles;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -105,7 +117,7 @@ __global__ void __launch_bounds__(Tr::kThreads) forward_kernel(const Params p) {
   uint32_t q_frag[RT][D / 16][4];
 
   // Pass 1: max and min of each row's visible raw scores (this thread's columns, then the row's
-  // four threads).
+  // four threads). Indices not tracked stay 0.
   Extremum hi[RT][2], lo[RT][2];
 #pragma unroll
   for (int mt = 0; mt < RT; ++mt)
@@ -121,16 +133,25 @@ __global__ void __launch_bounds__(Tr::kThreads) forward_kernel(const Params p) {
     float r[RT][BN / 8][4];     // (16 RT, BN) raw scores
     zero(r);
     Bf16Operands::qk(r, q_frag, kv.k(s));
-    // NaN fails both comparisons below.
+    // NaN fails the comparisons below, and fmaxf / fminf ignore it.
     hide_future_keys<RT, BN / 8>(k0, row_first, [&](int mt, int nt, int e) { r[mt][nt][e] = NAN; });
     for_each_acc<RT, BN / 8>([&](int mt, int nt, int e) {
       // A thread meets its keys in increasing order: strict comparisons keep the
       // lowest index (row_extremum4 applies the full tie rule across threads).
+      const float v = r[mt][nt][e];
       const int key = k0 + acc_col(nt, e);
       Extremum& h = hi[mt][e / 2];
       Extremum& l = lo[mt][e / 2];
-      if (r[mt][nt][e] > h.value) h = {r[mt][nt][e], key};
-      if (r[mt][nt][e] < l.value) l = {r[mt][nt][e], key};
+      if constexpr (kIndices != Indices::none) {
+        if (v > h.value) h = {v, key};
+      } else {
+        h.value = fmaxf(h.value, v);
+      }
+      if constexpr (kIndices == Indices::both) {
+        if (v < l.value) l = {v, key};
+      } else {
+        l.value = fminf(l.value, v);
+      }
     });
   });
   RowStats st[RT][2];
@@ -210,9 +231,13 @@ __global__ void __launch_bounds__(Tr::kThreads) dq_kernel(const Params p) {
                                 p.T - q0);
 
   // This thread's two rows per row tile (rows past T: zero statistics, never stored).
+  // The calibration terms are row sums of per-entry shares, kept as two sums over this
+  // thread's columns: Σ ds (every rule) and, for lerp minmax, Σ lerp_m_bracket; then
+  //   lerp, weight STE with fwm or the weight STE: dL/dm = −Σ ds, dL/dℓ = 0;
+  //   lerp minmax: dL/dm = −Σ bracket / K, dL/dℓ = −Σ ds − dL/dm.
   RowStats st[RT][2];
   float delta[RT][2], inv_delta[RT][2];  // ḡ; 1/Δ
-  float dm[RT][2], dl[RT][2];            // this thread's share of dL/dm, dL/dℓ
+  float ds_sum[RT][2], bracket_sum[RT][2];
 #pragma unroll
   for (int mt = 0; mt < RT; ++mt)
 #pragma unroll
@@ -221,8 +246,9 @@ __global__ void __launch_bounds__(Tr::kThreads) dq_kernel(const Params p) {
       st[mt][half] = row < p.T ? p.stats[stat0 + row] : RowStats{};
       delta[mt][half] = row < p.T ? p.delta[stat0 + row] : 0.0f;
       inv_delta[mt][half] = st[mt][half].u_scale / p.scale;
-      dm[mt][half] = dl[mt][half] = 0.0f;
+      ds_sum[mt][half] = bracket_sum[mt][half] = 0.0f;
     }
+  const bool lerp_minmax = kRule == Rule::lerp && !p.fwm;
 
   uint32_t q_frag[RT][D / 16][4], do_frag[RT][D / 16][4];
   float dq_acc[RT][D / 8][4];  // (16 RT, d) rows of dQ owned by this warp
@@ -251,17 +277,19 @@ __global__ void __launch_bounds__(Tr::kThreads) dq_kernel(const Params p) {
       const RowStats& r = st[mt][half];
       const float raw = w[mt][nt][e], u = grid_coord(r, raw, p.grid);
       const float hgrad = (dp[mt][nt][e] - delta[mt][half]) * r.inv_z;  // dL/dŵ
-      float ds = 0.0f;
+      float ds;
       if constexpr (kRule == Rule::lerp) {
-        const LerpGrad g = lerp_grad(u, hgrad, r, inv_delta[mt][half], p.grid, p.fwm);
-        ds = g.ds;
-        dm[mt][half] += g.dm;
-        dl[mt][half] += g.dl;
-      } else {  // weight STE: w = exp(s − m) in place of ŵ, and its path through m
-        if (!(p.mask_window && u < 0.0f))
-          ds = fast_exp2(fmaf(raw, p.scale_log2, -r.w_base)) * hgrad;
-        dm[mt][half] -= ds;
+        // Below the fwm window ŵ is the constant 0: u is clamped to the grid and the
+        // entry's gradient zeroed (one select rather than a branch).
+        const LerpPoint c = lerp_point(fmaxf(u, 0.0f), r, p.grid);
+        const float h = u < 0.0f ? 0.0f : hgrad;
+        ds = h * c.dv * inv_delta[mt][half];
+        if (lerp_minmax) bracket_sum[mt][half] += lerp_m_bracket(c, u, h, ds, p.grid);
+      } else {  // weight STE: w = exp(s − m) in place of ŵ
+        const float h = p.mask_window && u < 0.0f ? 0.0f : hgrad;
+        ds = fast_exp2(fmaf(raw, p.scale_log2, -r.w_base)) * h;
       }
+      ds_sum[mt][half] += ds;
       w[mt][nt][e] = ds;
     });
     Bf16Operands::dq(dq_acc, w, kv.k(s));
@@ -274,7 +302,12 @@ __global__ void __launch_bounds__(Tr::kThreads) dq_kernel(const Params p) {
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const RowStats& r = st[mt][half];
-      float m_grad = row_sum4(dm[mt][half]), l_grad = row_sum4(dl[mt][half]);
+      const float ds_row = row_sum4(ds_sum[mt][half]);
+      float m_grad = -ds_row, l_grad = 0.0f;
+      if (lerp_minmax) {
+        m_grad = -p.grid.inv_K * row_sum4(bracket_sum[mt][half]);
+        l_grad = -ds_row - m_grad;
+      }
       // A flat lerp row has constant weights: nothing flows through m or ℓ.
       if (p.detach || (kRule == Rule::lerp && r.u_scale == 0.0f)) m_grad = l_grad = 0.0f;
       const int row = row_first + acc_row(mt, 2 * half);
@@ -314,7 +347,6 @@ constexpr int dkdv_smem_bytes() {
 template <class Tr, Rule kRule>
 __global__ void __launch_bounds__(Tr::kThreads) dkdv_kernel(const Params p) {
   constexpr int D = Tr::kHeadDim, BM = Tr::kBlockM, BN = Tr::kBlockN, RT = Tr::kRowTiles;
-  constexpr Rounding kRounding = kRule == Rule::lerp ? Rounding::lerp : Rounding::nearest;
   extern __shared__ __align__(128) unsigned char smem[];
   const SmemTile<BN, D> k_tile{reinterpret_cast<bf16*>(smem)};  // (BN, d)
   const SmemTile<BN, D> v_tile{k_tile.data + BN * D};           // (BN, d)
@@ -375,26 +407,39 @@ __global__ void __launch_bounds__(Tr::kThreads) dkdv_kernel(const Params p) {
     for_each_acc<RT, BM / 8>([&](int mt, int nt, int e) {
       // Queries past T have zero RowStats and row values (1/Ẑ = 0, L = 0) and
       // zero Q and dO rows: their p̂ and dS come out 0 here.
-      const int key = warp_key0 + acc_row(mt, e), qi = acc_col(nt, e);
+      const int qi = acc_col(nt, e);
       const RowStats& r = stats[qi];
       const float raw = w[mt][nt][e], u = grid_coord(r, raw, p.grid);
-      const float g = dp[mt][nt][e] - delta[qi];
-      float ds = 0.0f;
+      // Below the fwm window ŵ is 0, and so is lerp's gradient: 1/Ẑ is replaced by 0.
+      const float inv_z = u < 0.0f ? 0.0f : r.inv_z;
+      const float h = (dp[mt][nt][e] - delta[qi]) * inv_z;  // dL/dŵ
+      float ds;
       if constexpr (kRule == Rule::lerp) {
-        ds = lerp_grad(u, g * r.inv_z, r, r.u_scale * inv_scale, p.grid, p.fwm).ds;
-      } else if constexpr (kRule == Rule::weight_ste) {
-        if (!(p.mask_window && u < 0.0f))
-          ds = fast_exp2(fmaf(raw, p.scale_log2, -r.w_base)) * g * r.inv_z;
-      } else {  // exact P = exp(c r − L)
-        ds = fast_exp2(fmaf(raw, p.scale_log2, -m_grad[qi] * kLog2e)) * g;
+        // One cell for p̂ and dS.
+        const LerpPoint c = lerp_point(fmaxf(u, 0.0f), r, p.grid);
+        w[mt][nt][e] = c.weight() * inv_z;        // p̂ᵀ
+        ds = h * c.dv * (r.u_scale * inv_scale);  // h dv / Δ
+      } else {
+        w[mt][nt][e] = grid_value(nearest_point(u), r, p.grid) * inv_z;  // p̂ᵀ
+        if constexpr (kRule == Rule::weight_ste) {
+          const float hw = p.mask_window ? h : (dp[mt][nt][e] - delta[qi]) * r.inv_z;
+          ds = fast_exp2(fmaf(raw, p.scale_log2, -r.w_base)) * hw;
+        } else {  // exact P = exp(c r − L)
+          ds = fast_exp2(fmaf(raw, p.scale_log2, -m_grad[qi] * kLog2e)) *
+               (dp[mt][nt][e] - delta[qi]);
+        }
       }
-      if constexpr (kRule != Rule::prob_ste) {
-        if (key == r.argmax) ds += m_grad[qi];
-        if (key == r.argmin) ds += l_grad[qi];
-      }
-      w[mt][nt][e] = quantised_weight<kRounding>(u, r, p.grid) * r.inv_z;  // p̂ᵀ
       dp[mt][nt][e] = ds;
     });
+    // The calibration terms, on the key that is the row's argmax (argmin); none
+    // when detached (then dL/dm = dL/dℓ = 0 everywhere).
+    if (kRule != Rule::prob_ste && !p.detach) {
+      for_each_acc<RT, BM / 8>([&](int mt, int nt, int e) {
+        const int key = warp_key0 + acc_row(mt, e), qi = acc_col(nt, e);
+        if (key == stats[qi].argmax) dp[mt][nt][e] += m_grad[qi];
+        if (key == stats[qi].argmin) dp[mt][nt][e] += l_grad[qi];
+      });
+    }
     // The causal mask, where the tile crosses the diagonal (keys after queries).
     if (warp_key0 + 16 * RT - 1 > q0) {
       for_each_acc<RT, BM / 8>([&](int mt, int nt, int e) {
@@ -419,7 +464,7 @@ __global__ void __launch_bounds__(Tr::kThreads) dkdv_kernel(const Params p) {
 template <int D>
 using Tiles = std::conditional_t<
     D == 64,
-    KernelTiles<ForwardTraits<64, 4, 2, 64>, DkDvTraits<64, 8, 1, 64>, DqTraits<64, 8, 1, 64>>,
+    KernelTiles<ForwardTraits<64, 8, 1, 64>, DkDvTraits<64, 8, 1, 64>, DqTraits<64, 8, 1, 64>>,
     KernelTiles<ForwardTraits<128, 8, 1, 64>, DkDvTraits<128, 8, 1, 64>, DqTraits<128, 8, 1, 64>>>;
 
 void check_options(const KIntervalOptions& opt) {
@@ -457,14 +502,28 @@ Params make_params(const KIntervalOptions& opt, const AttentionShape& s) {
   return p;
 }
 
-template <int D>
-void forward(const KIntervalOptions& opt, const Params& p, cudaStream_t stream) {
+template <int D, Rounding kRounding>
+void forward(Indices indices, const Params& p, cudaStream_t stream) {
   using Tr = typename Tiles<D>::Forward;
   const dim3 grid(ceil_div(p.T, Tr::kBlockM), p.H, p.B);
+  switch (indices) {
+    case Indices::none:
+      return launch(forward_kernel<Tr, kRounding, Indices::none>, grid, Tr::kThreads,
+                    Tr::kSmemBytes, stream, p);
+    case Indices::argmax:
+      return launch(forward_kernel<Tr, kRounding, Indices::argmax>, grid, Tr::kThreads,
+                    Tr::kSmemBytes, stream, p);
+    case Indices::both:
+      return launch(forward_kernel<Tr, kRounding, Indices::both>, grid, Tr::kThreads,
+                    Tr::kSmemBytes, stream, p);
+  }
+}
+
+template <int D>
+void forward(const KIntervalOptions& opt, const Params& p, cudaStream_t stream) {
   if (opt.rounding == Rounding::lerp)
-    launch(forward_kernel<Tr, Rounding::lerp>, grid, Tr::kThreads, Tr::kSmemBytes, stream, p);
-  else
-    launch(forward_kernel<Tr, Rounding::nearest>, grid, Tr::kThreads, Tr::kSmemBytes, stream, p);
+    return forward<D, Rounding::lerp>(indices_needed(opt), p, stream);
+  forward<D, Rounding::nearest>(indices_needed(opt), p, stream);
 }
 
 template <int D, Rule kRule>

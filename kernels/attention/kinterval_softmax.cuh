@@ -5,11 +5,15 @@
 //
 //   u   = clamp((r − g0) · u_scale, u_floor, K)       grid coordinate
 //   v_a = 2^((a − K) · step) = exp(−(K − a) Δ)          grid values, v_K = 1
-//   nearest: ŵ = v_{floor(u + 1/2)};  lerp: ŵ = v_a + t (v_{a+1} − v_a),
+//   nearest: ŵ = v_{round(u)};  lerp: ŵ = v_a + t (v_{a+1} − v_a),
 //   a = min(floor(u), K − 1), t = u − a;  u < 0 (below the fwm window): ŵ = 0.
 //
 // A flat minmax row (m − ℓ < 1e-6) has u_scale = 0 and step = 0, so every
 // grid value is 1 and every weight is 1, as the SPEC asks.
+//
+// Cost per score (the kernels are bound by instructions per score, not by
+// the products): u is one FMA and a clamp; a grid value is one FMA and one
+// ex2; lerp's v_{a+1} = v_a e^Δ is one FMA more; nearest rounds with two adds.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -54,7 +58,15 @@ struct GridOptions {
 };
 
 __device__ __forceinline__ float grid_coord(const RowStats& r, float raw, const GridOptions& g) {
-  return fminf(fmaxf((raw - r.g0) * r.u_scale, g.u_floor), g.K);
+  // g0 · u_scale is common to the row's scores: one FMA per score.
+  return fminf(fmaxf(fmaf(raw, r.u_scale, -r.g0 * r.u_scale), g.u_floor), g.K);
+}
+
+// round(u) for |u| < 2^22 with two full-rate adds (ties to even; floorf(u + 1/2)
+// would cost a conversion-pipe instruction). −inf stays −inf.
+__device__ __forceinline__ float nearest_point(float u) {
+  constexpr float kRound = 12582912.0f;  // 1.5 · 2^23: adding it leaves no fraction bits
+  return __fsub_rn(__fadd_rn(u, kRound), kRound);
 }
 
 __device__ __forceinline__ float grid_value(float a, const RowStats& r, const GridOptions& g) {
@@ -67,19 +79,44 @@ __device__ __forceinline__ void lerp_cell(float u, float K, float& a, float& t) 
   t = u - a;
 }
 
+// The lerp cell of u >= 0 with its two grid values: ŵ = va + t dv, dŵ/du = dv.
+struct LerpPoint {
+  float a, t;
+  float va;  // v_a
+  float dv;  // v_{a+1} − v_a = v_a (e^Δ − 1)
+  __device__ __forceinline__ float weight() const { return fmaf(t, dv, va); }
+};
+__device__ __forceinline__ LerpPoint lerp_point(float u, const RowStats& r, const GridOptions& g) {
+  LerpPoint c;
+  lerp_cell(u, g.K, c.a, c.t);
+  c.va = grid_value(c.a, r, g);
+  c.dv = fmaf(c.va, r.ratio, -c.va);
+  return c;
+}
+
 // ŵ at coordinate u.
 template <Rounding kRounding>
 __device__ __forceinline__ float quantised_weight(float u, const RowStats& r,
                                                   const GridOptions& g) {
   if (u < 0.0f) return 0.0f;
   if constexpr (kRounding == Rounding::nearest) {
-    return grid_value(floorf(u + 0.5f), r, g);
+    return grid_value(nearest_point(u), r, g);
   } else {
-    float a, t;
-    lerp_cell(u, g.K, a, t);
-    const float va = grid_value(a, r, g);
-    return fmaf(t, va * r.ratio - va, va);
+    return lerp_point(u, r, g).weight();
   }
+}
+
+// Lerp's exact derivative at one entry of the minmax grid, without its
+// constant factor: with C = m − ℓ = KΔ, v_a = exp(−(K − a) C / K) gives
+// ∂ŵ/∂C = −((K − a) ŵ − t v_{a+1}) / K, and u = K (s − ℓ) / C gives ∂u/∂m = −u / C, so
+//   dL/dm share = h (−(u/C) dv + ∂ŵ/∂C) = −(u ds + h ((K − a) ŵ − t v_{a+1})) / K
+// and dL/dℓ share = −ds − dL/dm share (ŵ depends on s − ℓ and m − ℓ only).
+// Returns the bracket u ds + h ((K − a) ŵ − t v_{a+1}); the dQ pass sums it over
+// the row and multiplies by −1/K once.
+__device__ __forceinline__ float lerp_m_bracket(const LerpPoint& c, float u, float h, float ds,
+                                                const GridOptions& g) {
+  const float vb = c.va + c.dv;
+  return fmaf(u, ds, h * fmaf(g.K - c.a, c.weight(), -c.t * vb));
 }
 
 // Lerp's exact derivative at one entry, given h = dL/dŵ_j = (g_j − ḡ) / Ẑ:
@@ -91,16 +128,11 @@ struct LerpGrad {
 __device__ __forceinline__ LerpGrad lerp_grad(float u, float h, const RowStats& r, float inv_delta,
                                               const GridOptions& g, bool fwm) {
   if (u < 0.0f) return {0.0f, 0.0f, 0.0f};  // below the fwm window: ŵ is the constant 0
-  float a, t;
-  lerp_cell(u, g.K, a, t);
-  const float va = grid_value(a, r, g), vb = va * r.ratio, dv = vb - va;
-  const float ds = h * dv * inv_delta;
+  const LerpPoint c = lerp_point(u, r, g);
+  const float ds = h * c.dv * inv_delta;
   if (fwm) return {ds, -ds, 0.0f};
-  // minmax, C = m − ℓ = KΔ: v_a = exp(−(K − a) C / K) gives dv_a/dC = −(1 − a/K) v_a.
-  const float inv_c = inv_delta * g.inv_K;
-  const float dv_dc =
-      -(1.0f - t) * fmaf(-a, g.inv_K, 1.0f) * va - t * fmaf(-(a + 1.0f), g.inv_K, 1.0f) * vb;
-  return {ds, h * (-(u * inv_c) * dv + dv_dc), h * (-((g.K - u) * inv_c) * dv - dv_dc)};
+  const float dm = -g.inv_K * lerp_m_bracket(c, u, h, ds, g);
+  return {ds, dm, -ds - dm};
 }
 
 // Row max and min with their indices, ties to the lowest index.

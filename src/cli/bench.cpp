@@ -179,9 +179,12 @@ void run_bench_attention(const BenchOptions& opt) {
       prop.name, prop.major, prop.minor, opt.warmup, opt.reps,
       !opt.no_check ? "; err = rel. L2 of head (0,0) vs fp64 CPU" : "");
   if (cfg.kind == AttentionKind::kinterval)
-    std::printf("kinterval: K=%d calibration=%s window=%g rounding=%s ste=%s\n", cfg.kinterval.K,
-                to_string(cfg.kinterval.calibration).c_str(), cfg.kinterval.window,
-                to_string(cfg.kinterval.rounding).c_str(), to_string(cfg.kinterval.ste).c_str());
+    std::printf(
+        "kinterval: K=%d calibration=%s window=%g rounding=%s ste=%s ste_window_mask=%d "
+        "detach_extrema=%d\n",
+        cfg.kinterval.K, to_string(cfg.kinterval.calibration).c_str(), cfg.kinterval.window,
+        to_string(cfg.kinterval.rounding).c_str(), to_string(cfg.kinterval.ste).c_str(),
+        cfg.kinterval.ste_window_mask, cfg.kinterval.detach_extrema);
   std::printf("%-6s %3s %3s %6s %4s  %8s %8s  %8s %8s  %9s%s\n", "kind", "B", "H", "T", "d",
               "fwd ms", "TFLOP/s", "bwd ms", "TFLOP/s", "total ms",
               !opt.no_check ? "  err o   dq      dk      dv" : "");
@@ -228,6 +231,10 @@ void add_bench_command(CLI::App& app) {
   attn->add_option("--ste", opt->kinterval.ste, "kinterval: weight or prob (nearest only)")
       ->transform(CLI::CheckedTransformer(stes))
       ->capture_default_str();
+  attn->add_flag("--ste-window-mask", opt->kinterval.ste_window_mask,
+                 "kinterval: weight STE zero below the fwm window");
+  attn->add_flag("--detach-extrema", opt->kinterval.detach_extrema,
+                 "kinterval: no derivative through the row max and min");
   attn->callback([opt] { run_bench_attention(*opt); });
 }
 
