@@ -52,9 +52,8 @@ struct Params {
   float scale;       // c
   float scale_log2;  // c · log2(e)
   GridOptions grid;
-  float window;  // fwm's W in nats
-  bool fwm;
-  bool mask_window;  // weight STE: entries below the fwm window get dS = 0
+  float window;      // fwm's W in nats
+  bool mask_window;  // weight STE with fwm: entries below the window get dS = 0
   bool detach;       // no derivative through m and ℓ
 };
 
@@ -67,6 +66,36 @@ __device__ __forceinline__ void load_row_stats_async(RowStats* dst, const RowSta
     const bool valid = r < rows_valid;
     cp_async_16(reinterpret_cast<float4*>(dst) + c,
                 reinterpret_cast<const float4*>(src + (valid ? r : 0)) + c % 2, valid);
+  }
+}
+
+// A RowStats from shared memory in two 16-byte loads.
+__device__ __forceinline__ RowStats load_row_stats(const RowStats* src) {
+  const float4 lo = reinterpret_cast<const float4*>(src)[0];
+  const float4 hi = reinterpret_cast<const float4*>(src)[1];
+  return {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, __float_as_int(hi.z), __float_as_int(hi.w)};
+}
+
+// What a query row brings to the dK/dV pass besides its RowStats, 16 bytes in
+// shared memory so that one load fetches it.
+struct alignas(16) QueryValues {
+  float delta;   // ḡ = dO·O, or for the probability STE the exact softmax's δ
+  float second;  // dL/dm, or for the probability STE the exact L
+  float l_grad;  // dL/dℓ (probability STE: 0)
+  float unused;
+};
+
+// kRows QueryValues into shared memory from three (T) row values (l_grad may be
+// null: zeros); rows past rows_valid read as 0.
+template <int kThreads, int kRows>
+__device__ __forceinline__ void load_query_values_async(QueryValues* dst, const float* delta,
+                                                        const float* second, const float* l_grad,
+                                                        int rows_valid) {
+  for (int c = threadIdx.x; c < 3 * kRows; c += kThreads) {
+    const int r = c / 3, v = c % 3;
+    const float* src = v == 0 ? delta : v == 1 ? second : l_grad;
+    const bool valid = r < rows_valid && src != nullptr;
+    cp_async_4(reinterpret_cast<float*>(dst + r) + v, valid ? src + r : delta, valid);
   }
 }
 
@@ -95,9 +124,10 @@ Indices indices_needed(const KIntervalOptions& opt) {
   return lerp_minmax ? Indices::both : Indices::argmax;
 }
 
-template <class Tr, Rounding kRounding, Indices kIndices>
+template <class Tr, Rounding kRounding, Calibration kCalibration, Indices kIndices>
 __global__ void __launch_bounds__(Tr::kThreads) forward_kernel(const Params p) {
   constexpr int D = Tr::kHeadDim, BM = Tr::kBlockM, BN = Tr::kBlockN, RT = Tr::kRowTiles;
+  constexpr bool kFwm = kCalibration == Calibration::fwm;
   extern __shared__ __align__(128) unsigned char smem[];
   const SmemTile<BM, D> q_tile{reinterpret_cast<bf16*>(smem)};  // (BM, d)
   bf16* kv_stages = q_tile.data + BM * D;                       // 2 x [(BN, d) K, (BN, d) V]
@@ -161,7 +191,7 @@ __global__ void __launch_bounds__(Tr::kThreads) forward_kernel(const Params p) {
     for (int half = 0; half < 2; ++half)
       st[mt][half] =
           make_row_stats(row_extremum4<true>(hi[mt][half]), row_extremum4<false>(lo[mt][half]),
-                         p.scale, p.grid, p.fwm, p.window);
+                         p.scale, p.grid, kFwm, p.window);
 
   // Pass 2: the quantised weights, their row sums Ẑ and O = Σ ŵ V.
   float o_acc[RT][D / 8][4];  // (16 RT, d) rows of O owned by this warp
@@ -177,7 +207,9 @@ __global__ void __launch_bounds__(Tr::kThreads) forward_kernel(const Params p) {
     Bf16Operands::qk(w, q_frag, kv.k(s));
     for_each_acc<RT, BN / 8>([&](int mt, int nt, int e) {
       const RowStats& r = st[mt][e / 2];
-      w[mt][nt][e] = quantised_weight<kRounding>(grid_coord(r, w[mt][nt][e], p.grid), r, p.grid);
+      const float u = grid_coord(r, w[mt][nt][e], p.grid);  // minmax: never below the grid
+      w[mt][nt][e] =
+          kFwm ? quantised_weight<kRounding>(u, r, p.grid) : grid_weight<kRounding>(u, r, p.grid);
     });
     hide_future_keys<RT, BN / 8>(k0, row_first,
                                  [&](int mt, int nt, int e) { w[mt][nt][e] = 0.0f; });
@@ -207,10 +239,11 @@ __global__ void __launch_bounds__(Tr::kThreads) forward_kernel(const Params p) {
 
 // ---------------------------------------------------------------------------
 // dQ for the lerp and weight-STE rules. Grid (ceil(T / kBlockM), H, B).
-template <class Tr, Rule kRule>
+template <class Tr, Rule kRule, Calibration kCalibration>
 __global__ void __launch_bounds__(Tr::kThreads) dq_kernel(const Params p) {
   static_assert(kRule != Rule::prob_ste, "the probability STE uses FPA's dQ pass");
   constexpr int D = Tr::kHeadDim, BM = Tr::kBlockM, BN = Tr::kBlockN, RT = Tr::kRowTiles;
+  constexpr bool kFwm = kCalibration == Calibration::fwm;
   extern __shared__ __align__(128) unsigned char smem[];
   const SmemTile<BM, D> q_tile{reinterpret_cast<bf16*>(smem)};  // (BM, d)
   const SmemTile<BM, D> do_tile{q_tile.data + BM * D};          // (BM, d)
@@ -248,7 +281,7 @@ __global__ void __launch_bounds__(Tr::kThreads) dq_kernel(const Params p) {
       inv_delta[mt][half] = st[mt][half].u_scale / p.scale;
       ds_sum[mt][half] = bracket_sum[mt][half] = 0.0f;
     }
-  const bool lerp_minmax = kRule == Rule::lerp && !p.fwm;
+  constexpr bool kLerpMinmax = kRule == Rule::lerp && !kFwm;
 
   uint32_t q_frag[RT][D / 16][4], do_frag[RT][D / 16][4];
   float dq_acc[RT][D / 8][4];  // (16 RT, d) rows of dQ owned by this warp
@@ -281,12 +314,12 @@ __global__ void __launch_bounds__(Tr::kThreads) dq_kernel(const Params p) {
       if constexpr (kRule == Rule::lerp) {
         // Below the fwm window ŵ is the constant 0: u is clamped to the grid and the
         // entry's gradient zeroed (one select rather than a branch).
-        const LerpPoint c = lerp_point(fmaxf(u, 0.0f), r, p.grid);
-        const float h = u < 0.0f ? 0.0f : hgrad;
+        const LerpPoint c = lerp_point(kFwm ? fmaxf(u, 0.0f) : u, r, p.grid);
+        const float h = kFwm && u < 0.0f ? 0.0f : hgrad;
         ds = h * c.dv * inv_delta[mt][half];
-        if (lerp_minmax) bracket_sum[mt][half] += lerp_m_bracket(c, u, h, ds, p.grid);
+        if constexpr (kLerpMinmax) bracket_sum[mt][half] += lerp_m_bracket(c, u, h, ds, p.grid);
       } else {  // weight STE: w = exp(s − m) in place of ŵ
-        const float h = p.mask_window && u < 0.0f ? 0.0f : hgrad;
+        const float h = kFwm && p.mask_window && u < 0.0f ? 0.0f : hgrad;
         ds = fast_exp2(fmaf(raw, p.scale_log2, -r.w_base)) * h;
       }
       ds_sum[mt][half] += ds;
@@ -304,7 +337,7 @@ __global__ void __launch_bounds__(Tr::kThreads) dq_kernel(const Params p) {
       const RowStats& r = st[mt][half];
       const float ds_row = row_sum4(ds_sum[mt][half]);
       float m_grad = -ds_row, l_grad = 0.0f;
-      if (lerp_minmax) {
+      if constexpr (kLerpMinmax) {
         m_grad = -p.grid.inv_K * row_sum4(bracket_sum[mt][half]);
         l_grad = -ds_row - m_grad;
       }
@@ -340,19 +373,21 @@ __global__ void __launch_bounds__(Tr::kThreads) dq_kernel(const Params p) {
 template <int kHeadDim, int kBlockN, int kBlockM>
 constexpr int dkdv_smem_bytes() {
   // K and V tiles, two stages of (Q tile, dO tile), two stages of the queries'
-  // RowStats and three row values (δ, then dL/dm and dL/dℓ, or L).
-  return (2 * kBlockN + 4 * kBlockM) * kHeadDim * 2 + 2 * kBlockM * (sizeof(RowStats) + 3 * 4);
+  // RowStats and QueryValues.
+  return (2 * kBlockN + 4 * kBlockM) * kHeadDim * 2 +
+         2 * kBlockM * (sizeof(RowStats) + sizeof(QueryValues));
 }
 
-template <class Tr, Rule kRule>
+template <class Tr, Rule kRule, Calibration kCalibration>
 __global__ void __launch_bounds__(Tr::kThreads) dkdv_kernel(const Params p) {
   constexpr int D = Tr::kHeadDim, BM = Tr::kBlockM, BN = Tr::kBlockN, RT = Tr::kRowTiles;
+  constexpr bool kFwm = kCalibration == Calibration::fwm;
   extern __shared__ __align__(128) unsigned char smem[];
   const SmemTile<BN, D> k_tile{reinterpret_cast<bf16*>(smem)};  // (BN, d)
   const SmemTile<BN, D> v_tile{k_tile.data + BN * D};           // (BN, d)
   bf16* q_stages = v_tile.data + BN * D;                        // 2 x [(BM, d) Q, (BM, d) dO]
-  RowStats* stat_stages = reinterpret_cast<RowStats*>(q_stages + 4 * BM * D);  // 2 x (BM)
-  float* value_stages = reinterpret_cast<float*>(stat_stages + 2 * BM);        // 2 x 3 x (BM)
+  RowStats* stat_stages = reinterpret_cast<RowStats*>(q_stages + 4 * BM * D);        // 2 x (BM)
+  QueryValues* value_stages = reinterpret_cast<QueryValues*>(stat_stages + 2 * BM);  // 2 x (BM)
 
   const int k_block = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int k0 = k_block * BN;
@@ -362,20 +397,19 @@ __global__ void __launch_bounds__(Tr::kThreads) dkdv_kernel(const Params p) {
   const size_t stat0 = (static_cast<size_t>(b) * p.H + h) * p.T;
   const bf16* q_src = p.qkv + qkv_offset(b, 0, 0, h, p.T, p.H, D);
   const bf16* do_src = p.dout + head_offset(b, 0, h, p.T, p.H, D);
-  // The two row values besides δ: dL/dm and dL/dℓ, or for the probability STE the exact L.
-  const float* second = kRule == Rule::prob_ste ? p.lse : p.dm;
+  // The row values besides δ: dL/dm and dL/dℓ, or for the probability STE the exact L.
+  const float* second = (kRule == Rule::prob_ste ? p.lse : p.dm) + stat0;
+  const float* l_grad = kRule == Rule::prob_ste ? nullptr : p.dl + stat0;
   auto q_stage = [&](int s) { return SmemTile<BM, D>{q_stages + (2 * s) * BM * D}; };
   auto do_stage = [&](int s) { return SmemTile<BM, D>{q_stages + (2 * s + 1) * BM * D}; };
-  auto value_stage = [&](int s, int v) { return value_stages + (3 * s + v) * BM; };
   auto load_queries = [&](int i, int s) {
     const int q0 = i * BM;
     load_tile_async<Tr::kThreads>(q_stage(s), q_src + q0 * ld, ld, p.T - q0);
     load_tile_async<Tr::kThreads>(do_stage(s), do_src + q0 * ld_o, ld_o, p.T - q0);
     load_row_stats_async<Tr::kThreads, BM>(stat_stages + s * BM, p.stats + stat0 + q0, p.T - q0);
-    load_row_values_async<Tr::kThreads, BM>(value_stage(s, 0), p.delta + stat0 + q0, p.T - q0);
-    load_row_values_async<Tr::kThreads, BM>(value_stage(s, 1), second + stat0 + q0, p.T - q0);
-    if constexpr (kRule != Rule::prob_ste)
-      load_row_values_async<Tr::kThreads, BM>(value_stage(s, 2), p.dl + stat0 + q0, p.T - q0);
+    load_query_values_async<Tr::kThreads, BM>(value_stages + s * BM, p.delta + stat0 + q0,
+                                              second + q0, l_grad ? l_grad + q0 : nullptr,
+                                              p.T - q0);
   };
 
   load_tile_async<Tr::kThreads>(k_tile, p.qkv + qkv_offset(b, k0, 1, h, p.T, p.H, D), ld, p.T - k0);
@@ -391,9 +425,7 @@ __global__ void __launch_bounds__(Tr::kThreads) dkdv_kernel(const Params p) {
     // Skip when every key of the warp is after every query of the block, or past T.
     if (warp_key0 > q0 + BM - 1 || warp_key0 >= p.T) return;
     const RowStats* stats = stat_stages + s * BM;
-    const float* delta = value_stage(s, 0);
-    const float* m_grad = value_stage(s, 1);  // or L
-    const float* l_grad = value_stage(s, 2);
+    const QueryValues* values = value_stages + s * BM;
     uint32_t k_frag[RT][D / 16][4];
     load_a(k_frag, k_tile, warp_row0);
     float w[RT][BM / 8][4];  // (16 RT keys, BM queries): raw Sᵀ, then p̂ᵀ
@@ -408,38 +440,37 @@ __global__ void __launch_bounds__(Tr::kThreads) dkdv_kernel(const Params p) {
       // Queries past T have zero RowStats and row values (1/Ẑ = 0, L = 0) and
       // zero Q and dO rows: their p̂ and dS come out 0 here.
       const int qi = acc_col(nt, e);
-      const RowStats& r = stats[qi];
+      const RowStats r = load_row_stats(stats + qi);
+      const QueryValues q = values[qi];
       const float raw = w[mt][nt][e], u = grid_coord(r, raw, p.grid);
+      const float g = dp[mt][nt][e] - q.delta;
       // Below the fwm window ŵ is 0, and so is lerp's gradient: 1/Ẑ is replaced by 0.
-      const float inv_z = u < 0.0f ? 0.0f : r.inv_z;
-      const float h = (dp[mt][nt][e] - delta[qi]) * inv_z;  // dL/dŵ
+      const bool below = kFwm && u < 0.0f;
+      const float inv_z = below ? 0.0f : r.inv_z;
       float ds;
       if constexpr (kRule == Rule::lerp) {
         // One cell for p̂ and dS.
-        const LerpPoint c = lerp_point(fmaxf(u, 0.0f), r, p.grid);
-        w[mt][nt][e] = c.weight() * inv_z;        // p̂ᵀ
-        ds = h * c.dv * (r.u_scale * inv_scale);  // h dv / Δ
+        const LerpPoint c = lerp_point(kFwm ? fmaxf(u, 0.0f) : u, r, p.grid);
+        w[mt][nt][e] = c.weight() * inv_z;                // p̂ᵀ
+        ds = g * inv_z * c.dv * (r.u_scale * inv_scale);  // dL/dŵ dv / Δ
       } else {
         w[mt][nt][e] = grid_value(nearest_point(u), r, p.grid) * inv_z;  // p̂ᵀ
         if constexpr (kRule == Rule::weight_ste) {
-          const float hw = p.mask_window ? h : (dp[mt][nt][e] - delta[qi]) * r.inv_z;
-          ds = fast_exp2(fmaf(raw, p.scale_log2, -r.w_base)) * hw;
+          const float h = g * (below && p.mask_window ? 0.0f : r.inv_z);  // dL/dŵ
+          ds = fast_exp2(fmaf(raw, p.scale_log2, -r.w_base)) * h;
         } else {  // exact P = exp(c r − L)
-          ds = fast_exp2(fmaf(raw, p.scale_log2, -m_grad[qi] * kLog2e)) *
-               (dp[mt][nt][e] - delta[qi]);
+          ds = fast_exp2(fmaf(raw, p.scale_log2, -q.second * kLog2e)) * g;
         }
+      }
+      // The calibration terms, on the key that is the row's argmax (argmin);
+      // detached, dL/dm = dL/dℓ = 0.
+      if constexpr (kRule != Rule::prob_ste) {
+        const int key = warp_key0 + acc_row(mt, e);
+        if (key == r.argmax) ds += q.second;
+        if (key == r.argmin) ds += q.l_grad;
       }
       dp[mt][nt][e] = ds;
     });
-    // The calibration terms, on the key that is the row's argmax (argmin); none
-    // when detached (then dL/dm = dL/dℓ = 0 everywhere).
-    if (kRule != Rule::prob_ste && !p.detach) {
-      for_each_acc<RT, BM / 8>([&](int mt, int nt, int e) {
-        const int key = warp_key0 + acc_row(mt, e), qi = acc_col(nt, e);
-        if (key == stats[qi].argmax) dp[mt][nt][e] += m_grad[qi];
-        if (key == stats[qi].argmin) dp[mt][nt][e] += l_grad[qi];
-      });
-    }
     // The causal mask, where the tile crosses the diagonal (keys after queries).
     if (warp_key0 + 16 * RT - 1 > q0) {
       for_each_acc<RT, BM / 8>([&](int mt, int nt, int e) {
@@ -464,8 +495,8 @@ __global__ void __launch_bounds__(Tr::kThreads) dkdv_kernel(const Params p) {
 template <int D>
 using Tiles = std::conditional_t<
     D == 64,
-    KernelTiles<ForwardTraits<64, 8, 1, 64>, DkDvTraits<64, 8, 1, 64>, DqTraits<64, 8, 1, 64>>,
-    KernelTiles<ForwardTraits<128, 8, 1, 64>, DkDvTraits<128, 8, 1, 64>, DqTraits<128, 8, 1, 64>>>;
+    KernelTiles<ForwardTraits<64, 4, 2, 64>, DkDvTraits<64, 8, 1, 64>, DqTraits<64, 8, 1, 64>>,
+    KernelTiles<ForwardTraits<128, 8, 1, 64>, DkDvTraits<128, 8, 1, 32>, DqTraits<128, 8, 1, 64>>>;
 
 void check_options(const KIntervalOptions& opt) {
   if (opt.K < 1)
@@ -494,51 +525,62 @@ Params make_params(const KIntervalOptions& opt, const AttentionShape& s) {
   p.B = s.B, p.H = s.H, p.T = s.T;
   p.scale = 1.0f / std::sqrt(static_cast<float>(s.d));
   p.scale_log2 = p.scale * kLog2e;
-  p.fwm = opt.calibration == Calibration::fwm;
-  p.grid = {static_cast<float>(opt.K), 1.0f / static_cast<float>(opt.K), p.fwm ? -INFINITY : 0.0f};
+  const bool fwm = opt.calibration == Calibration::fwm;
+  p.grid = {static_cast<float>(opt.K), 1.0f / static_cast<float>(opt.K), fwm ? -INFINITY : 0.0f};
   p.window = static_cast<float>(opt.window);
-  p.mask_window = p.fwm && opt.ste_window_mask;
+  p.mask_window = fwm && opt.ste_window_mask;
   p.detach = opt.detach_extrema;
   return p;
 }
 
-template <int D, Rounding kRounding>
-void forward(Indices indices, const Params& p, cudaStream_t stream) {
-  using Tr = typename Tiles<D>::Forward;
-  const dim3 grid(ceil_div(p.T, Tr::kBlockM), p.H, p.B);
-  switch (indices) {
+// Run-time options as compile-time constants: f(std::integral_constant<Enum, value>).
+template <class F>
+void with_calibration(Calibration c, F&& f) {
+  if (c == Calibration::fwm) return f(std::integral_constant<Calibration, Calibration::fwm>{});
+  f(std::integral_constant<Calibration, Calibration::minmax>{});
+}
+template <class F>
+void with_indices(Indices i, F&& f) {
+  switch (i) {
     case Indices::none:
-      return launch(forward_kernel<Tr, kRounding, Indices::none>, grid, Tr::kThreads,
-                    Tr::kSmemBytes, stream, p);
+      return f(std::integral_constant<Indices, Indices::none>{});
     case Indices::argmax:
-      return launch(forward_kernel<Tr, kRounding, Indices::argmax>, grid, Tr::kThreads,
-                    Tr::kSmemBytes, stream, p);
+      return f(std::integral_constant<Indices, Indices::argmax>{});
     case Indices::both:
-      return launch(forward_kernel<Tr, kRounding, Indices::both>, grid, Tr::kThreads,
-                    Tr::kSmemBytes, stream, p);
+      return f(std::integral_constant<Indices, Indices::both>{});
   }
 }
 
 template <int D>
 void forward(const KIntervalOptions& opt, const Params& p, cudaStream_t stream) {
-  if (opt.rounding == Rounding::lerp)
-    return forward<D, Rounding::lerp>(indices_needed(opt), p, stream);
-  forward<D, Rounding::nearest>(indices_needed(opt), p, stream);
+  using Tr = typename Tiles<D>::Forward;
+  const dim3 grid(ceil_div(p.T, Tr::kBlockM), p.H, p.B);
+  with_calibration(opt.calibration, [&](auto calibration) {
+    with_indices(indices_needed(opt), [&](auto indices) {
+      constexpr Calibration kCal = decltype(calibration)::value;
+      constexpr Indices kIdx = decltype(indices)::value;
+      if (opt.rounding == Rounding::lerp)
+        return launch(forward_kernel<Tr, Rounding::lerp, kCal, kIdx>, grid, Tr::kThreads,
+                      Tr::kSmemBytes, stream, p);
+      launch(forward_kernel<Tr, Rounding::nearest, kCal, kIdx>, grid, Tr::kThreads, Tr::kSmemBytes,
+             stream, p);
+    });
+  });
 }
 
-template <int D, Rule kRule>
+template <int D, Rule kRule, Calibration kCal>
 void launch_dkdv(const Params& p, cudaStream_t stream) {
   using Tr = typename Tiles<D>::DkDv;
-  launch(dkdv_kernel<Tr, kRule>, dim3(ceil_div(p.T, Tr::kBlockN), p.H, p.B), Tr::kThreads,
+  launch(dkdv_kernel<Tr, kRule, kCal>, dim3(ceil_div(p.T, Tr::kBlockN), p.H, p.B), Tr::kThreads,
          dkdv_smem_bytes<D, Tr::kBlockN, Tr::kBlockM>(), stream, p);
 }
 
-template <int D, Rule kRule>
+template <int D, Rule kRule, Calibration kCal>
 void launch_dq_dkdv(const Params& p, cudaStream_t stream) {
   using Tr = typename Tiles<D>::Dq;
-  launch(dq_kernel<Tr, kRule>, dim3(ceil_div(p.T, Tr::kBlockM), p.H, p.B), Tr::kThreads,
+  launch(dq_kernel<Tr, kRule, kCal>, dim3(ceil_div(p.T, Tr::kBlockM), p.H, p.B), Tr::kThreads,
          Tr::kSmemBytes, stream, p);
-  launch_dkdv<D, kRule>(p, stream);
+  launch_dkdv<D, kRule, kCal>(p, stream);
 }
 
 template <int D>
@@ -556,18 +598,22 @@ void backward(const KIntervalOptions& opt, const AttentionShape& s, const Params
   attention_delta_kernel<<<ceil_div(static_cast<long long>(p.B) * p.T * p.H, kDeltaRowsPerBlock),
                            32 * kDeltaRowsPerBlock, 0, stream>>>(fb, D);
   CUDA_CHECK_LAUNCH();
-  switch (rule) {
-    case Rule::lerp:
-      return launch_dq_dkdv<D, Rule::lerp>(p, stream);
-    case Rule::weight_ste:
-      return launch_dq_dkdv<D, Rule::weight_ste>(p, stream);
-    case Rule::prob_ste: {
-      using Dq = typename Tiles<D>::Dq;
-      launch(flash_backward_dq_kernel<Dq, Bf16Operands, OnlineSoftmax<Dq::kRowTiles>>,
-             dim3(ceil_div(p.T, Dq::kBlockM), p.H, p.B), Dq::kThreads, Dq::kSmemBytes, stream, fb);
-      return launch_dkdv<D, Rule::prob_ste>(p, stream);
-    }
+  if (rule == Rule::prob_ste) {
+    using Dq = typename Tiles<D>::Dq;
+    launch(flash_backward_dq_kernel<Dq, Bf16Operands, OnlineSoftmax<Dq::kRowTiles>>,
+           dim3(ceil_div(p.T, Dq::kBlockM), p.H, p.B), Dq::kThreads, Dq::kSmemBytes, stream, fb);
   }
+  with_calibration(opt.calibration, [&](auto calibration) {
+    constexpr Calibration kCal = decltype(calibration)::value;
+    switch (rule) {
+      case Rule::lerp:
+        return launch_dq_dkdv<D, Rule::lerp, kCal>(p, stream);
+      case Rule::weight_ste:
+        return launch_dq_dkdv<D, Rule::weight_ste, kCal>(p, stream);
+      case Rule::prob_ste:
+        return launch_dkdv<D, Rule::prob_ste, kCal>(p, stream);
+    }
+  });
 }
 
 }  // namespace

@@ -94,16 +94,21 @@ __device__ __forceinline__ LerpPoint lerp_point(float u, const RowStats& r, cons
   return c;
 }
 
-// ŵ at coordinate u.
+// ŵ at a coordinate u on the grid, 0 <= u <= K.
 template <Rounding kRounding>
-__device__ __forceinline__ float quantised_weight(float u, const RowStats& r,
-                                                  const GridOptions& g) {
-  if (u < 0.0f) return 0.0f;
+__device__ __forceinline__ float grid_weight(float u, const RowStats& r, const GridOptions& g) {
   if constexpr (kRounding == Rounding::nearest) {
     return grid_value(nearest_point(u), r, g);
   } else {
     return lerp_point(u, r, g).weight();
   }
+}
+
+// ŵ at coordinate u (u < 0: below the fwm window).
+template <Rounding kRounding>
+__device__ __forceinline__ float quantised_weight(float u, const RowStats& r,
+                                                  const GridOptions& g) {
+  return u < 0.0f ? 0.0f : grid_weight<kRounding>(u, r, g);
 }
 
 // Lerp's exact derivative at one entry of the minmax grid, without its
