@@ -52,9 +52,11 @@ struct Params {
   float scale;       // c
   float scale_log2;  // c · log2(e)
   GridOptions grid;
-  float window;      // fwm's W in nats
-  bool mask_window;  // weight STE with fwm: entries below the window get dS = 0
-  bool detach;       // no derivative through m and ℓ
+  float window;  // fwm's W in nats
+  // Weight STE: entries with u < mask_below get dS = 0: 0 with fwm and
+  // ste_window_mask (below the window), else −inf (none); a threshold, not a branch.
+  float mask_below;
+  bool detach;  // no derivative through m and ℓ
 };
 
 // kRows RowStats into shared memory (two 16-byte chunks each); rows past rows_valid read as 0.
@@ -207,7 +209,10 @@ __global__ void __launch_bounds__(Tr::kThreads) forward_kernel(const Params p) {
     Bf16Operands::qk(w, q_frag, kv.k(s));
     for_each_acc<RT, BN / 8>([&](int mt, int nt, int e) {
       const RowStats& r = st[mt][e / 2];
-      const float u = grid_coord(r, w[mt][nt][e], p.grid);  // minmax: never below the grid
+      // Clamped for lerp only; minmax never has u < 0. Future keys (u past the grid)
+      // are hidden below.
+      const float u = kRounding == Rounding::nearest ? grid_position(r, w[mt][nt][e])
+                                                     : grid_coord(r, w[mt][nt][e], p.grid);
       w[mt][nt][e] =
           kFwm ? quantised_weight<kRounding>(u, r, p.grid) : grid_weight<kRounding>(u, r, p.grid);
     });
@@ -266,7 +271,7 @@ __global__ void __launch_bounds__(Tr::kThreads) dq_kernel(const Params p) {
   // This thread's two rows per row tile (rows past T: zero statistics, never stored).
   // The calibration terms are row sums of per-entry shares, kept as two sums over this
   // thread's columns: Σ ds (every rule) and, for lerp minmax, Σ lerp_m_bracket; then
-  //   lerp, weight STE with fwm or the weight STE: dL/dm = −Σ ds, dL/dℓ = 0;
+  //   lerp with fwm, and the weight STE: dL/dm = −Σ ds, dL/dℓ = 0;
   //   lerp minmax: dL/dm = −Σ bracket / K, dL/dℓ = −Σ ds − dL/dm.
   RowStats st[RT][2];
   float delta[RT][2], inv_delta[RT][2];  // ḡ; 1/Δ
@@ -308,7 +313,9 @@ __global__ void __launch_bounds__(Tr::kThreads) dq_kernel(const Params p) {
     for_each_acc<RT, BN / 8>([&](int mt, int nt, int e) {
       const int half = e / 2;
       const RowStats& r = st[mt][half];
-      const float raw = w[mt][nt][e], u = grid_coord(r, raw, p.grid);
+      const float raw = w[mt][nt][e];  // future keys: −inf
+      // The weight STE only tests u < 0 (fwm with ste_window_mask): no clamp.
+      const float u = kRule == Rule::lerp ? grid_coord(r, raw, p.grid) : grid_position(r, raw);
       const float hgrad = (dp[mt][nt][e] - delta[mt][half]) * r.inv_z;  // dL/dŵ
       float ds;
       if constexpr (kRule == Rule::lerp) {
@@ -317,9 +324,9 @@ __global__ void __launch_bounds__(Tr::kThreads) dq_kernel(const Params p) {
         const LerpPoint c = lerp_point(kFwm ? fmaxf(u, 0.0f) : u, r, p.grid);
         const float h = kFwm && u < 0.0f ? 0.0f : hgrad;
         ds = h * c.dv * inv_delta[mt][half];
-        if constexpr (kLerpMinmax) bracket_sum[mt][half] += lerp_m_bracket(c, u, h, ds, p.grid);
+        if constexpr (kLerpMinmax) bracket_sum[mt][half] += lerp_m_bracket(c, u, h, ds);
       } else {  // weight STE: w = exp(s − m) in place of ŵ
-        const float h = kFwm && p.mask_window && u < 0.0f ? 0.0f : hgrad;
+        const float h = kFwm && u < p.mask_below ? 0.0f : hgrad;
         ds = fast_exp2(fmaf(raw, p.scale_log2, -r.w_base)) * h;
       }
       ds_sum[mt][half] += ds;
@@ -442,7 +449,9 @@ __global__ void __launch_bounds__(Tr::kThreads) dkdv_kernel(const Params p) {
       const int qi = acc_col(nt, e);
       const RowStats r = load_row_stats(stats + qi);
       const QueryValues q = values[qi];
-      const float raw = w[mt][nt][e], u = grid_coord(r, raw, p.grid);
+      // Clamped for lerp only (nearest needs no clamp); future keys are hidden below.
+      const float raw = w[mt][nt][e];
+      const float u = kRule == Rule::lerp ? grid_coord(r, raw, p.grid) : grid_position(r, raw);
       const float g = dp[mt][nt][e] - q.delta;
       // Below the fwm window ŵ is 0, and so is lerp's gradient: 1/Ẑ is replaced by 0.
       const bool below = kFwm && u < 0.0f;
@@ -451,12 +460,12 @@ __global__ void __launch_bounds__(Tr::kThreads) dkdv_kernel(const Params p) {
       if constexpr (kRule == Rule::lerp) {
         // One cell for p̂ and dS.
         const LerpPoint c = lerp_point(kFwm ? fmaxf(u, 0.0f) : u, r, p.grid);
-        w[mt][nt][e] = c.weight() * inv_z;                // p̂ᵀ
-        ds = g * inv_z * c.dv * (r.u_scale * inv_scale);  // dL/dŵ dv / Δ
+        w[mt][nt][e] = c.weight() * inv_z;                  // p̂ᵀ
+        ds = g * c.dv * (inv_z * (r.u_scale * inv_scale));  // dL/dŵ dv / Δ
       } else {
         w[mt][nt][e] = grid_value(nearest_point(u), r, p.grid) * inv_z;  // p̂ᵀ
         if constexpr (kRule == Rule::weight_ste) {
-          const float h = g * (below && p.mask_window ? 0.0f : r.inv_z);  // dL/dŵ
+          const float h = g * (kFwm && u < p.mask_below ? 0.0f : r.inv_z);  // dL/dŵ
           ds = fast_exp2(fmaf(raw, p.scale_log2, -r.w_base)) * h;
         } else {  // exact P = exp(c r − L)
           ds = fast_exp2(fmaf(raw, p.scale_log2, -q.second * kLog2e)) * g;
@@ -528,7 +537,7 @@ Params make_params(const KIntervalOptions& opt, const AttentionShape& s) {
   const bool fwm = opt.calibration == Calibration::fwm;
   p.grid = {static_cast<float>(opt.K), 1.0f / static_cast<float>(opt.K), fwm ? -INFINITY : 0.0f};
   p.window = static_cast<float>(opt.window);
-  p.mask_window = fwm && opt.ste_window_mask;
+  p.mask_below = fwm && opt.ste_window_mask ? 0.0f : -INFINITY;
   p.detach = opt.detach_extrema;
   return p;
 }

@@ -57,9 +57,15 @@ struct GridOptions {
   float u_floor;  // minmax: 0 (u never leaves the grid); fwm: −inf (u < 0 is below the window)
 };
 
+// u before the clamp: (r − g0) · u_scale as one FMA (g0 · u_scale is common to the
+// row's scores). Nearest rounding needs no clamp: a visible score is at most the
+// max (u <= K up to rounding), and u < 0 is tested as such.
+__device__ __forceinline__ float grid_position(const RowStats& r, float raw) {
+  return fmaf(raw, r.u_scale, -r.g0 * r.u_scale);
+}
+
 __device__ __forceinline__ float grid_coord(const RowStats& r, float raw, const GridOptions& g) {
-  // g0 · u_scale is common to the row's scores: one FMA per score.
-  return fminf(fmaxf(fmaf(raw, r.u_scale, -r.g0 * r.u_scale), g.u_floor), g.K);
+  return fminf(fmaxf(grid_position(r, raw), g.u_floor), g.K);
 }
 
 // round(u) for |u| < 2^22 with two full-rate adds (ties to even; floorf(u + 1/2)
@@ -94,7 +100,8 @@ __device__ __forceinline__ LerpPoint lerp_point(float u, const RowStats& r, cons
   return c;
 }
 
-// ŵ at a coordinate u on the grid, 0 <= u <= K.
+// ŵ at a coordinate u on the grid, 0 <= u <= K (nearest: also the unclamped grid_position
+// of a visible score).
 template <Rounding kRounding>
 __device__ __forceinline__ float grid_weight(float u, const RowStats& r, const GridOptions& g) {
   if constexpr (kRounding == Rounding::nearest) {
@@ -104,24 +111,26 @@ __device__ __forceinline__ float grid_weight(float u, const RowStats& r, const G
   }
 }
 
-// ŵ at coordinate u (u < 0: below the fwm window).
+// ŵ at coordinate u (u < 0: below the fwm window). The grid weight is computed
+// for every u and then selected (no branch per score; a NaN it gives for u = −inf
+// is not selected).
 template <Rounding kRounding>
 __device__ __forceinline__ float quantised_weight(float u, const RowStats& r,
                                                   const GridOptions& g) {
-  return u < 0.0f ? 0.0f : grid_weight<kRounding>(u, r, g);
+  const float w = grid_weight<kRounding>(u, r, g);
+  return u < 0.0f ? 0.0f : w;
 }
 
-// Lerp's exact derivative at one entry of the minmax grid, without its
-// constant factor: with C = m − ℓ = KΔ, v_a = exp(−(K − a) C / K) gives
-// ∂ŵ/∂C = −((K − a) ŵ − t v_{a+1}) / K, and u = K (s − ℓ) / C gives ∂u/∂m = −u / C, so
-//   dL/dm share = h (−(u/C) dv + ∂ŵ/∂C) = −(u ds + h ((K − a) ŵ − t v_{a+1})) / K
-// and dL/dℓ share = −ds − dL/dm share (ŵ depends on s − ℓ and m − ℓ only).
-// Returns the bracket u ds + h ((K − a) ŵ − t v_{a+1}); the dQ pass sums it over
-// the row and multiplies by −1/K once.
-__device__ __forceinline__ float lerp_m_bracket(const LerpPoint& c, float u, float h, float ds,
-                                                const GridOptions& g) {
-  const float vb = c.va + c.dv;
-  return fmaf(u, ds, h * fmaf(g.K - c.a, c.weight(), -c.t * vb));
+// Lerp's derivative through m at one entry of the minmax grid: with C = m − ℓ = KΔ,
+// v_a = exp(−(K − a) C / K) gives ∂ŵ/∂C = −((K − a) ŵ − t v_{a+1}) / K, and
+// u = K (s − ℓ) / C gives ∂u/∂m = −u / C, so the entry's share of dL/dm is
+//   h (−(u/C) dv + ∂ŵ/∂C) = −(u ds − h (a ŵ + t v_{a+1})) / K − h ŵ
+// (a ŵ + t v_{a+1} = u v_a + (a + 1) t dv), and of dL/dℓ: −ds − that (ŵ depends
+// on s − ℓ and m − ℓ only). Over a row, Σ_j h_j ŵ_j = Σ_j p̂_j (g_j − ḡ) = 0, so
+// the dQ pass sums only the bracket u ds − h (u v_a + (a + 1) t dv), returned
+// here, and multiplies by −1/K once.
+__device__ __forceinline__ float lerp_m_bracket(const LerpPoint& c, float u, float h, float ds) {
+  return fmaf(u, ds, -h * fmaf((c.a + 1.0f) * c.t, c.dv, u * c.va));
 }
 
 // Lerp's exact derivative at one entry, given h = dL/dŵ_j = (g_j − ḡ) / Ẑ:
@@ -136,7 +145,7 @@ __device__ __forceinline__ LerpGrad lerp_grad(float u, float h, const RowStats& 
   const LerpPoint c = lerp_point(u, r, g);
   const float ds = h * c.dv * inv_delta;
   if (fwm) return {ds, -ds, 0.0f};
-  const float dm = -g.inv_K * lerp_m_bracket(c, u, h, ds, g);
+  const float dm = -g.inv_K * lerp_m_bracket(c, u, h, ds) - h * c.weight();
   return {ds, dm, -ds - dm};
 }
 
