@@ -3,8 +3,8 @@
 // (tile_mma.cuh, bf16_operands.cuh); the per-score maths is in kinterval_softmax.cuh.
 //
 // Forward, one kernel per query block, two passes over the visible keys:
-//   pass 1: raw S = Q Kᵀ -> each row's max and min with their lowest indices
-//           -> the row's grid (RowStats);
+//   pass 1: raw S = Q Kᵀ -> each row's max and min, with their lowest indices
+//           where the backward routes a term to them -> the row's grid (RowStats);
 //   pass 2: S again -> ŵ -> Ẑ = Σ ŵ, O += ŵ V; at the end O /= Ẑ.
 //   Saved per row: the grid, 1/Ẑ, argmax and argmin (8 fp32, RowStats).
 // Backward, deterministic (every output element has one writer, sums in a fixed order):
@@ -19,8 +19,12 @@
 // FPA's forward (exact L and output, hence δ) and FPA's dQ pass, then the
 // dK/dV pass above with exact P for dK and p̂ for dV.
 //
-// Tile shapes are FPA's (fpa.cu): forward d=64 4 warps x 32 rows, d=128 8 x 16;
-// dK/dV and dQ 8 warps x 16 rows; 64-wide steps.
+// Rounding x STE (the rule), calibration and which indices pass 1 tracks are
+// compile-time options; K, the window, detach and the window mask are run-time values.
+// The kernels are bound by instructions per score (docs/kinterval.md, Performance).
+//
+// Tile shapes: forward d=64 4 warps x 32 rows (FPA's), d=128 8 x 16, 64-key steps;
+// dQ 8 warps x 16 rows, 64-key steps; dK/dV 8 warps x 16 keys, 64-query steps.
 #include <cmath>
 #include <stdexcept>
 #include <string>
@@ -505,7 +509,7 @@ template <int D>
 using Tiles = std::conditional_t<
     D == 64,
     KernelTiles<ForwardTraits<64, 4, 2, 64>, DkDvTraits<64, 8, 1, 64>, DqTraits<64, 8, 1, 64>>,
-    KernelTiles<ForwardTraits<128, 8, 1, 64>, DkDvTraits<128, 8, 1, 32>, DqTraits<128, 8, 1, 64>>>;
+    KernelTiles<ForwardTraits<128, 8, 1, 64>, DkDvTraits<128, 8, 1, 64>, DqTraits<128, 8, 1, 64>>>;
 
 void check_options(const KIntervalOptions& opt) {
   if (opt.K < 1)
