@@ -213,12 +213,11 @@ __global__ void __launch_bounds__(Tr::kThreads) forward_kernel(const Params p) {
     Bf16Operands::qk(w, q_frag, kv.k(s));
     for_each_acc<RT, BN / 8>([&](int mt, int nt, int e) {
       const RowStats& r = st[mt][e / 2];
-      // Clamped for lerp only; minmax never has u < 0. Future keys (u past the grid)
-      // are hidden below.
-      const float u = kRounding == Rounding::nearest ? grid_position(r, w[mt][nt][e])
-                                                     : grid_coord(r, w[mt][nt][e], p.grid);
-      w[mt][nt][e] =
-          kFwm ? quantised_weight<kRounding>(u, r, p.grid) : grid_weight<kRounding>(u, r, p.grid);
+      // Future keys (u past the grid) are hidden below; minmax never has u < 0.
+      const float u = grid_position(r, w[mt][nt][e]);
+      const float on_grid =
+          grid_weight<kRounding>(kRounding == Rounding::lerp ? fmaxf(u, 0.0f) : u, r, p.grid);
+      w[mt][nt][e] = kFwm && u < 0.0f ? 0.0f : on_grid;
     });
     hide_future_keys<RT, BN / 8>(k0, row_first,
                                  [&](int mt, int nt, int e) { w[mt][nt][e] = 0.0f; });
@@ -318,17 +317,17 @@ __global__ void __launch_bounds__(Tr::kThreads) dq_kernel(const Params p) {
       const int half = e / 2;
       const RowStats& r = st[mt][half];
       const float raw = w[mt][nt][e];  // future keys: −inf
-      // The weight STE only tests u < 0 (fwm with ste_window_mask): no clamp.
-      const float u = kRule == Rule::lerp ? grid_coord(r, raw, p.grid) : grid_position(r, raw);
+      const float u = grid_position(r, raw);
       const float hgrad = (dp[mt][nt][e] - delta[mt][half]) * r.inv_z;  // dL/dŵ
       float ds;
       if constexpr (kRule == Rule::lerp) {
-        // Below the fwm window ŵ is the constant 0: u is clamped to the grid and the
-        // entry's gradient zeroed (one select rather than a branch).
-        const LerpPoint c = lerp_point(kFwm ? fmaxf(u, 0.0f) : u, r, p.grid);
+        // Below the fwm window ŵ is the constant 0: the cell is taken at max(u, 0)
+        // (also future keys, and a flat row's NaN) and the entry's gradient zeroed.
+        const float uc = fmaxf(u, 0.0f);
+        const LerpPoint c = lerp_point(uc, r, p.grid);
         const float h = kFwm && u < 0.0f ? 0.0f : hgrad;
         ds = h * c.dv * inv_delta[mt][half];
-        if constexpr (kLerpMinmax) bracket_sum[mt][half] += lerp_m_bracket(c, u, h, ds);
+        if constexpr (kLerpMinmax) bracket_sum[mt][half] += lerp_m_bracket(c, uc, h, ds);
       } else {  // weight STE: w = exp(s − m) in place of ŵ
         const float h = kFwm && u < p.mask_below ? 0.0f : hgrad;
         ds = fast_exp2(fmaf(raw, p.scale_log2, -r.w_base)) * h;
@@ -453,9 +452,8 @@ __global__ void __launch_bounds__(Tr::kThreads) dkdv_kernel(const Params p) {
       const int qi = acc_col(nt, e);
       const RowStats r = load_row_stats(stats + qi);
       const QueryValues q = values[qi];
-      // Clamped for lerp only (nearest needs no clamp); future keys are hidden below.
       const float raw = w[mt][nt][e];
-      const float u = kRule == Rule::lerp ? grid_coord(r, raw, p.grid) : grid_position(r, raw);
+      const float u = grid_position(r, raw);  // future keys (u past the grid) are hidden below
       const float g = dp[mt][nt][e] - q.delta;
       // Below the fwm window ŵ is 0, and so is lerp's gradient: 1/Ẑ is replaced by 0.
       const bool below = kFwm && u < 0.0f;
@@ -463,7 +461,7 @@ __global__ void __launch_bounds__(Tr::kThreads) dkdv_kernel(const Params p) {
       float ds;
       if constexpr (kRule == Rule::lerp) {
         // One cell for p̂ and dS.
-        const LerpPoint c = lerp_point(kFwm ? fmaxf(u, 0.0f) : u, r, p.grid);
+        const LerpPoint c = lerp_point(fmaxf(u, 0.0f), r, p.grid);
         w[mt][nt][e] = c.weight() * inv_z;                  // p̂ᵀ
         ds = g * c.dv * (inv_z * (r.u_scale * inv_scale));  // dL/dŵ dv / Δ
       } else {

@@ -58,8 +58,10 @@ struct GridOptions {
 };
 
 // u before the clamp: (r − g0) · u_scale as one FMA (g0 · u_scale is common to the
-// row's scores). Nearest rounding needs no clamp: a visible score is at most the
-// max (u <= K up to rounding), and u < 0 is tested as such.
+// row's scores). The kernels clamp only where they must: a visible score is at
+// most the max (u <= K up to rounding), which nearest rounding takes as is and
+// lerp's a = min(floor(u), K − 1) absorbs; lerp clamps u at 0 (the argmin's u may
+// come out a hair below); u < 0 (below the fwm window) is tested as such.
 __device__ __forceinline__ float grid_position(const RowStats& r, float raw) {
   return fmaf(raw, r.u_scale, -r.g0 * r.u_scale);
 }
