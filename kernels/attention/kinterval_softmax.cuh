@@ -13,7 +13,7 @@
 //
 // Cost per score (the kernels are bound by instructions per score, not by
 // the products): u is one FMA and a clamp; a grid value is one FMA and one
-// ex2; lerp's v_{a+1} = v_a e^Δ is one FMA more; nearest rounds with two adds.
+// ex2; lerp's v_{a+1} = v_a e^Δ is one FMA more; nearest rounds with three adds.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -70,11 +70,14 @@ __device__ __forceinline__ float grid_coord(const RowStats& r, float raw, const 
   return fminf(fmaxf(grid_position(r, raw), g.u_floor), g.K);
 }
 
-// round(u) for |u| < 2^22 with two full-rate adds (ties to even; floorf(u + 1/2)
-// would cost a conversion-pipe instruction). −inf stays −inf.
+// floor(u + 1/2) (SPEC §4: ties go up) for |u| < 2^22 with three full-rate adds
+// (floorf would cost a conversion-pipe instruction): u + 1/2 rounded down keeps
+// its floor, and adding 1.5 · 2^23 rounded down leaves no fraction bits, so it
+// floors. Ties matter: the sage composition's scores are integers times one
+// scale, so u lands exactly on a half now and then. −inf stays −inf.
 __device__ __forceinline__ float nearest_point(float u) {
-  constexpr float kRound = 12582912.0f;  // 1.5 · 2^23: adding it leaves no fraction bits
-  return __fsub_rn(__fadd_rn(u, kRound), kRound);
+  constexpr float kRound = 12582912.0f;  // 1.5 · 2^23
+  return __fsub_rn(__fadd_rd(__fadd_rd(u, 0.5f), kRound), kRound);
 }
 
 __device__ __forceinline__ float grid_value(float a, const RowStats& r, const GridOptions& g) {
