@@ -3,8 +3,8 @@
 // (tile_mma.cuh, bf16_operands.cuh); the per-score maths is in kinterval_softmax.cuh.
 //
 // Forward, one kernel per query block, two passes over the visible keys:
-//   pass 1: raw S = Q Kᵀ -> each row's max and min with their lowest indices
-//           -> the row's grid (RowStats);
+//   pass 1: raw S = Q Kᵀ -> each row's max and min, with their lowest indices
+//           where the backward routes a term to them -> the row's grid (RowStats);
 //   pass 2: S again -> ŵ -> Ẑ = Σ ŵ, O += ŵ V; at the end O /= Ẑ.
 //   Saved per row: the grid, 1/Ẑ, argmax and argmin (8 fp32, RowStats).
 // Backward, deterministic (every output element has one writer, sums in a fixed order):
@@ -19,8 +19,12 @@
 // FPA's forward (exact L and output, hence δ) and FPA's dQ pass, then the
 // dK/dV pass above with exact P for dK and p̂ for dV.
 //
-// Tile shapes are FPA's (fpa.cu): forward d=64 4 warps x 32 rows, d=128 8 x 16;
-// dK/dV and dQ 8 warps x 16 rows; 64-wide steps.
+// Rounding x STE (the rule), calibration and which indices pass 1 tracks are
+// compile-time options; K, the window, detach and the window mask are run-time values.
+// The kernels are bound by instructions per score (docs/kinterval.md, Performance).
+//
+// Tile shapes: forward d=64 4 warps x 32 rows (FPA's), d=128 8 x 16, 64-key steps;
+// dQ 8 warps x 16 rows, 64-key steps; dK/dV 8 warps x 16 keys, 64-query steps.
 #include <cmath>
 #include <stdexcept>
 #include <string>
@@ -53,9 +57,10 @@ struct Params {
   float scale_log2;  // c · log2(e)
   GridOptions grid;
   float window;  // fwm's W in nats
-  bool fwm;
-  bool mask_window;  // weight STE: entries below the fwm window get dS = 0
-  bool detach;       // no derivative through m and ℓ
+  // Weight STE: entries with u < mask_below get dS = 0: 0 with fwm and
+  // ste_window_mask (below the window), else −inf (none); a threshold, not a branch.
+  float mask_below;
+  bool detach;  // no derivative through m and ℓ
 };
 
 // kRows RowStats into shared memory (two 16-byte chunks each); rows past rows_valid read as 0.
@@ -67,6 +72,36 @@ __device__ __forceinline__ void load_row_stats_async(RowStats* dst, const RowSta
     const bool valid = r < rows_valid;
     cp_async_16(reinterpret_cast<float4*>(dst) + c,
                 reinterpret_cast<const float4*>(src + (valid ? r : 0)) + c % 2, valid);
+  }
+}
+
+// A RowStats from shared memory in two 16-byte loads.
+__device__ __forceinline__ RowStats load_row_stats(const RowStats* src) {
+  const float4 lo = reinterpret_cast<const float4*>(src)[0];
+  const float4 hi = reinterpret_cast<const float4*>(src)[1];
+  return {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, __float_as_int(hi.z), __float_as_int(hi.w)};
+}
+
+// What a query row brings to the dK/dV pass besides its RowStats, 16 bytes in
+// shared memory so that one load fetches it.
+struct alignas(16) QueryValues {
+  float delta;   // ḡ = dO·O, or for the probability STE the exact softmax's δ
+  float second;  // dL/dm, or for the probability STE the exact L
+  float l_grad;  // dL/dℓ (probability STE: 0)
+  float unused;
+};
+
+// kRows QueryValues into shared memory from three (T) row values (l_grad may be
+// null: zeros); rows past rows_valid read as 0.
+template <int kThreads, int kRows>
+__device__ __forceinline__ void load_query_values_async(QueryValues* dst, const float* delta,
+                                                        const float* second, const float* l_grad,
+                                                        int rows_valid) {
+  for (int c = threadIdx.x; c < 3 * kRows; c += kThreads) {
+    const int r = c / 3, v = c % 3;
+    const float* src = v == 0 ? delta : v == 1 ? second : l_grad;
+    const bool valid = r < rows_valid && src != nullptr;
+    cp_async_4(reinterpret_cast<float*>(dst + r) + v, valid ? src + r : delta, valid);
   }
 }
 
@@ -83,9 +118,22 @@ __device__ __forceinline__ void hide_future_keys(int k0, int row_first, Hide&& h
 
 // ---------------------------------------------------------------------------
 // Forward. Grid (ceil(T / kBlockM), H, B); the heaviest (last) query blocks start first.
-template <class Tr, Rounding kRounding>
+// kIndices: the extrema whose key the backward routes a calibration term to
+// (index tracking costs a compare and two selects per score; the values alone one min or max).
+enum class Indices { none, argmax, both };
+
+Indices indices_needed(const KIntervalOptions& opt) {
+  const Rule rule = rule_of(opt);
+  if (opt.detach_extrema || rule == Rule::prob_ste) return Indices::none;  // no path through m, ℓ
+  // dL/dℓ is 0 for fwm (no ℓ) and for the weight STE (w = exp(s − m)).
+  const bool lerp_minmax = rule == Rule::lerp && opt.calibration == Calibration::minmax;
+  return lerp_minmax ? Indices::both : Indices::argmax;
+}
+
+template <class Tr, Rounding kRounding, Calibration kCalibration, Indices kIndices>
 __global__ void __launch_bounds__(Tr::kThreads) forward_kernel(const Params p) {
   constexpr int D = Tr::kHeadDim, BM = Tr::kBlockM, BN = Tr::kBlockN, RT = Tr::kRowTiles;
+  constexpr bool kFwm = kCalibration == Calibration::fwm;
   extern __shared__ __align__(128) unsigned char smem[];
   const SmemTile<BM, D> q_tile{reinterpret_cast<bf16*>(smem)};  // (BM, d)
   bf16* kv_stages = q_tile.data + BM * D;                       // 2 x [(BN, d) K, (BN, d) V]
@@ -105,7 +153,7 @@ __global__ void __launch_bounds__(Tr::kThreads) forward_kernel(const Params p) {
   uint32_t q_frag[RT][D / 16][4];
 
   // Pass 1: max and min of each row's visible raw scores (this thread's columns, then the row's
-  // four threads).
+  // four threads). Indices not tracked stay 0.
   Extremum hi[RT][2], lo[RT][2];
 #pragma unroll
   for (int mt = 0; mt < RT; ++mt)
@@ -121,16 +169,25 @@ __global__ void __launch_bounds__(Tr::kThreads) forward_kernel(const Params p) {
     float r[RT][BN / 8][4];     // (16 RT, BN) raw scores
     zero(r);
     Bf16Operands::qk(r, q_frag, kv.k(s));
-    // NaN fails both comparisons below.
+    // NaN fails the comparisons below, and fmaxf / fminf ignore it.
     hide_future_keys<RT, BN / 8>(k0, row_first, [&](int mt, int nt, int e) { r[mt][nt][e] = NAN; });
     for_each_acc<RT, BN / 8>([&](int mt, int nt, int e) {
       // A thread meets its keys in increasing order: strict comparisons keep the
       // lowest index (row_extremum4 applies the full tie rule across threads).
+      const float v = r[mt][nt][e];
       const int key = k0 + acc_col(nt, e);
       Extremum& h = hi[mt][e / 2];
       Extremum& l = lo[mt][e / 2];
-      if (r[mt][nt][e] > h.value) h = {r[mt][nt][e], key};
-      if (r[mt][nt][e] < l.value) l = {r[mt][nt][e], key};
+      if constexpr (kIndices != Indices::none) {
+        if (v > h.value) h = {v, key};
+      } else {
+        h.value = fmaxf(h.value, v);
+      }
+      if constexpr (kIndices == Indices::both) {
+        if (v < l.value) l = {v, key};
+      } else {
+        l.value = fminf(l.value, v);
+      }
     });
   });
   RowStats st[RT][2];
@@ -140,7 +197,7 @@ __global__ void __launch_bounds__(Tr::kThreads) forward_kernel(const Params p) {
     for (int half = 0; half < 2; ++half)
       st[mt][half] =
           make_row_stats(row_extremum4<true>(hi[mt][half]), row_extremum4<false>(lo[mt][half]),
-                         p.scale, p.grid, p.fwm, p.window);
+                         p.scale, p.grid, kFwm, p.window);
 
   // Pass 2: the quantised weights, their row sums Ẑ and O = Σ ŵ V.
   float o_acc[RT][D / 8][4];  // (16 RT, d) rows of O owned by this warp
@@ -156,7 +213,11 @@ __global__ void __launch_bounds__(Tr::kThreads) forward_kernel(const Params p) {
     Bf16Operands::qk(w, q_frag, kv.k(s));
     for_each_acc<RT, BN / 8>([&](int mt, int nt, int e) {
       const RowStats& r = st[mt][e / 2];
-      w[mt][nt][e] = quantised_weight<kRounding>(grid_coord(r, w[mt][nt][e], p.grid), r, p.grid);
+      // Future keys (u past the grid) are hidden below; minmax never has u < 0.
+      const float u = grid_position(r, w[mt][nt][e]);
+      const float on_grid =
+          grid_weight<kRounding>(kRounding == Rounding::lerp ? fmaxf(u, 0.0f) : u, r, p.grid);
+      w[mt][nt][e] = kFwm && u < 0.0f ? 0.0f : on_grid;
     });
     hide_future_keys<RT, BN / 8>(k0, row_first,
                                  [&](int mt, int nt, int e) { w[mt][nt][e] = 0.0f; });
@@ -186,10 +247,11 @@ __global__ void __launch_bounds__(Tr::kThreads) forward_kernel(const Params p) {
 
 // ---------------------------------------------------------------------------
 // dQ for the lerp and weight-STE rules. Grid (ceil(T / kBlockM), H, B).
-template <class Tr, Rule kRule>
+template <class Tr, Rule kRule, Calibration kCalibration>
 __global__ void __launch_bounds__(Tr::kThreads) dq_kernel(const Params p) {
   static_assert(kRule != Rule::prob_ste, "the probability STE uses FPA's dQ pass");
   constexpr int D = Tr::kHeadDim, BM = Tr::kBlockM, BN = Tr::kBlockN, RT = Tr::kRowTiles;
+  constexpr bool kFwm = kCalibration == Calibration::fwm;
   extern __shared__ __align__(128) unsigned char smem[];
   const SmemTile<BM, D> q_tile{reinterpret_cast<bf16*>(smem)};  // (BM, d)
   const SmemTile<BM, D> do_tile{q_tile.data + BM * D};          // (BM, d)
@@ -210,9 +272,13 @@ __global__ void __launch_bounds__(Tr::kThreads) dq_kernel(const Params p) {
                                 p.T - q0);
 
   // This thread's two rows per row tile (rows past T: zero statistics, never stored).
+  // The calibration terms are row sums of per-entry shares, kept as two sums over this
+  // thread's columns: Σ ds (every rule) and, for lerp minmax, Σ lerp_m_bracket; then
+  //   lerp with fwm, and the weight STE: dL/dm = −Σ ds, dL/dℓ = 0;
+  //   lerp minmax: dL/dm = −Σ bracket / K, dL/dℓ = −Σ ds − dL/dm.
   RowStats st[RT][2];
   float delta[RT][2], inv_delta[RT][2];  // ḡ; 1/Δ
-  float dm[RT][2], dl[RT][2];            // this thread's share of dL/dm, dL/dℓ
+  float ds_sum[RT][2], bracket_sum[RT][2];
 #pragma unroll
   for (int mt = 0; mt < RT; ++mt)
 #pragma unroll
@@ -221,8 +287,9 @@ __global__ void __launch_bounds__(Tr::kThreads) dq_kernel(const Params p) {
       st[mt][half] = row < p.T ? p.stats[stat0 + row] : RowStats{};
       delta[mt][half] = row < p.T ? p.delta[stat0 + row] : 0.0f;
       inv_delta[mt][half] = st[mt][half].u_scale / p.scale;
-      dm[mt][half] = dl[mt][half] = 0.0f;
+      ds_sum[mt][half] = bracket_sum[mt][half] = 0.0f;
     }
+  constexpr bool kLerpMinmax = kRule == Rule::lerp && !kFwm;
 
   uint32_t q_frag[RT][D / 16][4], do_frag[RT][D / 16][4];
   float dq_acc[RT][D / 8][4];  // (16 RT, d) rows of dQ owned by this warp
@@ -249,19 +316,23 @@ __global__ void __launch_bounds__(Tr::kThreads) dq_kernel(const Params p) {
     for_each_acc<RT, BN / 8>([&](int mt, int nt, int e) {
       const int half = e / 2;
       const RowStats& r = st[mt][half];
-      const float raw = w[mt][nt][e], u = grid_coord(r, raw, p.grid);
+      const float raw = w[mt][nt][e];  // future keys: −inf
+      const float u = grid_position(r, raw);
       const float hgrad = (dp[mt][nt][e] - delta[mt][half]) * r.inv_z;  // dL/dŵ
-      float ds = 0.0f;
+      float ds;
       if constexpr (kRule == Rule::lerp) {
-        const LerpGrad g = lerp_grad(u, hgrad, r, inv_delta[mt][half], p.grid, p.fwm);
-        ds = g.ds;
-        dm[mt][half] += g.dm;
-        dl[mt][half] += g.dl;
-      } else {  // weight STE: w = exp(s − m) in place of ŵ, and its path through m
-        if (!(p.mask_window && u < 0.0f))
-          ds = fast_exp2(fmaf(raw, p.scale_log2, -r.w_base)) * hgrad;
-        dm[mt][half] -= ds;
+        // Below the fwm window ŵ is the constant 0: the cell is taken at max(u, 0)
+        // (also future keys, and a flat row's NaN) and the entry's gradient zeroed.
+        const float uc = fmaxf(u, 0.0f);
+        const LerpPoint c = lerp_point(uc, r, p.grid);
+        const float h = kFwm && u < 0.0f ? 0.0f : hgrad;
+        ds = h * c.dv * inv_delta[mt][half];
+        if constexpr (kLerpMinmax) bracket_sum[mt][half] += lerp_m_bracket(c, uc, h, ds);
+      } else {  // weight STE: w = exp(s − m) in place of ŵ
+        const float h = kFwm && u < p.mask_below ? 0.0f : hgrad;
+        ds = fast_exp2(fmaf(raw, p.scale_log2, -r.w_base)) * h;
       }
+      ds_sum[mt][half] += ds;
       w[mt][nt][e] = ds;
     });
     Bf16Operands::dq(dq_acc, w, kv.k(s));
@@ -274,7 +345,12 @@ __global__ void __launch_bounds__(Tr::kThreads) dq_kernel(const Params p) {
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const RowStats& r = st[mt][half];
-      float m_grad = row_sum4(dm[mt][half]), l_grad = row_sum4(dl[mt][half]);
+      const float ds_row = row_sum4(ds_sum[mt][half]);
+      float m_grad = -ds_row, l_grad = 0.0f;
+      if constexpr (kLerpMinmax) {
+        m_grad = -p.grid.inv_K * row_sum4(bracket_sum[mt][half]);
+        l_grad = -ds_row - m_grad;
+      }
       // A flat lerp row has constant weights: nothing flows through m or ℓ.
       if (p.detach || (kRule == Rule::lerp && r.u_scale == 0.0f)) m_grad = l_grad = 0.0f;
       const int row = row_first + acc_row(mt, 2 * half);
@@ -307,20 +383,21 @@ __global__ void __launch_bounds__(Tr::kThreads) dq_kernel(const Params p) {
 template <int kHeadDim, int kBlockN, int kBlockM>
 constexpr int dkdv_smem_bytes() {
   // K and V tiles, two stages of (Q tile, dO tile), two stages of the queries'
-  // RowStats and three row values (δ, then dL/dm and dL/dℓ, or L).
-  return (2 * kBlockN + 4 * kBlockM) * kHeadDim * 2 + 2 * kBlockM * (sizeof(RowStats) + 3 * 4);
+  // RowStats and QueryValues.
+  return (2 * kBlockN + 4 * kBlockM) * kHeadDim * 2 +
+         2 * kBlockM * (sizeof(RowStats) + sizeof(QueryValues));
 }
 
-template <class Tr, Rule kRule>
+template <class Tr, Rule kRule, Calibration kCalibration>
 __global__ void __launch_bounds__(Tr::kThreads) dkdv_kernel(const Params p) {
   constexpr int D = Tr::kHeadDim, BM = Tr::kBlockM, BN = Tr::kBlockN, RT = Tr::kRowTiles;
-  constexpr Rounding kRounding = kRule == Rule::lerp ? Rounding::lerp : Rounding::nearest;
+  constexpr bool kFwm = kCalibration == Calibration::fwm;
   extern __shared__ __align__(128) unsigned char smem[];
   const SmemTile<BN, D> k_tile{reinterpret_cast<bf16*>(smem)};  // (BN, d)
   const SmemTile<BN, D> v_tile{k_tile.data + BN * D};           // (BN, d)
   bf16* q_stages = v_tile.data + BN * D;                        // 2 x [(BM, d) Q, (BM, d) dO]
-  RowStats* stat_stages = reinterpret_cast<RowStats*>(q_stages + 4 * BM * D);  // 2 x (BM)
-  float* value_stages = reinterpret_cast<float*>(stat_stages + 2 * BM);        // 2 x 3 x (BM)
+  RowStats* stat_stages = reinterpret_cast<RowStats*>(q_stages + 4 * BM * D);        // 2 x (BM)
+  QueryValues* value_stages = reinterpret_cast<QueryValues*>(stat_stages + 2 * BM);  // 2 x (BM)
 
   const int k_block = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int k0 = k_block * BN;
@@ -330,20 +407,19 @@ __global__ void __launch_bounds__(Tr::kThreads) dkdv_kernel(const Params p) {
   const size_t stat0 = (static_cast<size_t>(b) * p.H + h) * p.T;
   const bf16* q_src = p.qkv + qkv_offset(b, 0, 0, h, p.T, p.H, D);
   const bf16* do_src = p.dout + head_offset(b, 0, h, p.T, p.H, D);
-  // The two row values besides δ: dL/dm and dL/dℓ, or for the probability STE the exact L.
-  const float* second = kRule == Rule::prob_ste ? p.lse : p.dm;
+  // The row values besides δ: dL/dm and dL/dℓ, or for the probability STE the exact L.
+  const float* second = (kRule == Rule::prob_ste ? p.lse : p.dm) + stat0;
+  const float* l_grad = kRule == Rule::prob_ste ? nullptr : p.dl + stat0;
   auto q_stage = [&](int s) { return SmemTile<BM, D>{q_stages + (2 * s) * BM * D}; };
   auto do_stage = [&](int s) { return SmemTile<BM, D>{q_stages + (2 * s + 1) * BM * D}; };
-  auto value_stage = [&](int s, int v) { return value_stages + (3 * s + v) * BM; };
   auto load_queries = [&](int i, int s) {
     const int q0 = i * BM;
     load_tile_async<Tr::kThreads>(q_stage(s), q_src + q0 * ld, ld, p.T - q0);
     load_tile_async<Tr::kThreads>(do_stage(s), do_src + q0 * ld_o, ld_o, p.T - q0);
     load_row_stats_async<Tr::kThreads, BM>(stat_stages + s * BM, p.stats + stat0 + q0, p.T - q0);
-    load_row_values_async<Tr::kThreads, BM>(value_stage(s, 0), p.delta + stat0 + q0, p.T - q0);
-    load_row_values_async<Tr::kThreads, BM>(value_stage(s, 1), second + stat0 + q0, p.T - q0);
-    if constexpr (kRule != Rule::prob_ste)
-      load_row_values_async<Tr::kThreads, BM>(value_stage(s, 2), p.dl + stat0 + q0, p.T - q0);
+    load_query_values_async<Tr::kThreads, BM>(value_stages + s * BM, p.delta + stat0 + q0,
+                                              second + q0, l_grad ? l_grad + q0 : nullptr,
+                                              p.T - q0);
   };
 
   load_tile_async<Tr::kThreads>(k_tile, p.qkv + qkv_offset(b, k0, 1, h, p.T, p.H, D), ld, p.T - k0);
@@ -359,9 +435,7 @@ __global__ void __launch_bounds__(Tr::kThreads) dkdv_kernel(const Params p) {
     // Skip when every key of the warp is after every query of the block, or past T.
     if (warp_key0 > q0 + BM - 1 || warp_key0 >= p.T) return;
     const RowStats* stats = stat_stages + s * BM;
-    const float* delta = value_stage(s, 0);
-    const float* m_grad = value_stage(s, 1);  // or L
-    const float* l_grad = value_stage(s, 2);
+    const QueryValues* values = value_stages + s * BM;
     uint32_t k_frag[RT][D / 16][4];
     load_a(k_frag, k_tile, warp_row0);
     float w[RT][BM / 8][4];  // (16 RT keys, BM queries): raw Sᵀ, then p̂ᵀ
@@ -375,24 +449,37 @@ __global__ void __launch_bounds__(Tr::kThreads) dkdv_kernel(const Params p) {
     for_each_acc<RT, BM / 8>([&](int mt, int nt, int e) {
       // Queries past T have zero RowStats and row values (1/Ẑ = 0, L = 0) and
       // zero Q and dO rows: their p̂ and dS come out 0 here.
-      const int key = warp_key0 + acc_row(mt, e), qi = acc_col(nt, e);
-      const RowStats& r = stats[qi];
-      const float raw = w[mt][nt][e], u = grid_coord(r, raw, p.grid);
-      const float g = dp[mt][nt][e] - delta[qi];
-      float ds = 0.0f;
+      const int qi = acc_col(nt, e);
+      const RowStats r = load_row_stats(stats + qi);
+      const QueryValues q = values[qi];
+      const float raw = w[mt][nt][e];
+      const float u = grid_position(r, raw);  // future keys (u past the grid) are hidden below
+      const float g = dp[mt][nt][e] - q.delta;
+      // Below the fwm window ŵ is 0, and so is lerp's gradient: 1/Ẑ is replaced by 0.
+      const bool below = kFwm && u < 0.0f;
+      const float inv_z = below ? 0.0f : r.inv_z;
+      float ds;
       if constexpr (kRule == Rule::lerp) {
-        ds = lerp_grad(u, g * r.inv_z, r, r.u_scale * inv_scale, p.grid, p.fwm).ds;
-      } else if constexpr (kRule == Rule::weight_ste) {
-        if (!(p.mask_window && u < 0.0f))
-          ds = fast_exp2(fmaf(raw, p.scale_log2, -r.w_base)) * g * r.inv_z;
-      } else {  // exact P = exp(c r − L)
-        ds = fast_exp2(fmaf(raw, p.scale_log2, -m_grad[qi] * kLog2e)) * g;
+        // One cell for p̂ and dS.
+        const LerpPoint c = lerp_point(fmaxf(u, 0.0f), r, p.grid);
+        w[mt][nt][e] = c.weight() * inv_z;                  // p̂ᵀ
+        ds = g * c.dv * (inv_z * (r.u_scale * inv_scale));  // dL/dŵ dv / Δ
+      } else {
+        w[mt][nt][e] = grid_value(nearest_point(u), r, p.grid) * inv_z;  // p̂ᵀ
+        if constexpr (kRule == Rule::weight_ste) {
+          const float h = g * (kFwm && u < p.mask_below ? 0.0f : r.inv_z);  // dL/dŵ
+          ds = fast_exp2(fmaf(raw, p.scale_log2, -r.w_base)) * h;
+        } else {  // exact P = exp(c r − L)
+          ds = fast_exp2(fmaf(raw, p.scale_log2, -q.second * kLog2e)) * g;
+        }
       }
+      // The calibration terms, on the key that is the row's argmax (argmin);
+      // detached, dL/dm = dL/dℓ = 0.
       if constexpr (kRule != Rule::prob_ste) {
-        if (key == r.argmax) ds += m_grad[qi];
-        if (key == r.argmin) ds += l_grad[qi];
+        const int key = warp_key0 + acc_row(mt, e);
+        if (key == r.argmax) ds += q.second;
+        if (key == r.argmin) ds += q.l_grad;
       }
-      w[mt][nt][e] = quantised_weight<kRounding>(u, r, p.grid) * r.inv_z;  // p̂ᵀ
       dp[mt][nt][e] = ds;
     });
     // The causal mask, where the tile crosses the diagonal (keys after queries).
@@ -449,37 +536,62 @@ Params make_params(const KIntervalOptions& opt, const AttentionShape& s) {
   p.B = s.B, p.H = s.H, p.T = s.T;
   p.scale = 1.0f / std::sqrt(static_cast<float>(s.d));
   p.scale_log2 = p.scale * kLog2e;
-  p.fwm = opt.calibration == Calibration::fwm;
-  p.grid = {static_cast<float>(opt.K), 1.0f / static_cast<float>(opt.K), p.fwm ? -INFINITY : 0.0f};
+  const bool fwm = opt.calibration == Calibration::fwm;
+  p.grid = {static_cast<float>(opt.K), 1.0f / static_cast<float>(opt.K), fwm ? -INFINITY : 0.0f};
   p.window = static_cast<float>(opt.window);
-  p.mask_window = p.fwm && opt.ste_window_mask;
+  p.mask_below = fwm && opt.ste_window_mask ? 0.0f : -INFINITY;
   p.detach = opt.detach_extrema;
   return p;
+}
+
+// Run-time options as compile-time constants: f(std::integral_constant<Enum, value>).
+template <class F>
+void with_calibration(Calibration c, F&& f) {
+  if (c == Calibration::fwm) return f(std::integral_constant<Calibration, Calibration::fwm>{});
+  f(std::integral_constant<Calibration, Calibration::minmax>{});
+}
+template <class F>
+void with_indices(Indices i, F&& f) {
+  switch (i) {
+    case Indices::none:
+      return f(std::integral_constant<Indices, Indices::none>{});
+    case Indices::argmax:
+      return f(std::integral_constant<Indices, Indices::argmax>{});
+    case Indices::both:
+      return f(std::integral_constant<Indices, Indices::both>{});
+  }
 }
 
 template <int D>
 void forward(const KIntervalOptions& opt, const Params& p, cudaStream_t stream) {
   using Tr = typename Tiles<D>::Forward;
   const dim3 grid(ceil_div(p.T, Tr::kBlockM), p.H, p.B);
-  if (opt.rounding == Rounding::lerp)
-    launch(forward_kernel<Tr, Rounding::lerp>, grid, Tr::kThreads, Tr::kSmemBytes, stream, p);
-  else
-    launch(forward_kernel<Tr, Rounding::nearest>, grid, Tr::kThreads, Tr::kSmemBytes, stream, p);
+  with_calibration(opt.calibration, [&](auto calibration) {
+    with_indices(indices_needed(opt), [&](auto indices) {
+      constexpr Calibration kCal = decltype(calibration)::value;
+      constexpr Indices kIdx = decltype(indices)::value;
+      if (opt.rounding == Rounding::lerp)
+        return launch(forward_kernel<Tr, Rounding::lerp, kCal, kIdx>, grid, Tr::kThreads,
+                      Tr::kSmemBytes, stream, p);
+      launch(forward_kernel<Tr, Rounding::nearest, kCal, kIdx>, grid, Tr::kThreads, Tr::kSmemBytes,
+             stream, p);
+    });
+  });
 }
 
-template <int D, Rule kRule>
+template <int D, Rule kRule, Calibration kCal>
 void launch_dkdv(const Params& p, cudaStream_t stream) {
   using Tr = typename Tiles<D>::DkDv;
-  launch(dkdv_kernel<Tr, kRule>, dim3(ceil_div(p.T, Tr::kBlockN), p.H, p.B), Tr::kThreads,
+  launch(dkdv_kernel<Tr, kRule, kCal>, dim3(ceil_div(p.T, Tr::kBlockN), p.H, p.B), Tr::kThreads,
          dkdv_smem_bytes<D, Tr::kBlockN, Tr::kBlockM>(), stream, p);
 }
 
-template <int D, Rule kRule>
+template <int D, Rule kRule, Calibration kCal>
 void launch_dq_dkdv(const Params& p, cudaStream_t stream) {
   using Tr = typename Tiles<D>::Dq;
-  launch(dq_kernel<Tr, kRule>, dim3(ceil_div(p.T, Tr::kBlockM), p.H, p.B), Tr::kThreads,
+  launch(dq_kernel<Tr, kRule, kCal>, dim3(ceil_div(p.T, Tr::kBlockM), p.H, p.B), Tr::kThreads,
          Tr::kSmemBytes, stream, p);
-  launch_dkdv<D, kRule>(p, stream);
+  launch_dkdv<D, kRule, kCal>(p, stream);
 }
 
 template <int D>
@@ -497,18 +609,22 @@ void backward(const KIntervalOptions& opt, const AttentionShape& s, const Params
   attention_delta_kernel<<<ceil_div(static_cast<long long>(p.B) * p.T * p.H, kDeltaRowsPerBlock),
                            32 * kDeltaRowsPerBlock, 0, stream>>>(fb, D);
   CUDA_CHECK_LAUNCH();
-  switch (rule) {
-    case Rule::lerp:
-      return launch_dq_dkdv<D, Rule::lerp>(p, stream);
-    case Rule::weight_ste:
-      return launch_dq_dkdv<D, Rule::weight_ste>(p, stream);
-    case Rule::prob_ste: {
-      using Dq = typename Tiles<D>::Dq;
-      launch(flash_backward_dq_kernel<Dq, Bf16Operands, OnlineSoftmax<Dq::kRowTiles>>,
-             dim3(ceil_div(p.T, Dq::kBlockM), p.H, p.B), Dq::kThreads, Dq::kSmemBytes, stream, fb);
-      return launch_dkdv<D, Rule::prob_ste>(p, stream);
-    }
+  if (rule == Rule::prob_ste) {
+    using Dq = typename Tiles<D>::Dq;
+    launch(flash_backward_dq_kernel<Dq, Bf16Operands, OnlineSoftmax<Dq::kRowTiles>>,
+           dim3(ceil_div(p.T, Dq::kBlockM), p.H, p.B), Dq::kThreads, Dq::kSmemBytes, stream, fb);
   }
+  with_calibration(opt.calibration, [&](auto calibration) {
+    constexpr Calibration kCal = decltype(calibration)::value;
+    switch (rule) {
+      case Rule::lerp:
+        return launch_dq_dkdv<D, Rule::lerp, kCal>(p, stream);
+      case Rule::weight_ste:
+        return launch_dq_dkdv<D, Rule::weight_ste, kCal>(p, stream);
+      case Rule::prob_ste:
+        return launch_dkdv<D, Rule::prob_ste, kCal>(p, stream);
+    }
+  });
 }
 
 }  // namespace

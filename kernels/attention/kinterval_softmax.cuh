@@ -5,11 +5,15 @@
 //
 //   u   = clamp((r − g0) · u_scale, u_floor, K)       grid coordinate
 //   v_a = 2^((a − K) · step) = exp(−(K − a) Δ)          grid values, v_K = 1
-//   nearest: ŵ = v_{floor(u + 1/2)};  lerp: ŵ = v_a + t (v_{a+1} − v_a),
+//   nearest: ŵ = v_{round(u)};  lerp: ŵ = v_a + t (v_{a+1} − v_a),
 //   a = min(floor(u), K − 1), t = u − a;  u < 0 (below the fwm window): ŵ = 0.
 //
 // A flat minmax row (m − ℓ < 1e-6) has u_scale = 0 and step = 0, so every
 // grid value is 1 and every weight is 1, as the SPEC asks.
+//
+// Cost per score (the kernels are bound by instructions per score, not by
+// the products): u is one FMA and a clamp; a grid value is one FMA and one
+// ex2; lerp's v_{a+1} = v_a e^Δ is one FMA more; nearest rounds with three adds.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -53,8 +57,27 @@ struct GridOptions {
   float u_floor;  // minmax: 0 (u never leaves the grid); fwm: −inf (u < 0 is below the window)
 };
 
+// u before the clamp: (r − g0) · u_scale as one FMA (g0 · u_scale is common to the
+// row's scores). The kernels clamp only where they must: a visible score is at
+// most the max (u <= K up to rounding), which nearest rounding takes as is and
+// lerp's a = min(floor(u), K − 1) absorbs; lerp clamps u at 0 (the argmin's u may
+// come out a hair below); u < 0 (below the fwm window) is tested as such.
+__device__ __forceinline__ float grid_position(const RowStats& r, float raw) {
+  return fmaf(raw, r.u_scale, -r.g0 * r.u_scale);
+}
+
 __device__ __forceinline__ float grid_coord(const RowStats& r, float raw, const GridOptions& g) {
-  return fminf(fmaxf((raw - r.g0) * r.u_scale, g.u_floor), g.K);
+  return fminf(fmaxf(grid_position(r, raw), g.u_floor), g.K);
+}
+
+// floor(u + 1/2) (SPEC §4: ties go up) for |u| < 2^22 with three full-rate adds
+// (floorf would cost a conversion-pipe instruction): u + 1/2 rounded down keeps
+// its floor, and adding 1.5 · 2^23 rounded down leaves no fraction bits, so it
+// floors. Ties matter: the sage composition's scores are integers times one
+// scale, so u lands exactly on a half now and then. −inf stays −inf.
+__device__ __forceinline__ float nearest_point(float u) {
+  constexpr float kRound = 12582912.0f;  // 1.5 · 2^23
+  return __fsub_rn(__fadd_rd(__fadd_rd(u, 0.5f), kRound), kRound);
 }
 
 __device__ __forceinline__ float grid_value(float a, const RowStats& r, const GridOptions& g) {
@@ -67,19 +90,52 @@ __device__ __forceinline__ void lerp_cell(float u, float K, float& a, float& t) 
   t = u - a;
 }
 
-// ŵ at coordinate u.
+// The lerp cell of u >= 0 with its two grid values: ŵ = va + t dv, dŵ/du = dv.
+struct LerpPoint {
+  float a, t;
+  float va;  // v_a
+  float dv;  // v_{a+1} − v_a = v_a (e^Δ − 1)
+  __device__ __forceinline__ float weight() const { return fmaf(t, dv, va); }
+};
+__device__ __forceinline__ LerpPoint lerp_point(float u, const RowStats& r, const GridOptions& g) {
+  LerpPoint c;
+  lerp_cell(u, g.K, c.a, c.t);
+  c.va = grid_value(c.a, r, g);
+  c.dv = fmaf(c.va, r.ratio, -c.va);
+  return c;
+}
+
+// ŵ at a coordinate u on the grid, 0 <= u <= K (nearest: also the unclamped grid_position
+// of a visible score).
+template <Rounding kRounding>
+__device__ __forceinline__ float grid_weight(float u, const RowStats& r, const GridOptions& g) {
+  if constexpr (kRounding == Rounding::nearest) {
+    return grid_value(nearest_point(u), r, g);
+  } else {
+    return lerp_point(u, r, g).weight();
+  }
+}
+
+// ŵ at coordinate u (u < 0: below the fwm window). The grid weight is computed
+// for every u and then selected (no branch per score; a NaN it gives for u = −inf
+// is not selected).
 template <Rounding kRounding>
 __device__ __forceinline__ float quantised_weight(float u, const RowStats& r,
                                                   const GridOptions& g) {
-  if (u < 0.0f) return 0.0f;
-  if constexpr (kRounding == Rounding::nearest) {
-    return grid_value(floorf(u + 0.5f), r, g);
-  } else {
-    float a, t;
-    lerp_cell(u, g.K, a, t);
-    const float va = grid_value(a, r, g);
-    return fmaf(t, va * r.ratio - va, va);
-  }
+  const float w = grid_weight<kRounding>(u, r, g);
+  return u < 0.0f ? 0.0f : w;
+}
+
+// Lerp's derivative through m at one entry of the minmax grid: with C = m − ℓ = KΔ,
+// v_a = exp(−(K − a) C / K) gives ∂ŵ/∂C = −((K − a) ŵ − t v_{a+1}) / K, and
+// u = K (s − ℓ) / C gives ∂u/∂m = −u / C, so the entry's share of dL/dm is
+//   h (−(u/C) dv + ∂ŵ/∂C) = −(u ds − h (a ŵ + t v_{a+1})) / K − h ŵ
+// (a ŵ + t v_{a+1} = u v_a + (a + 1) t dv), and of dL/dℓ: −ds − that (ŵ depends
+// on s − ℓ and m − ℓ only). Over a row, Σ_j h_j ŵ_j = Σ_j p̂_j (g_j − ḡ) = 0, so
+// the dQ pass sums only the bracket u ds − h (u v_a + (a + 1) t dv), returned
+// here, and multiplies by −1/K once.
+__device__ __forceinline__ float lerp_m_bracket(const LerpPoint& c, float u, float h, float ds) {
+  return fmaf(u, ds, -h * fmaf((c.a + 1.0f) * c.t, c.dv, u * c.va));
 }
 
 // Lerp's exact derivative at one entry, given h = dL/dŵ_j = (g_j − ḡ) / Ẑ:
@@ -91,16 +147,11 @@ struct LerpGrad {
 __device__ __forceinline__ LerpGrad lerp_grad(float u, float h, const RowStats& r, float inv_delta,
                                               const GridOptions& g, bool fwm) {
   if (u < 0.0f) return {0.0f, 0.0f, 0.0f};  // below the fwm window: ŵ is the constant 0
-  float a, t;
-  lerp_cell(u, g.K, a, t);
-  const float va = grid_value(a, r, g), vb = va * r.ratio, dv = vb - va;
-  const float ds = h * dv * inv_delta;
+  const LerpPoint c = lerp_point(u, r, g);
+  const float ds = h * c.dv * inv_delta;
   if (fwm) return {ds, -ds, 0.0f};
-  // minmax, C = m − ℓ = KΔ: v_a = exp(−(K − a) C / K) gives dv_a/dC = −(1 − a/K) v_a.
-  const float inv_c = inv_delta * g.inv_K;
-  const float dv_dc =
-      -(1.0f - t) * fmaf(-a, g.inv_K, 1.0f) * va - t * fmaf(-(a + 1.0f), g.inv_K, 1.0f) * vb;
-  return {ds, h * (-(u * inv_c) * dv + dv_dc), h * (-((g.K - u) * inv_c) * dv - dv_dc)};
+  const float dm = -g.inv_K * lerp_m_bracket(c, u, h, ds) - h * c.weight();
+  return {ds, dm, -ds - dm};
 }
 
 // Row max and min with their indices, ties to the lowest index.

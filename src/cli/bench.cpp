@@ -58,7 +58,9 @@ AttentionConfig attention_config(const BenchOptions& opt) {
                                    {"calibration", to_string(k.calibration)},
                                    {"window", k.window},
                                    {"rounding", to_string(k.rounding)},
-                                   {"ste", to_string(k.ste)}};
+                                   {"ste", to_string(k.ste)},
+                                   {"ste_window_mask", k.ste_window_mask},
+                                   {"detach_extrema", k.detach_extrema}};
   }
   for (const auto& a : opt.sets) {
     if (a.rfind("attention.", 0) != 0)
@@ -270,6 +272,10 @@ void add_bench_command(CLI::App& app) {
                    "an option of the kind: attention.PATH=value as in a config (repeatable), e.g. "
                    "attention.sage.softmax.K=16")
       ->type_name("attention.PATH=VALUE");
+  attn->add_flag("--ste-window-mask", opt->kinterval.ste_window_mask,
+                 "kinterval: weight STE zero below the fwm window");
+  attn->add_flag("--detach-extrema", opt->kinterval.detach_extrema,
+                 "kinterval: no derivative through the row max and min");
   attn->callback([opt] { run_bench_attention(*opt); });
 }
 

@@ -2,7 +2,9 @@
 // the same bf16 inputs: every combination of calibration x rounding x ste x
 // detach_extrema x ste_window_mask, at K in {2, 4, 16, 32}, T in {64, 1000,
 // 1024} (1000: a tail tile), d in {64, 128}; long sequences compare a subsample
-// of (b, h) heads. Also: dS rows sum to zero (through Σ_j dK_j = c Σ_i q_i Σ_j dS_ij),
+// of (b, h) heads; K in {1, 3, 7} (1/K inexact; lerp at T = 1000 too). Also: the
+// forward saves the argmax / argmin (lowest index) wherever the backward routes
+// a calibration term to it; dS rows sum to zero (through Σ_j dK_j = c Σ_i q_i Σ_j dS_ij),
 // except with detach_extrema; the calibration terms reach the argmax / argmin
 // key with the lowest index when scores tie; the backward is deterministic;
 // detach changes nothing under the probability STE.
@@ -75,6 +77,18 @@ Inputs random_inputs(const AttentionShape& s) {
   for (size_t i = 0; i < qkv.size(); ++i)
     if ((i / (static_cast<size_t>(s.H) * s.d)) % 3 == 0) qkv[i] *= 2.0f;
   return {qattn::test::to_bf16(qkv), qattn::test::to_bf16(qattn::test::randn(n_o))};
+}
+
+// Every later token's key repeats one of tokens 0-3 (which keep their own), so
+// every row's max and min are shared by many keys.
+void repeat_first_four_keys(Inputs& in, const AttentionShape& s) {
+  const size_t row = static_cast<size_t>(s.H) * s.d;  // one token's q, k or v
+  std::uniform_int_distribution<int> pick(0, 3);
+  for (size_t b = 0; b < static_cast<size_t>(s.B); ++b)
+    for (int t = 4; t < s.T; ++t) {
+      const size_t src = b * s.T + pick(qattn::test::rng()), dst = b * s.T + t;
+      std::memcpy(&in.qkv[(dst * 3 + 1) * row], &in.qkv[(src * 3 + 1) * row], row * sizeof(bf16));
+    }
 }
 
 struct Outputs {
@@ -173,6 +187,22 @@ TEST_CASE("K-interval attention: every option combination and K at T = 64", "[ki
   check_cases(cases);
 }
 
+TEST_CASE("K-interval attention: K = 1, 3, 7 (1/K inexact), every option combination",
+          "[kinterval]") {
+  // Nearest rounding at K = 1 is left out: one grid boundary whose fp32 / fp64
+  // flip moves a weight by e^Δ (Δ = the whole window) would fail on rounding alone.
+  std::vector<Case> cases;
+  for (int d : {64, 128})
+    for (int K : {1, 3, 7})
+      for (const auto& opt : every_option_combination(K)) {
+        const bool lerp = opt.rounding == Rounding::lerp;
+        if (!lerp && K == 1) continue;
+        cases.push_back(make_case(opt, {2, 2, 64, d}, {0, 1, 2, 3}));
+        if (lerp && !opt.ste_window_mask) cases.push_back(make_case(opt, {1, 2, 1000, d}, {1}));
+      }
+  check_cases(cases);
+}
+
 TEST_CASE("K-interval attention: long sequences, every option combination", "[kinterval]") {
   // Each (T, d, K) takes two of the 32 combinations in turn: all 32 appear at T >= 1000.
   std::vector<Case> cases;
@@ -221,13 +251,7 @@ TEST_CASE("K-interval attention: ties route the calibration terms to the lowest 
   for (int K : {2, 4})
     for (const auto& opt : every_option_combination(K)) {
       Case c = make_case(opt, s, {0, 1});
-      const size_t row = static_cast<size_t>(s.H) * s.d;  // one token's q, k or v
-      std::uniform_int_distribution<int> pick(0, 3);
-      for (int t = 4; t < s.T; ++t) {
-        const int src = pick(qattn::test::rng());  // token (0-3) whose k this token repeats
-        std::memcpy(&c.in.qkv[(static_cast<size_t>(t) * 3 + 1) * row],
-                    &c.in.qkv[(static_cast<size_t>(src) * 3 + 1) * row], row * sizeof(bf16));
-      }
+      repeat_first_four_keys(c.in, s);
       cases.push_back(std::move(c));
     }
   check_cases(cases);
@@ -245,4 +269,58 @@ TEST_CASE("K-interval attention: detach_extrema changes nothing under the probab
   const Outputs a = run_gpu(attached.cfg, s, attached.in),
                 b = run_gpu(detached.cfg, s, detached.in);
   CHECK(std::memcmp(a.dqkv.data(), b.dqkv.data(), a.dqkv.size() * sizeof(bf16)) == 0);
+}
+
+TEST_CASE("K-interval attention: the forward saves the lowest argmax / argmin it routes to",
+          "[kinterval]") {
+  // Row statistics (B, H, T, 8): argmax and argmin are the int bits of floats 6
+  // and 7. Indices are tracked where the backward routes a calibration term:
+  // argmax unless detached or under the probability STE, argmin for lerp minmax.
+  for (int d : {64, 128})
+    for (const auto& opt : every_option_combination(4)) {
+      if (opt.ste_window_mask) continue;  // no effect on the forward
+      const AttentionShape sd{1, 2, 1000, d};
+      Case c = make_case(opt, sd, {});
+      repeat_first_four_keys(c.in, sd);
+      const size_t n_o = static_cast<size_t>(sd.B) * sd.T * sd.H * sd.d;
+      const int n_stats = qattn::cuda::attention_row_stats(c.cfg);
+      DeviceBuffer<bf16> qkv(3 * n_o), o(n_o);
+      DeviceBuffer<float> stats(static_cast<size_t>(sd.B) * sd.H * sd.T * n_stats);
+      DeviceBuffer<unsigned char> work(qattn::cuda::attention_workspace_bytes(c.cfg, sd));
+      qkv.upload(c.in.qkv);
+      o.poison(), stats.poison();
+      qattn::cuda::attention_forward(c.cfg, sd, qkv.get(), o.get(), stats.get(), work.get(),
+                                     nullptr);
+      const std::vector<float> st = stats.download();
+      const bool lerp = opt.rounding == Rounding::lerp;
+      const bool routes_max = !opt.detach_extrema && (lerp || opt.ste == Ste::weight);
+      const bool routes_min = routes_max && lerp && opt.calibration == Calibration::minmax;
+      if (!routes_max) continue;
+      int wrong_max = 0, wrong_min = 0;
+      for (int h = 0; h < sd.H; ++h) {
+        const auto q = head_slice(c.in.qkv, sd, 3, 0, 0, h),
+                   k = head_slice(c.in.qkv, sd, 3, 1, 0, h);
+        for (int i = 0; i < sd.T; ++i) {
+          int hi = 0, lo = 0;
+          double s_hi = -INFINITY, s_lo = INFINITY;
+          for (int j = 0; j <= i; ++j) {
+            double dot = 0;
+            for (int x = 0; x < sd.d; ++x)
+              dot += q[static_cast<size_t>(i) * sd.d + x] * k[static_cast<size_t>(j) * sd.d + x];
+            if (dot > s_hi) s_hi = dot, hi = j;
+            if (dot < s_lo) s_lo = dot, lo = j;
+          }
+          const float* row = &st[(static_cast<size_t>(h) * sd.T + i) * n_stats];
+          int gpu_hi, gpu_lo;
+          std::memcpy(&gpu_hi, row + 6, sizeof(int));
+          std::memcpy(&gpu_lo, row + 7, sizeof(int));
+          wrong_max += gpu_hi != hi;
+          if (routes_min) wrong_min += gpu_lo != lo;
+        }
+      }
+      INFO(describe(opt, sd) << ": rows with a wrong argmax " << wrong_max << ", argmin "
+                             << wrong_min);
+      CHECK(wrong_max == 0);
+      CHECK(wrong_min == 0);
+    }
 }
