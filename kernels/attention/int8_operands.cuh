@@ -123,9 +123,10 @@ __device__ __forceinline__ void int8_product_nk(float (&acc)[1][kNTiles][4], Int
 
 // psi's scale of each of the thread's two rows (g, g+8) of the weights w (16,
 // 8 kNTiles): one per row of the warp's tile, or, with per_tile, one for the
-// whole tile of the block (kWarps warps; `scratch` holds kWarps floats of shared
-// memory, and every thread of the block must call). s = max|w| / 127 (1 when 0).
-template <int kWarps, int kNTiles>
+// whole tile of kWarpsPerTile consecutive warps (the warps that share one
+// quantisation block of rows; `scratch` holds a float per warp of the CTA in
+// shared memory, and every thread of the CTA must call). s = max|w| / 127 (1 when 0).
+template <int kWarpsPerTile, int kNTiles>
 __device__ __forceinline__ void weight_scales(const float (&w)[1][kNTiles][4], bool per_tile,
                                               float* scratch, float (&scale)[2], float (&inv)[2]) {
   float amax[2] = {0.0f, 0.0f};
@@ -136,12 +137,13 @@ __device__ __forceinline__ void weight_scales(const float (&w)[1][kNTiles][4], b
   amax[0] = row_max4(amax[0]);
   amax[1] = row_max4(amax[1]);
   if (per_tile) {
+    const int warp = threadIdx.x / 32, first = warp - warp % kWarpsPerTile;
     const float warp_amax = warp_max(fmaxf(amax[0], amax[1]));
-    if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = warp_amax;
+    if (threadIdx.x % 32 == 0) scratch[warp] = warp_amax;
     __syncthreads();
     float tile_amax = 0.0f;
 #pragma unroll
-    for (int wi = 0; wi < kWarps; ++wi) tile_amax = fmaxf(tile_amax, scratch[wi]);
+    for (int wi = 0; wi < kWarpsPerTile; ++wi) tile_amax = fmaxf(tile_amax, scratch[first + wi]);
     amax[0] = amax[1] = tile_amax;
   }
 #pragma unroll
