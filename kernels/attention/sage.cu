@@ -173,10 +173,9 @@ __device__ __forceinline__ void product_over_d(float (&acc)[1][kTileN][4], bool 
     int8_product_nk(acc, Int8Tile<kRowsA, D>{reinterpret_cast<int8_t*>(a)}, row0,
                     Int8Tile<kTile, D>{reinterpret_cast<int8_t*>(b)}, scale);
   } else {
-    uint32_t frag[1][D / 16][4];
-    load_a(frag, SmemTile<kRowsA, D>{reinterpret_cast<bf16*>(a)}, row0);
     zero(acc);
-    mma_b_nk(acc, frag, SmemTile<kTile, D>{reinterpret_cast<bf16*>(b)});
+    mma_rows_b_nk(acc, SmemTile<kRowsA, D>{reinterpret_cast<bf16*>(a)}, row0,
+                  SmemTile<kTile, D>{reinterpret_cast<bf16*>(b)});
   }
 }
 
@@ -635,7 +634,7 @@ void sage_forward(const SageOptions& opt, const AttentionShape& s, const bf16* q
   SageParams p = make_params(opt, s, workspace);
   p.stats_out = stats;
   p.o = o;
-  sage_quantise(opt, s, qkv, nullptr, nullptr, p.ws, stream);
+  sage_quantise(opt, s, qkv, nullptr, nullptr, p.ws, sage_copies(opt, false), stream);
   dispatch(opt, s, [&](auto d, auto softmax) {
     forward<decltype(d)::value, typename decltype(softmax)::type>(p, tiles, stream);
   });
@@ -648,7 +647,7 @@ void sage_backward(const SageOptions& opt, const AttentionShape& s, const bf16* 
   SageParams p = make_params(opt, s, workspace);
   p.stats = stats;
   p.dqkv = dqkv;
-  sage_quantise(opt, s, qkv, o, dout, p.ws, stream);
+  sage_quantise(opt, s, qkv, o, dout, p.ws, sage_copies(opt, true), stream);
   dispatch(opt, s, [&](auto d, auto softmax) {
     backward<decltype(d)::value, typename decltype(softmax)::type>(p, tiles, stream);
   });
