@@ -143,13 +143,13 @@ __device__ __forceinline__ void load_natural(unsigned char* slot, const QuantOpe
                                              const SageWorkspace& ws, int bh, int blk) {
 #pragma unroll
   for (int part = 0; part < kRows / kTile; ++part) {
-    const size_t row0 = static_cast<size_t>(bh) * ws.Tp + static_cast<size_t>(min(blk + part, ws.blocks - 1)) * kTile;
+    const int block = min(blk + part, ws.blocks - 1);
+    const size_t row0 = static_cast<size_t>(bh) * ws.Tp + static_cast<size_t>(block) * kTile;
+    unsigned char* part_slot = slot + part * natural_bytes<D>(int8);
     if (int8)
-      load_int8_tile_async<kThreads>(Int8Tile<kTile, D>{reinterpret_cast<int8_t*>(slot) + part * Int8Tile<kTile, D>::kBytes},
-                                     x.i8 + row0 * D, D);
+      load_int8_tile_async<kThreads>(Int8Tile<kTile, D>{reinterpret_cast<int8_t*>(part_slot)}, x.i8 + row0 * D, D);
     else
-      load_tile_async<kThreads>(SmemTile<kTile, D>{reinterpret_cast<bf16*>(slot) + part * kTile * D}, x.bf + row0 * D,
-                                D, kTile);
+      load_tile_async<kThreads>(SmemTile<kTile, D>{reinterpret_cast<bf16*>(part_slot)}, x.bf + row0 * D, D, kTile);
   }
 }
 template <int D, int kThreads>
