@@ -204,6 +204,16 @@ __device__ __forceinline__ void store_rows(SmemTile<kRows, D> tile, bf16* base, 
   store_tile<kThreads>(tile, base + static_cast<size_t>(t0) * ld, ld, T - t0);
 }
 
+// Runs body(std::true_type) when every entry of the warp's tile is visible
+// (warp-uniform), so that no per-entry mask is evaluated, else body(std::false_type).
+template <class Body>
+__device__ __forceinline__ void with_mask(bool all_visible, Body&& body) {
+  if (all_visible)
+    body(std::true_type{});
+  else
+    body(std::false_type{});
+}
+
 // ---------------------------------------------------------------------------
 // Forward. Grid (query tiles, B·H); the heaviest (last) query tiles start first.
 template <class Tr, class Softmax>
@@ -238,14 +248,19 @@ __global__ void __launch_bounds__(Tr::kThreads) sage_forward_kernel(const SagePa
   // s (16, 64) = the scores of key block j, masked entries −inf.
   auto scores = [&](float (&s)[1][kTileN][4], int j, int stage) {
     product_over_d<D, Tr::kRows>(s, p.qk8, q_slot, row0, k_slot(stage), scale_q * scale_k[j]);
-    const bool diagonal = (j + 1) * kTile > first_query;  // some key past the warp's first row
+    if (bias) {
 #pragma unroll
-    for (int nt = 0; nt < kTileN; ++nt)
+      for (int nt = 0; nt < kTileN; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        if (bias) s[0][nt][e] += bias[j * kTile + frag_col(nt, e)];
-        if (diagonal && j * kTile + frag_col(nt, e) > first_query + frag_row(e)) s[0][nt][e] = -INFINITY;
-      }
+        for (int e = 0; e < 4; ++e) s[0][nt][e] += bias[j * kTile + frag_col(nt, e)];
+    }
+    if ((j + 1) * kTile > first_query) {  // some key past the warp's first row
+#pragma unroll
+      for (int nt = 0; nt < kTileN; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          if (j * kTile + frag_col(nt, e) > first_query + frag_row(e)) s[0][nt][e] = -INFINITY;
+    }
   };
 
   float o_acc[1][D / 8][4];  // (16, d) rows of O owned by this warp
@@ -332,29 +347,41 @@ __global__ void __launch_bounds__(Tr::kThreads) sage_backward_dkdv_kernel(const 
     const float* bias = p.smooth_q ? ws.query_bias + (scale0 + i) * ws.Tp + k_block * kTile + row0 % kTile : nullptr;
     auto query_row = [&](int qi) { return Softmax::load_row(stats + qi * kStat, terms + qi * kTerm); };
     auto visible = [&](int key, int query) { return query < p.T && key <= query; };
+    // The warp's last key sees the step's first query, and every query is real.
+    const bool all_visible = k0 + row0 + 15 <= q0 && q0 + kTile <= p.T;
     float score[1][kTileN][4];  // (16 keys, 64 queries): Sᵀ
     product_over_d<D, Tr::kRows>(score, p.qk8, k_slot, row0, q_slot(s), s_k * s_q);
+    if (bias) {
+#pragma unroll
+      for (int nt = 0; nt < kTileN; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) score[0][nt][e] += bias[frag_row(e)];
+    }
     float w[1][kTileN][4];  // (16 keys, 64 queries): Pᵀ, then dSᵀ
+    with_mask(all_visible, [&](auto unmasked) {
 #pragma unroll
-    for (int nt = 0; nt < kTileN; ++nt)
+      for (int nt = 0; nt < kTileN; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int key = k0 + row0 + frag_row(e), qi = frag_col(nt, e);
-        score[0][nt][e] += bias ? bias[frag_row(e)] : 0.0f;
-        w[0][nt][e] = visible(key, q0 + qi) ? softmax.probability(query_row(qi), score[0][nt][e]) : 0.0f;
-      }
+        for (int e = 0; e < 4; ++e) {
+          const int key = k0 + row0 + frag_row(e), qi = frag_col(nt, e);
+          w[0][nt][e] = unmasked || visible(key, q0 + qi) ? softmax.probability(query_row(qi), score[0][nt][e])
+                                                          : 0.0f;
+        }
+    });
     product_over_t<D>(dv_acc, p.dv8, w, p.tile_scales, scratch[0], dot_slot(s), s_do);
     float dp[1][kTileN][4];  // (16 keys, 64 queries): dPᵀ
     product_over_d<D, Tr::kRows>(dp, p.dp8, v_slot, row0, do_slot(s), s_v * s_do);
+    with_mask(all_visible, [&](auto unmasked) {
 #pragma unroll
-    for (int nt = 0; nt < kTileN; ++nt)
+      for (int nt = 0; nt < kTileN; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int key = k0 + row0 + frag_row(e), qi = frag_col(nt, e);
-        w[0][nt][e] = visible(key, q0 + qi)
-                          ? softmax.grad(query_row(qi), score[0][nt][e], w[0][nt][e], dp[0][nt][e], key)
-                          : 0.0f;
-      }
+        for (int e = 0; e < 4; ++e) {
+          const int key = k0 + row0 + frag_row(e), qi = frag_col(nt, e);
+          w[0][nt][e] = unmasked || visible(key, q0 + qi)
+                            ? softmax.grad(query_row(qi), score[0][nt][e], w[0][nt][e], dp[0][nt][e], key)
+                            : 0.0f;
+        }
+    });
     product_over_t<D>(dk_acc, p.dk8, w, p.tile_scales, scratch[1], qt_slot(s), s_q);
     if (p.smooth_q) {  // dK_j += c (dSᵀ 1) μ_Qiᵀ, from the unquantised dS
       float row_sum[2] = {0.0f, 0.0f};
@@ -444,6 +471,8 @@ __global__ void __launch_bounds__(Tr::kThreads) sage_backward_dq_kernel(const Sa
     product_over_d<D, Tr::kRows>(dp, p.dp8, do_slot, row0, v_slot(s), s_do * ws.v.scale[scale0 + j]);
   };
   auto visible = [&](int key, int row) { return row < p.T && key <= row; };
+  // Key block j's last key is before the warp's first row, and every row is real.
+  auto all_visible = [&](int j) { return j * kTile + kTile - 1 <= q0 + row0 && q0 + row0 + 16 <= p.T; };
 
   if constexpr (Softmax::kRowPass) {  // the row terms, before any dS is quantised
     typename Softmax::RowSums sums[2];
@@ -472,17 +501,19 @@ __global__ void __launch_bounds__(Tr::kThreads) sage_backward_dq_kernel(const Sa
     float score[1][kTileN][4], dp[1][kTileN][4];  // (16 queries, 64 keys): S, dP
     scores_and_dp(score, dp, j, s);
     float w[1][kTileN][4];  // (16 queries, 64 keys): dS
+    with_mask(all_visible(j), [&](auto unmasked) {
 #pragma unroll
-    for (int nt = 0; nt < kTileN; ++nt)
+      for (int nt = 0; nt < kTileN; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int key = j * kTile + frag_col(nt, e);
-        const typename Softmax::Row& r = rows[e / 2];
-        w[0][nt][e] = visible(key, q0 + row0 + frag_row(e))
-                          ? softmax.grad(r, score[0][nt][e], softmax.probability(r, score[0][nt][e]),
-                                         dp[0][nt][e], key)
-                          : 0.0f;
-      }
+        for (int e = 0; e < 4; ++e) {
+          const int key = j * kTile + frag_col(nt, e);
+          const typename Softmax::Row& r = rows[e / 2];
+          w[0][nt][e] = unmasked || visible(key, q0 + row0 + frag_row(e))
+                            ? softmax.grad(r, score[0][nt][e], softmax.probability(r, score[0][nt][e]),
+                                           dp[0][nt][e], key)
+                            : 0.0f;
+        }
+    });
     product_over_t<D>(dq_acc, p.dq8, w, p.tile_scales, scratch, kt_slot(s), ws.k.scale[scale0 + j]);
   });
 
