@@ -64,14 +64,29 @@ __device__ __forceinline__ void ldmatrix_x4_s8(uint32_t (&r)[4], const int8_t* p
   ldmatrix_x4(r, reinterpret_cast<const bf16*>(p));
 }
 
-// psi's level of x given 1/s: round half away from zero. |x| <= max|X| keeps
-// it in [-127, 127].
-__device__ __forceinline__ uint32_t int8_level(float x, float inv_scale) {
-  return static_cast<uint32_t>(static_cast<int>(roundf(x * inv_scale))) & 0xffu;
+// Conversions without the conversion unit (16 per clock per SM on sm_90, a
+// quarter of the FP32 rate; per key step they outnumbered the MMAs 3 to 1):
+// - int32 -> fp32: the int32 accumulators start at the bits of 1.5·2^23, so while
+//   |Σ| < 2^22 the sum's bits are the float 1.5·2^23 + Σ exactly, and one FADD
+//   takes the offset off. Bound: every product here sums at most 128 terms of
+//   |q̂ k̂| <= 127², and 127²·128 = 2,064,512 < 2^22 (static_asserts below);
+//   the biased sum stays below 2^31, so nothing wraps.
+// - fp32 -> int8 (ψ's level of x given 1/s): fma(x, 1/s, 1.5·2^23) rounds x/s to
+//   the nearest integer (ties to even; the CPU reference rounds ties away from
+//   zero: a tie needs x/s exactly k + ½, and flips one level) and leaves the
+//   level's two's complement in the low byte of the float's bits; |x| <= max|X|
+//   keeps it in [-127, 127]. PRMT packs four such bytes.
+constexpr int kBiasedZero = 0x4B400000;  // bits of 1.5·2^23
+constexpr float kBias = 12582912.0f;     // 1.5·2^23
+template <int kTerms>
+__device__ __forceinline__ float biased_to_float(int biased_sum) {
+  static_assert(127 * 127 * kTerms < (1 << 22), "the int32 sum must stay below 2^22 (biased_to_float)");
+  return __int_as_float(biased_sum) - kBias;
 }
 __device__ __forceinline__ uint32_t pack_s8x4(float a, float b, float c, float d, float inv) {
-  return int8_level(a, inv) | int8_level(b, inv) << 8 | int8_level(c, inv) << 16 |
-         int8_level(d, inv) << 24;
+  const uint32_t la = __float_as_uint(fmaf(a, inv, kBias)), lb = __float_as_uint(fmaf(b, inv, kBias));
+  const uint32_t lc = __float_as_uint(fmaf(c, inv, kBias)), ld = __float_as_uint(fmaf(d, inv, kBias));
+  return __byte_perm(__byte_perm(la, lb, 0x0040), __byte_perm(lc, ld, 0x0040), 0x5410);
 }
 
 // acc (16, 8 kNTiles) = a · bᵀ over k = kCols bytes, exactly in int32, then
@@ -83,7 +98,11 @@ __device__ __forceinline__ void int8_product_nk(float (&acc)[1][kNTiles][4], Int
                                                 int row0, Int8Tile<kRowsB, kCols> b, float scale) {
   static_assert(kNTiles % 2 == 0 && kNTiles * 8 <= kRowsB);
   const int lane = threadIdx.x % 32;
-  int sum[kNTiles][4] = {};
+  int sum[kNTiles][4];
+#pragma unroll
+  for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) sum[nt][e] = kBiasedZero;
 #pragma unroll
   for (int ks = 0; ks < kCols / 32; ++ks) {
     uint32_t af[4];
@@ -99,14 +118,15 @@ __device__ __forceinline__ void int8_product_nk(float (&acc)[1][kNTiles][4], Int
 #pragma unroll
   for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) acc[0][nt][e] = static_cast<float>(sum[nt][e]) * scale;
+    for (int e = 0; e < 4; ++e) acc[0][nt][e] = biased_to_float<kCols>(sum[nt][e]) * scale;
 }
 
 // psi's scale of each of the thread's two rows (g, g+8) of the weights w (16,
 // 8 kNTiles): one per row of the warp's tile, or, with per_tile, one for the
-// whole tile of the block (kWarps warps; `scratch` holds kWarps floats of shared
-// memory, and every thread of the block must call). s = max|w| / 127 (1 when 0).
-template <int kWarps, int kNTiles>
+// whole tile of kWarpsPerTile consecutive warps (the warps that share one
+// quantisation block of rows; `scratch` holds a float per warp of the CTA in
+// shared memory, and every thread of the CTA must call). s = max|w| / 127 (1 when 0).
+template <int kWarpsPerTile, int kNTiles>
 __device__ __forceinline__ void weight_scales(const float (&w)[1][kNTiles][4], bool per_tile,
                                               float* scratch, float (&scale)[2], float (&inv)[2]) {
   float amax[2] = {0.0f, 0.0f};
@@ -117,12 +137,13 @@ __device__ __forceinline__ void weight_scales(const float (&w)[1][kNTiles][4], b
   amax[0] = row_max4(amax[0]);
   amax[1] = row_max4(amax[1]);
   if (per_tile) {
+    const int warp = threadIdx.x / 32, first = warp - warp % kWarpsPerTile;
     const float warp_amax = warp_max(fmaxf(amax[0], amax[1]));
-    if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = warp_amax;
+    if (threadIdx.x % 32 == 0) scratch[warp] = warp_amax;
     __syncthreads();
     float tile_amax = 0.0f;
 #pragma unroll
-    for (int wi = 0; wi < kWarps; ++wi) tile_amax = fmaxf(tile_amax, scratch[wi]);
+    for (int wi = 0; wi < kWarpsPerTile; ++wi) tile_amax = fmaxf(tile_amax, scratch[first + wi]);
     amax[0] = amax[1] = tile_amax;
   }
 #pragma unroll
@@ -157,7 +178,8 @@ __device__ __forceinline__ void int8_product_weights(float (&acc)[1][kDTiles][4]
   const float row_scale[2] = {scale[0] * scale_b, scale[1] * scale_b};
 #pragma unroll
   for (int np = 0; np < kDTiles / 2; ++np) {  // 16 output columns at a time: few int32 registers
-    int sum[2][4] = {};
+    int sum[2][4] = {{kBiasedZero, kBiasedZero, kBiasedZero, kBiasedZero},
+                     {kBiasedZero, kBiasedZero, kBiasedZero, kBiasedZero}};
 #pragma unroll
     for (int ks = 0; ks < kKSteps; ++ks) {
       uint32_t r[4];
@@ -169,7 +191,7 @@ __device__ __forceinline__ void int8_product_weights(float (&acc)[1][kDTiles][4]
     for (int j = 0; j < 2; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e)
-        acc[0][2 * np + j][e] += static_cast<float>(sum[j][e]) * row_scale[e / 2];
+        acc[0][2 * np + j][e] += biased_to_float<kCols>(sum[j][e]) * row_scale[e / 2];
   }
 }
 

@@ -18,6 +18,7 @@ struct QuantiseParams {
   const bf16* o;     // (B, T, H, d), backward only
   const bf16* dout;  // (B, T, H, d), backward only
   SageWorkspace ws;
+  SageCopies copies;
   int B, H, T;
   float c;           // 1 / sqrt(d)
   bool smooth_q, smooth_k;
@@ -59,6 +60,8 @@ __global__ void __launch_bounds__(kQuantThreads) quantise_kernel(const QuantiseP
   const int t0 = blk * kSageBlock, rows = min(kSageBlock, p.T - t0);
   const SageWorkspace& ws = p.ws;
   const QuantOperand& out = which == 0 ? ws.q : which == 1 ? ws.k : which == 2 ? ws.v : ws.dout;
+  const OperandCopies& copies =
+      which == 0 ? p.copies.q : which == 1 ? p.copies.k : which == 2 ? p.copies.v : p.copies.dout;
 
   for (int i = threadIdx.x; i < kSageBlock * D; i += kQuantThreads) {
     const int r = i / D, col = i % D;
@@ -106,13 +109,13 @@ __global__ void __launch_bounds__(kQuantThreads) quantise_kernel(const QuantiseP
   if (threadIdx.x == 0) out.scale[static_cast<size_t>(bh) * ws.blocks + blk] = scale;
 
   const size_t natural0 = (static_cast<size_t>(bh) * ws.Tp + t0) * D;  // row t0 of (B·H, Tp, d)
-  for (int i = threadIdx.x; i < kSageBlock * D; i += kQuantThreads) {
+  for (int i = threadIdx.x; (copies.i8 || copies.bf) && i < kSageBlock * D; i += kQuantThreads) {
     const int r = i / D, col = i % D;
-    out.i8[natural0 + i] = quantise_level(x[r][col], scale);
-    out.bf[natural0 + i] = __float2bfloat16(x[r][col]);
+    if (copies.i8) out.i8[natural0 + i] = quantise_level(x[r][col], scale);
+    if (copies.bf) out.bf[natural0 + i] = __float2bfloat16(x[r][col]);
   }
   // (d, Tp): position pos of the block holds row kPermuted of its 16-group.
-  for (int i = threadIdx.x; i < kSageBlock * D; i += kQuantThreads) {
+  for (int i = threadIdx.x; copies.i8t && i < kSageBlock * D; i += kQuantThreads) {
     const int col = i / kSageBlock, pos = i % kSageBlock;
     const int r = (pos / 16) * 16 + kPermuted(pos % 16);
     out.i8t[(static_cast<size_t>(bh) * D + col) * ws.Tp + t0 + pos] = quantise_level(x[r][col], scale);
@@ -219,9 +222,35 @@ SageWorkspace sage_workspace(const SageOptions& opt, const AttentionShape& s, vo
   return carve(opt, s, c);
 }
 
+SageCopies sage_copies(const SageOptions& opt, bool backward) {
+  const SagePrecision& pr = opt.precision;
+  // A product at int8 reads the natural (over d) or the transposed (over T)
+  // int8 copy of its operand; at bf16 the bf16 copy, on either side.
+  const auto read = [](OperandCopies& c, Precision x, bool over_d) {
+    if (x == Precision::bf16)
+      c.bf = true;
+    else
+      (over_d ? c.i8 : c.i8t) = true;
+  };
+  const OperandCopies none{false, false, false};
+  SageCopies c{none, none, none, none};
+  read(c.q, pr.qk, true);  // S = Q̂ K̂ᵀ, in the forward and again in the backward
+  read(c.k, pr.qk, true);
+  if (!backward) {
+    read(c.v, pr.pv, false);  // O += P̂ V̂
+    return c;
+  }
+  read(c.v, pr.dp, true);  // dP = dÔ V̂ᵀ
+  read(c.dout, pr.dp, true);
+  read(c.dout, pr.dv, false);  // dV += P̂ᵀ dÔ
+  read(c.q, pr.dk, false);     // dK += dŜᵀ Q̂
+  read(c.k, pr.dq, false);     // dQ += dŜ K̂
+  return c;
+}
+
 void sage_quantise(const SageOptions& opt, const AttentionShape& s, const bf16* qkv, const bf16* o,
-                   const bf16* dout, const SageWorkspace& ws, cudaStream_t stream) {
-  const QuantiseParams p{qkv, o, dout, ws, s.B, s.H, s.T, 1.0f / std::sqrt(static_cast<float>(s.d)),
+                   const bf16* dout, const SageWorkspace& ws, const SageCopies& copies, cudaStream_t stream) {
+  const QuantiseParams p{qkv, o, dout, ws, copies, s.B, s.H, s.T, 1.0f / std::sqrt(static_cast<float>(s.d)),
                          opt.smooth_q, opt.smooth_k};
   const bool with_dout = dout != nullptr;
   if (s.d == 64) return quantise<64>(p, with_dout, stream);

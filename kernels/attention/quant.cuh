@@ -45,13 +45,28 @@ struct SageWorkspace {
                               //                   terms (sage_softmax.cuh; softmax block only, else null)
 };
 
+// Which copies of each operand a pass reads, so that the pre-pass writes only
+// those: int8 natural (products over d at int8), int8 transposed (products over
+// T at int8), bf16 (any product at bf16).
+struct OperandCopies {
+  bool i8 = true, i8t = true, bf = true;
+};
+struct SageCopies {
+  OperandCopies q, k, v, dout;
+};
+// The copies the forward (backward = false) or the backward kernels read under
+// opt's precision flags.
+SageCopies sage_copies(const SageOptions& opt, bool backward);
+
 size_t sage_workspace_bytes(const SageOptions& opt, const AttentionShape& s);
 // Carves the buffers out of `base` (sage_workspace_bytes of them, 256-byte aligned).
 SageWorkspace sage_workspace(const SageOptions& opt, const AttentionShape& s, void* base);
 
 // qkv (B, T, 3, H, d) -> ws.q, ws.k, ws.v (and μ_K, μ_Q, the bias per the options).
 // With dout (B, T, H, d) and o (B, T, H, d) non-null also ws.dout and ws.delta.
+// Writes the copies named in `copies` (scales, μ, the bias and δ always).
 void sage_quantise(const SageOptions& opt, const AttentionShape& s, const bf16* qkv,
-                   const bf16* o, const bf16* dout, const SageWorkspace& ws, cudaStream_t stream);
+                   const bf16* o, const bf16* dout, const SageWorkspace& ws, const SageCopies& copies,
+                   cudaStream_t stream);
 
 }  // namespace qattn::cuda

@@ -12,9 +12,11 @@
 // is plain SageBwd's exact softmax or the K-interval composition (SPEC §4,
 // "sage may take a softmax block").
 //
-// Tiles: 4 warps x 16 rows = 64 rows resident, 64-row steps: every tile is one
-// quantisation block, so each product has one scale per operand (times the
-// row/column scales of P̂ and dŜ).
+// Tiles (SageTraits): kWarps warps x 16 rows resident (64 or 128 rows: one or
+// two quantisation blocks), 64-row steps: every step and every warp's rows lie
+// in one quantisation block, so each product has one scale per operand (times
+// the row/column scales of P̂ and dŜ). The launchers pick the warps per kernel
+// and head dim (SageTiles, sage.cuh).
 //   forward   per query block, key blocks 0 .. diagonal:
 //             S = Q̂K̂ᵀ·s_Q·s_K (+ smooth_q bias) -> mask -> online softmax ->
 //             O += ψ_row(P̃)·V̂ · s_P·s_V;  O /= l, L = m + log l
@@ -30,11 +32,13 @@
 // ψ of Pᵀ and dS: one scale per row of the warp's tile (= per key for dV and dK,
 // per query for dQ: "rowcol"), or one per 64x64 tile ("tile").
 // Deterministic: every output element has one writer; sums run in a fixed order.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #include "attention/int8_operands.cuh"
 #include "attention/online_softmax.cuh"
@@ -50,9 +54,18 @@ namespace {
 using namespace flash;
 using namespace sage;
 
-constexpr int kWarps = 4, kThreads = 32 * kWarps;
-constexpr int kTile = kSageBlock;  // rows of every tile; 16 per warp
-constexpr int kTileN = kTile / 8;  // 8-column accumulator tiles across a tile
+constexpr int kTile = kSageBlock;           // rows of a step: one quantisation block
+constexpr int kTileN = kTile / 8;           // 8-column accumulator tiles across a step
+constexpr int kWarpsPerBlock = kTile / 16;  // warps whose rows form one quantisation block
+
+// A kernel's shape: kWarps warps of 16 rows hold kRows resident rows (queries,
+// or keys in the dK/dV kernel), kBlocks quantisation blocks.
+template <int kHeadDim, int kWarps_>
+struct SageTraits {
+  static constexpr int D = kHeadDim, kWarps = kWarps_, kThreads = 32 * kWarps_;
+  static constexpr int kRows = 16 * kWarps_, kBlocks = kRows / kTile;
+  static_assert(kRows % kTile == 0, "resident rows must be whole quantisation blocks");
+};
 
 struct SageParams {
   SageWorkspace ws;
@@ -71,11 +84,11 @@ struct SageParams {
   bool smooth_q;     // add the bias to S and the dK correction
 };
 
-// Bytes of a 64-row tile in shared memory: (64, d) for products over d (S, dP),
+// Bytes of a tile in shared memory: (kRows, d) for products over d (S, dP),
 // (d, 64) transposed for products over T (int8 only: bf16 keeps (64, d)).
-template <int D>
+template <int D, int kRows = kTile>
 __host__ __device__ constexpr int natural_bytes(bool int8) {
-  return int8 ? Int8Tile<kTile, D>::kBytes : kTile * D * 2;
+  return int8 ? Int8Tile<kRows, D>::kBytes : kRows * D * 2;
 }
 template <int D>
 __host__ __device__ constexpr int transposed_bytes(bool int8) {
@@ -98,37 +111,48 @@ struct SmemPlan {
 };
 
 // forward: resident Q (qk); staged K (qk), V (pv)
-template <int D>
+template <class Tr>
 __host__ __device__ SmemPlan<1, 2> forward_plan(const SageParams& p) {
-  return SmemPlan<1, 2>({natural_bytes<D>(p.qk8)}, {natural_bytes<D>(p.qk8), transposed_bytes<D>(p.pv8)});
+  constexpr int D = Tr::D;
+  return SmemPlan<1, 2>({natural_bytes<D, Tr::kRows>(p.qk8)},
+                        {natural_bytes<D>(p.qk8), transposed_bytes<D>(p.pv8)});
 }
 // dK/dV: resident K (qk), V (dp); staged Q (qk), Q (dk), dO (dp), dO (dv), the
 // queries' saved statistics and row terms
-template <int D, class Softmax>
+template <class Tr, class Softmax>
 __host__ __device__ SmemPlan<2, 6> dkdv_plan(const SageParams& p) {
-  return SmemPlan<2, 6>({natural_bytes<D>(p.qk8), natural_bytes<D>(p.dp8)},
+  constexpr int D = Tr::D;
+  return SmemPlan<2, 6>({natural_bytes<D, Tr::kRows>(p.qk8), natural_bytes<D, Tr::kRows>(p.dp8)},
                         {natural_bytes<D>(p.qk8), transposed_bytes<D>(p.dk8), natural_bytes<D>(p.dp8),
                          transposed_bytes<D>(p.dv8), kTile * 4 * Softmax::kStatFloats,
                          kTile * 4 * Softmax::kTermFloats});
 }
 // dQ: resident Q (qk), dO (dp); staged K (qk), K (dq), V (dp)
-template <int D>
+template <class Tr>
 __host__ __device__ SmemPlan<2, 3> dq_plan(const SageParams& p) {
-  return SmemPlan<2, 3>({natural_bytes<D>(p.qk8), natural_bytes<D>(p.dp8)},
+  constexpr int D = Tr::D;
+  return SmemPlan<2, 3>({natural_bytes<D, Tr::kRows>(p.qk8), natural_bytes<D, Tr::kRows>(p.dp8)},
                         {natural_bytes<D>(p.qk8), transposed_bytes<D>(p.dq8), natural_bytes<D>(p.dp8)});
 }
 
-// Block `blk` of operand x of head bh into a slot, as the product reading it wants.
-template <int D>
+// Blocks [blk, blk + kRows / 64) of operand x of head bh into a slot, as the
+// product reading it wants. A block past the last repeats the last one: the
+// rows of a resident tile past T are computed on and never stored.
+template <int D, int kThreads, int kRows = kTile>
 __device__ __forceinline__ void load_natural(unsigned char* slot, const QuantOperand& x, bool int8,
                                              const SageWorkspace& ws, int bh, int blk) {
-  const size_t row0 = static_cast<size_t>(bh) * ws.Tp + static_cast<size_t>(blk) * kTile;
-  if (int8)
-    load_int8_tile_async<kThreads>(Int8Tile<kTile, D>{reinterpret_cast<int8_t*>(slot)}, x.i8 + row0 * D, D);
-  else
-    load_tile_async<kThreads>(SmemTile<kTile, D>{reinterpret_cast<bf16*>(slot)}, x.bf + row0 * D, D, kTile);
+#pragma unroll
+  for (int part = 0; part < kRows / kTile; ++part) {
+    const int block = min(blk + part, ws.blocks - 1);
+    const size_t row0 = static_cast<size_t>(bh) * ws.Tp + static_cast<size_t>(block) * kTile;
+    unsigned char* part_slot = slot + part * natural_bytes<D>(int8);
+    if (int8)
+      load_int8_tile_async<kThreads>(Int8Tile<kTile, D>{reinterpret_cast<int8_t*>(part_slot)}, x.i8 + row0 * D, D);
+    else
+      load_tile_async<kThreads>(SmemTile<kTile, D>{reinterpret_cast<bf16*>(part_slot)}, x.bf + row0 * D, D, kTile);
+  }
 }
-template <int D>
+template <int D, int kThreads>
 __device__ __forceinline__ void load_transposed(unsigned char* slot, const QuantOperand& x, bool int8,
                                                 const SageWorkspace& ws, int bh, int blk) {
   if (int8)
@@ -136,35 +160,35 @@ __device__ __forceinline__ void load_transposed(unsigned char* slot, const Quant
                                    x.i8t + static_cast<size_t>(bh) * D * ws.Tp + static_cast<size_t>(blk) * kTile,
                                    ws.Tp);
   else
-    load_natural<D>(slot, x, false, ws, bh, blk);
+    load_natural<D, kThreads>(slot, x, false, ws, bh, blk);
 }
 
-// acc (16, 64) = rows [row0, row0 + 16) of tile a times tile bᵀ, over d: S or dP
-// (transposed in the dK/dV pass). int8: times the two block scales `scale`.
-template <int D>
+// acc (16, 64) = rows [row0, row0 + 16) of the resident tile a (kRowsA rows)
+// times the staged tile bᵀ, over d: S or dP (transposed in the dK/dV pass).
+// int8: times the two block scales `scale`.
+template <int D, int kRowsA>
 __device__ __forceinline__ void product_over_d(float (&acc)[1][kTileN][4], bool int8, unsigned char* a,
                                                int row0, unsigned char* b, float scale) {
   if (int8) {
-    int8_product_nk(acc, Int8Tile<kTile, D>{reinterpret_cast<int8_t*>(a)}, row0,
+    int8_product_nk(acc, Int8Tile<kRowsA, D>{reinterpret_cast<int8_t*>(a)}, row0,
                     Int8Tile<kTile, D>{reinterpret_cast<int8_t*>(b)}, scale);
   } else {
-    uint32_t frag[1][D / 16][4];
-    load_a(frag, SmemTile<kTile, D>{reinterpret_cast<bf16*>(a)}, row0);
     zero(acc);
-    mma_b_nk(acc, frag, SmemTile<kTile, D>{reinterpret_cast<bf16*>(b)});
+    mma_rows_b_nk(acc, SmemTile<kRowsA, D>{reinterpret_cast<bf16*>(a)}, row0,
+                  SmemTile<kTile, D>{reinterpret_cast<bf16*>(b)});
   }
 }
 
 // acc (16, d) += w (16, 64) · tile b, over the 64 rows of the tile: O += P V,
 // dV += Pᵀ dO, dK += dSᵀ Q, dQ += dS K. int8: w quantised per row of the warp
-// (or per block tile) and the product times that scale and scale_b. Every
-// thread of the block calls it (the per-tile scale is a block reduction).
+// (or per 64 x 64 tile) and the product times that scale and scale_b. With
+// per_tile every thread of the CTA calls it (the scale is a reduction over warps).
 template <int D>
 __device__ __forceinline__ void product_over_t(float (&acc)[1][D / 8][4], bool int8, const float (&w)[1][kTileN][4],
                                                bool per_tile, float* scratch, unsigned char* b, float scale_b) {
   if (int8) {
     float scale[2], inv[2];
-    weight_scales<kWarps>(w, per_tile, scratch, scale, inv);
+    weight_scales<kWarpsPerBlock>(w, per_tile, scratch, scale, inv);
     int8_product_weights(acc, w, scale, inv, Int8Tile<D, kTile>{reinterpret_cast<int8_t*>(b)}, scale_b);
   } else {
     uint32_t frag[1][kTileN / 2][4];
@@ -173,61 +197,86 @@ __device__ __forceinline__ void product_over_t(float (&acc)[1][D / 8][4], bool i
   }
 }
 
-// Rows [t0, t0 + 64) of slot (0 q, 1 k, 2 v) of head h in dqkv, or of o, from a
-// staged bf16 tile; rows past T are skipped.
-template <int D>
-__device__ __forceinline__ void store_rows(SmemTile<kTile, D> tile, bf16* base, size_t ld, int t0, int T) {
+// Rows [t0, t0 + kRows) of slot (0 q, 1 k, 2 v) of head h in dqkv, or of o, from
+// a staged bf16 tile; rows past T are skipped.
+template <int kThreads, int kRows, int D>
+__device__ __forceinline__ void store_rows(SmemTile<kRows, D> tile, bf16* base, size_t ld, int t0, int T) {
   store_tile<kThreads>(tile, base + static_cast<size_t>(t0) * ld, ld, T - t0);
 }
 
+// Runs body(std::true_type) when every entry of the warp's tile is visible
+// (warp-uniform), so that no per-entry mask is evaluated, else body(std::false_type).
+template <class Body>
+__device__ __forceinline__ void with_mask(bool all_visible, Body&& body) {
+  if (all_visible)
+    body(std::true_type{});
+  else
+    body(std::false_type{});
+}
+
 // ---------------------------------------------------------------------------
-// Forward. Grid (blocks, B·H); the heaviest (last) query blocks start first.
-template <int D, class Softmax>
-__global__ void __launch_bounds__(kThreads) sage_forward_kernel(const SageParams p) {
+// Forward. Grid (query tiles, B·H); the heaviest (last) query tiles start first.
+template <class Tr, class Softmax>
+__global__ void __launch_bounds__(Tr::kThreads) sage_forward_kernel(const SageParams p) {
+  constexpr int D = Tr::D, kThreads = Tr::kThreads;
   extern __shared__ __align__(128) unsigned char smem[];
-  const SmemPlan<1, 2> plan = forward_plan<D>(p);
+  const SmemPlan<1, 2> plan = forward_plan<Tr>(p);
   const SageWorkspace& ws = p.ws;
-  const int q_block = gridDim.x - 1 - blockIdx.x, bh = blockIdx.y, b = bh / p.H, h = bh % p.H;
+  const int q_tile = gridDim.x - 1 - blockIdx.x, bh = blockIdx.y, b = bh / p.H, h = bh % p.H;
+  const int q0 = q_tile * Tr::kRows;
   const int row0 = (threadIdx.x / 32) * 16;  // the warp's first row in the tile
-  const int q0 = q_block * kTile;
+  const int first_query = q0 + row0;          // of the warp
+  // The warp's quantisation block (a block past the last: the last, see load_natural).
+  const int q_block = min(first_query / kTile, ws.blocks - 1);
+  const int key_blocks = min(ws.blocks, (q0 + Tr::kRows - 1) / kTile + 1);  // up to the tile's diagonal
   unsigned char* q_slot = smem + plan.resident[0];
   auto k_slot = [&](int s) { return smem + plan.slot(s, 0); };
   auto v_slot = [&](int s) { return smem + plan.slot(s, 1); };
-  auto load_k = [&](int j, int s) { load_natural<D>(k_slot(s), ws.k, p.qk8, ws, bh, j); };
+  auto load_k = [&](int j, int s) { load_natural<D, kThreads>(k_slot(s), ws.k, p.qk8, ws, bh, j); };
   auto load_kv = [&](int j, int s) {
     load_k(j, s);
-    load_transposed<D>(v_slot(s), ws.v, p.pv8, ws, bh, j);
+    load_transposed<D, kThreads>(v_slot(s), ws.v, p.pv8, ws, bh, j);
   };
+  // Key block j holds no key the warp's rows see: every score masked, nothing to add.
+  auto masked_for_warp = [&](int j) { return j * kTile > first_query + 15; };
 
-  load_natural<D>(q_slot, ws.q, p.qk8, ws, bh, q_block);
-  const float* scale_q = ws.q.scale + static_cast<size_t>(bh) * ws.blocks;
+  load_natural<D, kThreads, Tr::kRows>(q_slot, ws.q, p.qk8, ws, bh, q_tile * Tr::kBlocks);
   const float* scale_k = ws.k.scale + static_cast<size_t>(bh) * ws.blocks;
   const float* scale_v = ws.v.scale + static_cast<size_t>(bh) * ws.blocks;
+  const float scale_q = ws.q.scale[static_cast<size_t>(bh) * ws.blocks + q_block];
   const float* bias = p.smooth_q ? ws.query_bias + (static_cast<size_t>(bh) * ws.blocks + q_block) * ws.Tp : nullptr;
   // s (16, 64) = the scores of key block j, masked entries −inf.
   auto scores = [&](float (&s)[1][kTileN][4], int j, int stage) {
-    product_over_d<D>(s, p.qk8, q_slot, row0, k_slot(stage), scale_q[q_block] * scale_k[j]);
+    product_over_d<D, Tr::kRows>(s, p.qk8, q_slot, row0, k_slot(stage), scale_q * scale_k[j]);
+    if (bias) {
 #pragma unroll
-    for (int nt = 0; nt < kTileN; ++nt)
+      for (int nt = 0; nt < kTileN; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        if (bias) s[0][nt][e] += bias[j * kTile + frag_col(nt, e)];
-        if (j == q_block && frag_col(nt, e) > row0 + frag_row(e)) s[0][nt][e] = -INFINITY;
-      }
+        for (int e = 0; e < 4; ++e) s[0][nt][e] += bias[j * kTile + frag_col(nt, e)];
+    }
+    if ((j + 1) * kTile > first_query) {  // some key past the warp's first row
+#pragma unroll
+      for (int nt = 0; nt < kTileN; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          if (j * kTile + frag_col(nt, e) > first_query + frag_row(e)) s[0][nt][e] = -INFINITY;
+    }
   };
 
   float o_acc[1][D / 8][4];  // (16, d) rows of O owned by this warp
   zero(o_acc);
   Softmax softmax(p.softmax);
   if constexpr (Softmax::kCalibrates) {  // pass 1: each row's max and min, then its grid
-    pipelined(0, q_block + 1, load_k, [&](int j, int stage) {
+    pipelined(0, key_blocks, load_k, [&](int j, int stage) {
+      if (masked_for_warp(j)) return;
       float s[1][kTileN][4];
       scores(s, j, stage);
       softmax.observe(s, j * kTile);
     });
     softmax.calibrate();
   }
-  pipelined(0, q_block + 1, load_kv, [&](int j, int stage) {
+  pipelined(0, key_blocks, load_kv, [&](int j, int stage) {
+    if (masked_for_warp(j)) return;
     float s[1][kTileN][4];
     scores(s, j, stage);
     softmax.update(s, o_acc);  // s now holds P̃ = exp(S − m), or ŵ
@@ -235,25 +284,28 @@ __global__ void __launch_bounds__(kThreads) sage_forward_kernel(const SageParams
   });
 
   softmax.finalize(o_acc);
-  softmax.store(p.stats_out + static_cast<size_t>(bh) * p.T * Softmax::kStatFloats, q0 + row0, p.T);
-  const SmemTile<kTile, D> o_tile{reinterpret_cast<bf16*>(smem)};  // every slot is free now
+  softmax.store(p.stats_out + static_cast<size_t>(bh) * p.T * Softmax::kStatFloats, first_query, p.T);
+  const SmemTile<Tr::kRows, D> o_tile{reinterpret_cast<bf16*>(smem)};  // every slot is free now
   store_acc(o_tile, o_acc, row0, 1.0f);
   __syncthreads();
-  store_rows<D>(o_tile, p.o + static_cast<size_t>(b) * p.T * p.H * D + static_cast<size_t>(h) * D,
-                static_cast<size_t>(p.H) * D, q0, p.T);
+  store_rows<kThreads>(o_tile, p.o + static_cast<size_t>(b) * p.T * p.H * D + static_cast<size_t>(h) * D,
+                       static_cast<size_t>(p.H) * D, q0, p.T);
 }
 
 // ---------------------------------------------------------------------------
-// dK, dV. Grid (blocks, B·H); block 0, which sees every query, starts first.
-template <int D, class Softmax>
-__global__ void __launch_bounds__(kThreads) sage_backward_dkdv_kernel(const SageParams p) {
+// dK, dV. Grid (key tiles, B·H); tile 0, which sees every query, starts first.
+template <class Tr, class Softmax>
+__global__ void __launch_bounds__(Tr::kThreads) sage_backward_dkdv_kernel(const SageParams p) {
+  constexpr int D = Tr::D, kThreads = Tr::kThreads;
   extern __shared__ __align__(128) unsigned char smem[];
-  __shared__ float scratch[2][kWarps];  // per-tile scales of Pᵀ and dSᵀ
-  const SmemPlan<2, 6> plan = dkdv_plan<D, Softmax>(p);
+  __shared__ float scratch[2][Tr::kWarps];  // per-tile scales of Pᵀ and dSᵀ
+  const SmemPlan<2, 6> plan = dkdv_plan<Tr, Softmax>(p);
   const SageWorkspace& ws = p.ws;
-  const int k_block = blockIdx.x, bh = blockIdx.y, b = bh / p.H, h = bh % p.H;
-  const int row0 = (threadIdx.x / 32) * 16;
-  const int k0 = k_block * kTile;
+  const int k_tile = blockIdx.x, bh = blockIdx.y, b = bh / p.H, h = bh % p.H;
+  const int k0 = k_tile * Tr::kRows;
+  const int row0 = (threadIdx.x / 32) * 16;  // the warp's first key in the tile
+  // The warp's quantisation block (a block past the last: the last, see load_natural).
+  const int k_block = min((k0 + row0) / kTile, ws.blocks - 1);
   unsigned char* k_slot = smem + plan.resident[0];
   unsigned char* v_slot = smem + plan.resident[1];
   auto q_slot = [&](int s) { return smem + plan.slot(s, 0); };     // Q̂ for Sᵀ
@@ -266,17 +318,17 @@ __global__ void __launch_bounds__(kThreads) sage_backward_dkdv_kernel(const Sage
   const float* stats_src = p.stats + static_cast<size_t>(bh) * p.T * kStat;    // (T, kStat)
   const float* terms_src = p.row_terms + static_cast<size_t>(bh) * ws.Tp * kTerm;  // (Tp, kTerm)
   auto load_queries = [&](int i, int s) {
-    load_natural<D>(q_slot(s), ws.q, p.qk8, ws, bh, i);
-    load_transposed<D>(qt_slot(s), ws.q, p.dk8, ws, bh, i);
-    load_natural<D>(do_slot(s), ws.dout, p.dp8, ws, bh, i);
-    load_transposed<D>(dot_slot(s), ws.dout, p.dv8, ws, bh, i);
+    load_natural<D, kThreads>(q_slot(s), ws.q, p.qk8, ws, bh, i);
+    load_transposed<D, kThreads>(qt_slot(s), ws.q, p.dk8, ws, bh, i);
+    load_natural<D, kThreads>(do_slot(s), ws.dout, p.dp8, ws, bh, i);
+    load_transposed<D, kThreads>(dot_slot(s), ws.dout, p.dv8, ws, bh, i);
     load_row_values_async<kThreads, kTile * kStat>(stats_slot(s), stats_src + i * kTile * kStat,
                                                    (p.T - i * kTile) * kStat);
     load_row_values_async<kThreads, kTile * kTerm>(terms_slot(s), terms_src + i * kTile * kTerm, kTile * kTerm);
   };
 
-  load_natural<D>(k_slot, ws.k, p.qk8, ws, bh, k_block);
-  load_natural<D>(v_slot, ws.v, p.dp8, ws, bh, k_block);
+  load_natural<D, kThreads, Tr::kRows>(k_slot, ws.k, p.qk8, ws, bh, k_tile * Tr::kBlocks);
+  load_natural<D, kThreads, Tr::kRows>(v_slot, ws.v, p.dp8, ws, bh, k_tile * Tr::kBlocks);
   const size_t scale0 = static_cast<size_t>(bh) * ws.blocks;
   const float s_k = ws.k.scale[scale0 + k_block], s_v = ws.v.scale[scale0 + k_block];
 
@@ -286,37 +338,50 @@ __global__ void __launch_bounds__(kThreads) sage_backward_dkdv_kernel(const Sage
   zero(dk_acc);
   zero(dv_acc);
   // Causal: earlier query blocks see none of these keys.
-  pipelined(k_block, ws.blocks, load_queries, [&](int i, int s) {
+  pipelined(k0 / kTile, ws.blocks, load_queries, [&](int i, int s) {
     const int q0 = i * kTile;
     const float s_q = ws.q.scale[scale0 + i], s_do = ws.dout.scale[scale0 + i];
     const float* stats = stats_slot(s);
     const float* terms = terms_slot(s);
-    const float* bias = p.smooth_q ? ws.query_bias + (scale0 + i) * ws.Tp : nullptr;
+    // The bias of the warp's keys (c·μ_Qi·(K − μ_K)), from its block's first key.
+    const float* bias = p.smooth_q ? ws.query_bias + (scale0 + i) * ws.Tp + k_block * kTile + row0 % kTile : nullptr;
     auto query_row = [&](int qi) { return Softmax::load_row(stats + qi * kStat, terms + qi * kTerm); };
     auto visible = [&](int key, int query) { return query < p.T && key <= query; };
+    // The warp's last key sees the step's first query, and every query is real.
+    const bool all_visible = k0 + row0 + 15 <= q0 && q0 + kTile <= p.T;
     float score[1][kTileN][4];  // (16 keys, 64 queries): Sᵀ
-    product_over_d<D>(score, p.qk8, k_slot, row0, q_slot(s), s_k * s_q);
+    product_over_d<D, Tr::kRows>(score, p.qk8, k_slot, row0, q_slot(s), s_k * s_q);
+    if (bias) {
+#pragma unroll
+      for (int nt = 0; nt < kTileN; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) score[0][nt][e] += bias[frag_row(e)];
+    }
     float w[1][kTileN][4];  // (16 keys, 64 queries): Pᵀ, then dSᵀ
+    with_mask(all_visible, [&](auto unmasked) {
 #pragma unroll
-    for (int nt = 0; nt < kTileN; ++nt)
+      for (int nt = 0; nt < kTileN; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int key = k0 + row0 + frag_row(e), qi = frag_col(nt, e);
-        score[0][nt][e] += bias ? bias[key] : 0.0f;
-        w[0][nt][e] = visible(key, q0 + qi) ? softmax.probability(query_row(qi), score[0][nt][e]) : 0.0f;
-      }
+        for (int e = 0; e < 4; ++e) {
+          const int key = k0 + row0 + frag_row(e), qi = frag_col(nt, e);
+          w[0][nt][e] = unmasked || visible(key, q0 + qi) ? softmax.probability(query_row(qi), score[0][nt][e])
+                                                          : 0.0f;
+        }
+    });
     product_over_t<D>(dv_acc, p.dv8, w, p.tile_scales, scratch[0], dot_slot(s), s_do);
     float dp[1][kTileN][4];  // (16 keys, 64 queries): dPᵀ
-    product_over_d<D>(dp, p.dp8, v_slot, row0, do_slot(s), s_v * s_do);
+    product_over_d<D, Tr::kRows>(dp, p.dp8, v_slot, row0, do_slot(s), s_v * s_do);
+    with_mask(all_visible, [&](auto unmasked) {
 #pragma unroll
-    for (int nt = 0; nt < kTileN; ++nt)
+      for (int nt = 0; nt < kTileN; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int key = k0 + row0 + frag_row(e), qi = frag_col(nt, e);
-        w[0][nt][e] = visible(key, q0 + qi)
-                          ? softmax.grad(query_row(qi), score[0][nt][e], w[0][nt][e], dp[0][nt][e], key)
-                          : 0.0f;
-      }
+        for (int e = 0; e < 4; ++e) {
+          const int key = k0 + row0 + frag_row(e), qi = frag_col(nt, e);
+          w[0][nt][e] = unmasked || visible(key, q0 + qi)
+                            ? softmax.grad(query_row(qi), score[0][nt][e], w[0][nt][e], dp[0][nt][e], key)
+                            : 0.0f;
+        }
+    });
     product_over_t<D>(dk_acc, p.dk8, w, p.tile_scales, scratch[1], qt_slot(s), s_q);
     if (p.smooth_q) {  // dK_j += c (dSᵀ 1) μ_Qiᵀ, from the unquantised dS
       float row_sum[2] = {0.0f, 0.0f};
@@ -335,44 +400,48 @@ __global__ void __launch_bounds__(kThreads) sage_backward_dkdv_kernel(const Sage
   });
 
   // Every slot is free: stage dK (Q̂ carried c) and dV, then store both.
-  const SmemTile<kTile, D> dk_tile{reinterpret_cast<bf16*>(smem)};
-  const SmemTile<kTile, D> dv_tile{dk_tile.data + kTile * D};
+  const SmemTile<Tr::kRows, D> dk_tile{reinterpret_cast<bf16*>(smem)};
+  const SmemTile<Tr::kRows, D> dv_tile{dk_tile.data + Tr::kRows * D};
   store_acc(dk_tile, dk_acc, row0, 1.0f);
   store_acc(dv_tile, dv_acc, row0, 1.0f);
   __syncthreads();
   const size_t ld = static_cast<size_t>(3) * p.H * D;
   bf16* head = p.dqkv + static_cast<size_t>(b) * p.T * ld + static_cast<size_t>(h) * D;
-  store_rows<D>(dk_tile, head + static_cast<size_t>(p.H) * D, ld, k0, p.T);
-  store_rows<D>(dv_tile, head + static_cast<size_t>(2) * p.H * D, ld, k0, p.T);
+  store_rows<kThreads>(dk_tile, head + static_cast<size_t>(p.H) * D, ld, k0, p.T);
+  store_rows<kThreads>(dv_tile, head + static_cast<size_t>(2) * p.H * D, ld, k0, p.T);
 }
 
 // ---------------------------------------------------------------------------
-// dQ. Grid (blocks, B·H); the heaviest (last) query blocks start first.
-template <int D, class Softmax>
-__global__ void __launch_bounds__(kThreads) sage_backward_dq_kernel(const SageParams p) {
+// dQ. Grid (query tiles, B·H); the heaviest (last) query tiles start first.
+template <class Tr, class Softmax>
+__global__ void __launch_bounds__(Tr::kThreads) sage_backward_dq_kernel(const SageParams p) {
+  constexpr int D = Tr::D, kThreads = Tr::kThreads;
   extern __shared__ __align__(128) unsigned char smem[];
-  __shared__ float scratch[kWarps];  // per-tile scale of dS
-  const SmemPlan<2, 3> plan = dq_plan<D>(p);
+  __shared__ float scratch[Tr::kWarps];  // per-tile scale of dS
+  const SmemPlan<2, 3> plan = dq_plan<Tr>(p);
   const SageWorkspace& ws = p.ws;
-  const int q_block = gridDim.x - 1 - blockIdx.x, bh = blockIdx.y, b = bh / p.H, h = bh % p.H;
-  const int row0 = (threadIdx.x / 32) * 16;
-  const int q0 = q_block * kTile;
+  const int q_tile = gridDim.x - 1 - blockIdx.x, bh = blockIdx.y, b = bh / p.H, h = bh % p.H;
+  const int q0 = q_tile * Tr::kRows;
+  const int row0 = (threadIdx.x / 32) * 16;  // the warp's first row in the tile
+  // The warp's quantisation block (a block past the last: the last, see load_natural).
+  const int q_block = min((q0 + row0) / kTile, ws.blocks - 1);
+  const int key_blocks = min(ws.blocks, (q0 + Tr::kRows - 1) / kTile + 1);  // up to the tile's diagonal
   unsigned char* q_slot = smem + plan.resident[0];
   unsigned char* do_slot = smem + plan.resident[1];
   auto k_slot = [&](int s) { return smem + plan.slot(s, 0); };   // K̂ for S
   auto kt_slot = [&](int s) { return smem + plan.slot(s, 1); };  // K̂ for dQ
   auto v_slot = [&](int s) { return smem + plan.slot(s, 2); };   // V for dP
   auto load_scores = [&](int j, int s) {  // what S and dP read
-    load_natural<D>(k_slot(s), ws.k, p.qk8, ws, bh, j);
-    load_natural<D>(v_slot(s), ws.v, p.dp8, ws, bh, j);
+    load_natural<D, kThreads>(k_slot(s), ws.k, p.qk8, ws, bh, j);
+    load_natural<D, kThreads>(v_slot(s), ws.v, p.dp8, ws, bh, j);
   };
   auto load_keys = [&](int j, int s) {
     load_scores(j, s);
-    load_transposed<D>(kt_slot(s), ws.k, p.dq8, ws, bh, j);
+    load_transposed<D, kThreads>(kt_slot(s), ws.k, p.dq8, ws, bh, j);
   };
 
-  load_natural<D>(q_slot, ws.q, p.qk8, ws, bh, q_block);
-  load_natural<D>(do_slot, ws.dout, p.dp8, ws, bh, q_block);
+  load_natural<D, kThreads, Tr::kRows>(q_slot, ws.q, p.qk8, ws, bh, q_tile * Tr::kBlocks);
+  load_natural<D, kThreads, Tr::kRows>(do_slot, ws.dout, p.dp8, ws, bh, q_tile * Tr::kBlocks);
   const size_t scale0 = static_cast<size_t>(bh) * ws.blocks;
   const float s_q = ws.q.scale[scale0 + q_block], s_do = ws.dout.scale[scale0 + q_block];
   const float* bias = p.smooth_q ? ws.query_bias + (scale0 + q_block) * ws.Tp : nullptr;
@@ -381,31 +450,33 @@ __global__ void __launch_bounds__(kThreads) sage_backward_dq_kernel(const SagePa
   const Softmax softmax(p.softmax);
 
   // The saved statistics and row terms of this thread's two rows (rows past T:
-  // no statistics; every entry of theirs is masked). With a row sweep the
-  // terms are made below.
+  // none; every entry of theirs is masked). With a row sweep the terms are made below.
   typename Softmax::Row rows[2];
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int row = q0 + row0 + frag_row(2 * half);
-    rows[half] = Softmax::load_row(row < p.T ? p.stats + (static_cast<size_t>(bh) * p.T + row) * kStat : nullptr,
-                                   Softmax::kRowPass ? nullptr : terms + static_cast<size_t>(row) * kTerm);
+    const bool real = row < p.T;
+    rows[half] = Softmax::load_row(real ? p.stats + (static_cast<size_t>(bh) * p.T + row) * kStat : nullptr,
+                                   Softmax::kRowPass || !real ? nullptr : terms + static_cast<size_t>(row) * kTerm);
   }
   // score, dp (16 queries, 64 keys) = S and dP of key block j.
   auto scores_and_dp = [&](float (&score)[1][kTileN][4], float (&dp)[1][kTileN][4], int j, int s) {
-    product_over_d<D>(score, p.qk8, q_slot, row0, k_slot(s), s_q * ws.k.scale[scale0 + j]);
+    product_over_d<D, Tr::kRows>(score, p.qk8, q_slot, row0, k_slot(s), s_q * ws.k.scale[scale0 + j]);
     if (bias) {
 #pragma unroll
       for (int nt = 0; nt < kTileN; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) score[0][nt][e] += bias[j * kTile + frag_col(nt, e)];
     }
-    product_over_d<D>(dp, p.dp8, do_slot, row0, v_slot(s), s_do * ws.v.scale[scale0 + j]);
+    product_over_d<D, Tr::kRows>(dp, p.dp8, do_slot, row0, v_slot(s), s_do * ws.v.scale[scale0 + j]);
   };
   auto visible = [&](int key, int row) { return row < p.T && key <= row; };
+  // Key block j's last key is before the warp's first row, and every row is real.
+  auto all_visible = [&](int j) { return j * kTile + kTile - 1 <= q0 + row0 && q0 + row0 + 16 <= p.T; };
 
   if constexpr (Softmax::kRowPass) {  // the row terms, before any dS is quantised
     typename Softmax::RowSums sums[2];
-    pipelined(0, q_block + 1, load_scores, [&](int j, int s) {
+    pipelined(0, key_blocks, load_scores, [&](int j, int s) {
       float score[1][kTileN][4], dp[1][kTileN][4];
       scores_and_dp(score, dp, j, s);
 #pragma unroll
@@ -420,35 +491,38 @@ __global__ void __launch_bounds__(kThreads) sage_backward_dq_kernel(const SagePa
       const int row = q0 + row0 + frag_row(2 * half);
       const float4 made = softmax.row_terms(sums[half], rows[half].st);  // every lane: it shuffles
       rows[half].terms = row < p.T ? made : float4{};
-      if (threadIdx.x % 4 == 0) reinterpret_cast<float4*>(terms)[row] = rows[half].terms;
+      if (threadIdx.x % 4 == 0 && row < ws.Tp) reinterpret_cast<float4*>(terms)[row] = rows[half].terms;
     }
   }
 
   float dq_acc[1][D / 8][4];  // (16, d) rows of dQ owned by this warp
   zero(dq_acc);
-  pipelined(0, q_block + 1, load_keys, [&](int j, int s) {
+  pipelined(0, key_blocks, load_keys, [&](int j, int s) {
     float score[1][kTileN][4], dp[1][kTileN][4];  // (16 queries, 64 keys): S, dP
     scores_and_dp(score, dp, j, s);
     float w[1][kTileN][4];  // (16 queries, 64 keys): dS
+    with_mask(all_visible(j), [&](auto unmasked) {
 #pragma unroll
-    for (int nt = 0; nt < kTileN; ++nt)
+      for (int nt = 0; nt < kTileN; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int key = j * kTile + frag_col(nt, e);
-        const typename Softmax::Row& r = rows[e / 2];
-        w[0][nt][e] = visible(key, q0 + row0 + frag_row(e))
-                          ? softmax.grad(r, score[0][nt][e], softmax.probability(r, score[0][nt][e]),
-                                         dp[0][nt][e], key)
-                          : 0.0f;
-      }
+        for (int e = 0; e < 4; ++e) {
+          const int key = j * kTile + frag_col(nt, e);
+          const typename Softmax::Row& r = rows[e / 2];
+          w[0][nt][e] = unmasked || visible(key, q0 + row0 + frag_row(e))
+                            ? softmax.grad(r, score[0][nt][e], softmax.probability(r, score[0][nt][e]),
+                                           dp[0][nt][e], key)
+                            : 0.0f;
+        }
+    });
     product_over_t<D>(dq_acc, p.dq8, w, p.tile_scales, scratch, kt_slot(s), ws.k.scale[scale0 + j]);
   });
 
-  const SmemTile<kTile, D> dq_tile{reinterpret_cast<bf16*>(smem)};  // every slot is free now
+  const SmemTile<Tr::kRows, D> dq_tile{reinterpret_cast<bf16*>(smem)};  // every slot is free now
   store_acc(dq_tile, dq_acc, row0, p.c);
   __syncthreads();
   const size_t ld = static_cast<size_t>(3) * p.H * D;
-  store_rows<D>(dq_tile, p.dqkv + static_cast<size_t>(b) * p.T * ld + static_cast<size_t>(h) * D, ld, q0, p.T);
+  store_rows<kThreads>(dq_tile, p.dqkv + static_cast<size_t>(b) * p.T * ld + static_cast<size_t>(h) * D, ld, q0,
+                       p.T);
 }
 
 // ---------------------------------------------------------------------------
@@ -491,18 +565,54 @@ SageParams make_params(const SageOptions& opt, const AttentionShape& s, void* wo
   return p;
 }
 
+// Calls run(warps) with warps as a compile-time 4 or 8 (checked by check_tiles).
+template <class Run>
+void with_warps(int warps, Run&& run) {
+  if (warps == 8) return run(std::integral_constant<int, 8>{});
+  run(std::integral_constant<int, 4>{});
+}
+
+void check_tiles(const SageTiles& tiles) {
+  for (const auto& [kernel, warps] : {std::pair<const char*, int>{"forward", tiles.forward}, {"dq", tiles.dq},
+                                      {"dkdv", tiles.dkdv}})
+    if (warps != 4 && warps != 8)
+      throw std::invalid_argument(std::string("CUDA attention kind sage: SageTiles.") + kernel + " = " +
+                                  std::to_string(warps) + " warps (allowed: 4, 8)");
+}
+
+// Dynamic shared memory of a kernel: its plan, and at least the output tiles
+// staged through it at the end (nOut tiles of (kRows, d) bf16).
+template <class Tr, int nOut, int R, int S>
+int smem_bytes(const SmemPlan<R, S>& plan) {
+  return std::max(plan.total, nOut * Tr::kRows * Tr::D * 2);
+}
+template <class Tr>
+dim3 grid_of(const SageParams& p) {
+  return dim3(ceil_div(p.ws.blocks, Tr::kBlocks), p.B * p.H);
+}
+
 template <int D, class Softmax>
-void forward(const SageParams& p, cudaStream_t stream) {
-  launch(sage_forward_kernel<D, Softmax>, dim3(p.ws.blocks, p.B * p.H), kThreads, forward_plan<D>(p).total, stream,
-         p);
+void forward(const SageParams& p, const SageTiles& tiles, cudaStream_t stream) {
+  with_warps(tiles.forward, [&](auto warps) {
+    using Tr = SageTraits<D, decltype(warps)::value>;
+    launch(sage_forward_kernel<Tr, Softmax>, grid_of<Tr>(p), Tr::kThreads, smem_bytes<Tr, 1>(forward_plan<Tr>(p)),
+           stream, p);
+  });
 }
 
 // dQ first: with a row sweep it writes the row terms the dK/dV kernel reads.
 template <int D, class Softmax>
-void backward(const SageParams& p, cudaStream_t stream) {
-  const dim3 grid(p.ws.blocks, p.B * p.H);
-  launch(sage_backward_dq_kernel<D, Softmax>, grid, kThreads, dq_plan<D>(p).total, stream, p);
-  launch(sage_backward_dkdv_kernel<D, Softmax>, grid, kThreads, dkdv_plan<D, Softmax>(p).total, stream, p);
+void backward(const SageParams& p, const SageTiles& tiles, cudaStream_t stream) {
+  with_warps(tiles.dq, [&](auto warps) {
+    using Tr = SageTraits<D, decltype(warps)::value>;
+    launch(sage_backward_dq_kernel<Tr, Softmax>, grid_of<Tr>(p), Tr::kThreads, smem_bytes<Tr, 1>(dq_plan<Tr>(p)),
+           stream, p);
+  });
+  with_warps(tiles.dkdv, [&](auto warps) {
+    using Tr = SageTraits<D, decltype(warps)::value>;
+    launch(sage_backward_dkdv_kernel<Tr, Softmax>, grid_of<Tr>(p), Tr::kThreads,
+           smem_bytes<Tr, 2>(dkdv_plan<Tr, Softmax>(p)), stream, p);
+  });
 }
 
 template <class T>
@@ -539,26 +649,49 @@ int sage_row_stats(const SageOptions& opt) {
   return opt.softmax ? KIntervalSoftmax::kStatFloats : ExactSoftmax::kStatFloats;
 }
 
+SageTiles sage_default_tiles(int d) {
+  // d = 64: the 4-warp forward and dQ fit three CTAs (12 warps) per SM by
+  // registers, 8-warp CTAs one; the dK/dV kernel holds 8 warps per SM either
+  // way and with 8 warps loads each query block once per 128 keys.
+  // d = 128: every kernel holds 8 warps per SM at most (registers), and the
+  // 4-warp dK/dV kernel only 4 (116 KB of shared memory).
+  if (d == 64) return {4, 4, 8};
+  return {8, 8, 8};
+}
+
 void sage_forward(const SageOptions& opt, const AttentionShape& s, const bf16* qkv, bf16* o, float* stats,
-                  void* workspace, cudaStream_t stream) {
+                  void* workspace, cudaStream_t stream, const SageTiles& tiles) {
+  check_tiles(tiles);
   SageParams p = make_params(opt, s, workspace);
   p.stats_out = stats;
   p.o = o;
-  sage_quantise(opt, s, qkv, nullptr, nullptr, p.ws, stream);
+  sage_quantise(opt, s, qkv, nullptr, nullptr, p.ws, sage_copies(opt, false), stream);
   dispatch(opt, s, [&](auto d, auto softmax) {
-    forward<decltype(d)::value, typename decltype(softmax)::type>(p, stream);
+    forward<decltype(d)::value, typename decltype(softmax)::type>(p, tiles, stream);
   });
 }
 
 void sage_backward(const SageOptions& opt, const AttentionShape& s, const bf16* qkv, const bf16* o,
-                   const bf16* dout, const float* stats, bf16* dqkv, void* workspace, cudaStream_t stream) {
+                   const bf16* dout, const float* stats, bf16* dqkv, void* workspace, cudaStream_t stream,
+                   const SageTiles& tiles) {
+  check_tiles(tiles);
   SageParams p = make_params(opt, s, workspace);
   p.stats = stats;
   p.dqkv = dqkv;
-  sage_quantise(opt, s, qkv, o, dout, p.ws, stream);
+  sage_quantise(opt, s, qkv, o, dout, p.ws, sage_copies(opt, true), stream);
   dispatch(opt, s, [&](auto d, auto softmax) {
-    backward<decltype(d)::value, typename decltype(softmax)::type>(p, stream);
+    backward<decltype(d)::value, typename decltype(softmax)::type>(p, tiles, stream);
   });
+}
+
+void sage_forward(const SageOptions& opt, const AttentionShape& s, const bf16* qkv, bf16* o, float* stats,
+                  void* workspace, cudaStream_t stream) {
+  sage_forward(opt, s, qkv, o, stats, workspace, stream, sage_default_tiles(s.d));
+}
+
+void sage_backward(const SageOptions& opt, const AttentionShape& s, const bf16* qkv, const bf16* o,
+                   const bf16* dout, const float* stats, bf16* dqkv, void* workspace, cudaStream_t stream) {
+  sage_backward(opt, s, qkv, o, dout, stats, dqkv, workspace, stream, sage_default_tiles(s.d));
 }
 
 }  // namespace qattn::cuda

@@ -18,14 +18,28 @@ void sage_check_options(const SageOptions& opt);
 // scores), or with the softmax block the row's K-interval grid (kinterval_softmax.cuh, RowStats).
 int sage_row_stats(const SageOptions& opt);
 
+// Warps per CTA of each kernel: 4 (64 resident rows: queries, or keys for
+// dK/dV) or 8 (128 rows). Every shape computes the same outputs bit for bit;
+// sage_default_tiles is the one expected fastest per head dim, the others are
+// there to be timed against it (tools/sage_tiles.cu) and are tested alike.
+struct SageTiles {
+  int forward, dq, dkdv;
+};
+SageTiles sage_default_tiles(int d);
+
 // qkv (B, T, 3C) -> o (B, T, C), stats (B, H, T, sage_row_stats).
 void sage_forward(const SageOptions& opt, const AttentionShape& s, const bf16* qkv, bf16* o,
                   float* stats, void* workspace, cudaStream_t stream);
+void sage_forward(const SageOptions& opt, const AttentionShape& s, const bf16* qkv, bf16* o,
+                  float* stats, void* workspace, cudaStream_t stream, const SageTiles& tiles);
 
 // dout (B, T, C) -> dqkv (B, T, 3C), deterministic; re-quantises Q, K, V (the
 // workspace need not survive from the forward).
 void sage_backward(const SageOptions& opt, const AttentionShape& s, const bf16* qkv,
                    const bf16* o, const bf16* dout, const float* stats, bf16* dqkv,
                    void* workspace, cudaStream_t stream);
+void sage_backward(const SageOptions& opt, const AttentionShape& s, const bf16* qkv,
+                   const bf16* o, const bf16* dout, const float* stats, bf16* dqkv,
+                   void* workspace, cudaStream_t stream, const SageTiles& tiles);
 
 }  // namespace qattn::cuda

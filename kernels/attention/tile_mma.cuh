@@ -194,6 +194,29 @@ __device__ __forceinline__ void mma_b_nk(float (&acc)[kRowTiles][kNTiles][4],
     }
 }
 
+// acc (16, 8 kNTiles) += rows [row0, row0 + 16) of tile a times bᵀ (b stored
+// (n, k)): load_a then mma_b_nk, but with each k step's A fragment loaded just
+// before its MMAs, so that 4 A registers are live instead of kCols / 4 (for
+// kernels short of registers: sage's dK/dV kernel at d = 128).
+template <int kNTiles, int kRowsA, int kRowsB, int kCols>
+__device__ __forceinline__ void mma_rows_b_nk(float (&acc)[1][kNTiles][4], SmemTile<kRowsA, kCols> a, int row0,
+                                              SmemTile<kRowsB, kCols> b) {
+  static_assert(kNTiles % 2 == 0 && kNTiles * 8 <= kRowsB);
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int ks = 0; ks < kCols / 16; ++ks) {
+    uint32_t af[4];
+    ldmatrix_x4(af, a.at(row0 + (lane % 16), ks * 16 + (lane / 16) * 8));
+#pragma unroll
+    for (int np = 0; np < kNTiles / 2; ++np) {
+      uint32_t r[4];  // (n tile 2np: k 0-7, k 8-15), (n tile 2np+1: k 0-7, k 8-15)
+      ldmatrix_x4(r, b.at(np * 16 + (lane % 8) + (lane / 16) * 8, ks * 16 + ((lane / 8) % 2) * 8));
+      mma_bf16_16816(acc[0][2 * np], af, r[0], r[1]);
+      mma_bf16_16816(acc[0][2 * np + 1], af, r[2], r[3]);
+    }
+  }
+}
+
 // acc (16 kRowTiles, 8 kNTiles) += a (16 kRowTiles, 16 kKSteps) * b, where the
 // tile b is stored (k, n): rows are the reduction index, n is contiguous.
 // This is O += P V, dV += Pᵀ dO, dK += dSᵀ Q and dQ += dS K.

@@ -11,6 +11,9 @@
 // - the K-interval softmax block (SPEC §4 composition) against the CPU sage
 //   reference with the same block: every calibration x rounding x ste at
 //   K in {4, 16}, d in {64, 128}, T in {64, 1000}, and the other options once;
+// - every tile shape (SageTiles: 4 or 8 warps per kernel) computes the default
+//   shape's outputs bit for bit, plain sage and with the K-interval block, on
+//   shapes with an odd number of 64-row blocks (a 128-row tile half past T);
 // - options the kernels cannot run are refused with the option's name.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -26,6 +29,7 @@
 #include "attention/attention.cuh"
 #include "attention/quant.cuh"
 #include "attention/reference_check.hpp"
+#include "attention/sage.cuh"
 #include "gpu_test_util.hpp"
 #include "qattn/cpu/attention.hpp"
 
@@ -227,7 +231,7 @@ TEST_CASE("sage pre-pass: quantised c(Q - mu_Q), K - mu_K, V, dO, scales and del
       d_dout.upload(dout);
       CUDA_CHECK(cudaMemset(work.get(), 0xFF, qattn::cuda::sage_workspace_bytes(opt, s)));
       const auto ws = qattn::cuda::sage_workspace(opt, s, work.get());
-      qattn::cuda::sage_quantise(opt, s, d_qkv.get(), d_o.get(), d_dout.get(), ws, nullptr);
+      qattn::cuda::sage_quantise(opt, s, d_qkv.get(), d_o.get(), d_dout.get(), ws, {}, nullptr);  // every copy
       CUDA_CHECK(cudaDeviceSynchronize());
 
       const double c = 1.0 / std::sqrt(static_cast<double>(d));
@@ -571,6 +575,84 @@ TEST_CASE("sage causality: how far future tokens move past outputs (SPEC 3 known
   }
 }
 
+namespace {
+
+// Forward and backward with the given tile shape; outputs, statistics and
+// workspace poisoned with NaN first.
+struct TileRun {
+  std::vector<bf16> o, dqkv;
+  std::vector<float> stats;
+};
+TileRun run_tiles(const AttentionConfig& cfg, const AttentionShape& s, const std::vector<bf16>& qkv,
+                  const std::vector<bf16>& dout, const qattn::cuda::SageTiles& tiles) {
+  const size_t n_stats = static_cast<size_t>(s.B) * s.H * s.T * qattn::cuda::attention_row_stats(cfg);
+  DeviceBuffer<bf16> d_qkv(qkv_size(s)), d_o(head_size(s)), d_dout(head_size(s)), d_dqkv(qkv_size(s));
+  DeviceBuffer<float> d_stats(n_stats);
+  DeviceBuffer<unsigned char> work(qattn::cuda::attention_workspace_bytes(cfg, s));
+  d_qkv.upload(qkv);
+  d_dout.upload(dout);
+  d_o.poison();
+  d_stats.poison();
+  d_dqkv.poison();
+  work.poison();
+  qattn::cuda::sage_forward(cfg.sage, s, d_qkv.get(), d_o.get(), d_stats.get(), work.get(), nullptr, tiles);
+  qattn::cuda::sage_backward(cfg.sage, s, d_qkv.get(), d_o.get(), d_dout.get(), d_stats.get(), d_dqkv.get(),
+                             work.get(), nullptr, tiles);
+  return {d_o.download(), d_dqkv.download(), d_stats.download()};
+}
+
+template <typename T>
+bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+}
+
+}  // namespace
+
+// Each warp's rows, each 64-row step and each per-tile scale reduction are the
+// same whatever the warps per CTA; key blocks a warp cannot see add exact zeros.
+// So every shape equals the default (tested against the CPU reference above) bit
+// for bit. T = 64 and 1030 have an odd number of blocks: the 8-warp tiles' second
+// half lies past the last block there.
+TEST_CASE("sage tile shapes compute the default shape's outputs bit for bit", "[sage][sage-tiles][sage-kinterval]") {
+  SageOptions smooth_q_tile, dp_int8, all_bf16;
+  smooth_q_tile.smooth_q = true;
+  smooth_q_tile.bwd_granularity = BwdGranularity::tile;
+  dp_int8.precision.dp = Precision::int8;
+  for (Precision* p : {&all_bf16.precision.qk, &all_bf16.precision.pv, &all_bf16.precision.dv,
+                       &all_bf16.precision.dp, &all_bf16.precision.dq, &all_bf16.precision.dk})
+    *p = Precision::bf16;
+  KIntervalOptions minmax_lerp, fwm_weight;
+  minmax_lerp.K = 4;
+  fwm_weight.K = 16, fwm_weight.calibration = Calibration::fwm, fwm_weight.rounding = Rounding::nearest;
+  fwm_weight.ste = Ste::weight;
+  struct Case {
+    const char* name;
+    AttentionConfig cfg;
+  };
+  const Case cases[] = {{"default", sage_config()},
+                        {"smooth_q + tile", sage_config(smooth_q_tile)},
+                        {"dp int8", sage_config(dp_int8)},
+                        {"all bf16", sage_config(all_bf16)},
+                        {"kinterval minmax lerp, smooth_q + tile", composed_config(minmax_lerp, smooth_q_tile)},
+                        {"kinterval fwm nearest weight", composed_config(fwm_weight)}};
+  const qattn::cuda::SageTiles shapes[] = {{4, 4, 4}, {8, 8, 8}, {4, 8, 4}, {8, 4, 8}};
+  for (const Case& c : cases)
+    for (const AttentionShape& s :
+         {AttentionShape{1, 2, 64, 64}, AttentionShape{2, 1, 1030, 64}, AttentionShape{1, 2, 64, 128},
+          AttentionShape{1, 2, 1030, 128}}) {
+      const std::vector<bf16> qkv = random_qkv(s, 1.5f, 0.3f), dout = random_heads(s);
+      const TileRun want = run_tiles(c.cfg, s, qkv, dout, qattn::cuda::sage_default_tiles(s.d));
+      for (const qattn::cuda::SageTiles& tiles : shapes) {
+        const TileRun got = run_tiles(c.cfg, s, qkv, dout, tiles);
+        INFO(c.name << " (B,H,T,d)=(" << s.B << "," << s.H << "," << s.T << "," << s.d << ") warps forward "
+                    << tiles.forward << " dq " << tiles.dq << " dkdv " << tiles.dkdv);
+        CHECK(same_bits(got.o, want.o));
+        CHECK(same_bits(got.stats, want.stats));
+        CHECK(same_bits(got.dqkv, want.dqkv));
+      }
+    }
+}
+
 TEST_CASE("sage kernels refuse what they cannot run, naming the option", "[sage]") {
   const AttentionShape s{1, 1, 64, 64};
   SageOptions small_blocks, composed;
@@ -585,4 +667,7 @@ TEST_CASE("sage kernels refuse what they cannot run, naming the option", "[sage]
                     Catch::Contains("attention.sage.softmax.K = 0"));
   CHECK_THROWS_WITH(qattn::cuda::attention_forward(sage_config(), s, nullptr, nullptr, nullptr, nullptr, nullptr),
                     Catch::Contains("workspace is null"));
+  CHECK_THROWS_WITH(qattn::cuda::sage_forward(SageOptions{}, s, nullptr, nullptr, nullptr, nullptr, nullptr,
+                                              qattn::cuda::SageTiles{4, 4, 6}),
+                    Catch::Contains("SageTiles.dkdv = 6 warps (allowed: 4, 8)"));
 }

@@ -1,0 +1,113 @@
+// Tile-shape sweep of the SageBwd kernels (kernels/attention/sage.cu), a tuning
+// aid for sage_default_tiles: times the forward and the backward (each with its
+// quantisation pre-pass, as training runs them) for every SageTiles choice at
+// the shapes of issue #7, default options, and checks that every choice's
+// outputs equal the default's bit for bit. Random normal inputs, CUDA events,
+// median of 20 runs after 3 warm-ups.
+//
+//   cmake --build build --target sage_tiles && build/sage_tiles
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+#include "attention/attention.cuh"
+#include "attention/quant.cuh"
+#include "attention/sage.cuh"
+#include "common.cuh"
+
+using namespace qattn;
+using namespace qattn::cuda;
+
+namespace {
+
+// Normal(0, 1) from a counter hash (Box-Muller), as bf16.
+__global__ void fill_normal(bf16* x, size_t n, unsigned seed) {
+  for (size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    unsigned a = static_cast<unsigned>(i) * 2654435761u ^ seed, b = a * 1664525u + 1013904223u;
+    a ^= a >> 13, a *= 0x5bd1e995u, a ^= a >> 15;
+    b ^= b >> 13, b *= 0x5bd1e995u, b ^= b >> 15;
+    const float u1 = (a + 1.0f) / 4294967296.0f, u2 = b / 4294967296.0f;
+    x[i] = __float2bfloat16(sqrtf(-2.0f * logf(u1)) * cospif(2.0f * u2));
+  }
+}
+
+// Median milliseconds of run() over 20 timed calls after 3 warm-ups.
+template <class Run>
+float median_ms(Run&& run) {
+  cudaEvent_t a, b;
+  CUDA_CHECK(cudaEventCreate(&a));
+  CUDA_CHECK(cudaEventCreate(&b));
+  std::vector<float> ms;
+  for (int i = 0; i < 23; ++i) {
+    CUDA_CHECK(cudaEventRecord(a));
+    run();
+    CUDA_CHECK(cudaEventRecord(b));
+    CUDA_CHECK(cudaEventSynchronize(b));
+    float t = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&t, a, b));
+    if (i >= 3) ms.push_back(t);
+  }
+  CUDA_CHECK(cudaEventDestroy(a));
+  CUDA_CHECK(cudaEventDestroy(b));
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+template <class T>
+std::vector<T> download(const T* dev, size_t n) {
+  std::vector<T> h(n);
+  CUDA_CHECK(cudaMemcpy(h.data(), dev, n * sizeof(T), cudaMemcpyDeviceToHost));
+  return h;
+}
+
+void sweep(int B, int H, int T, int d) {
+  const AttentionShape s{B, H, T, d};
+  const SageOptions opt;
+  const size_t n_qkv = size_t(B) * T * 3 * H * d, n_o = size_t(B) * T * H * d, n_stats = size_t(B) * H * T;
+  const size_t ws_bytes = sage_workspace_bytes(opt, s);
+  bf16 *qkv, *o, *dout, *dqkv;
+  float* stats;
+  void* ws;
+  CUDA_CHECK(cudaMalloc(&qkv, n_qkv * sizeof(bf16)));
+  CUDA_CHECK(cudaMalloc(&dqkv, n_qkv * sizeof(bf16)));
+  CUDA_CHECK(cudaMalloc(&o, n_o * sizeof(bf16)));
+  CUDA_CHECK(cudaMalloc(&dout, n_o * sizeof(bf16)));
+  CUDA_CHECK(cudaMalloc(&stats, n_stats * sizeof(float)));
+  CUDA_CHECK(cudaMalloc(&ws, ws_bytes));
+  fill_normal<<<1024, 256>>>(qkv, n_qkv, 1234u);
+  fill_normal<<<1024, 256>>>(dout, n_o, 5678u);
+  CUDA_CHECK_LAUNCH();
+
+  const double fwd_flops = 2.0 * B * H * double(T) * T * d;  // counted as FPA's (docs/sage.md)
+  const SageTiles dflt = sage_default_tiles(d);
+  std::printf("B=%d H=%d T=%d d=%d (default tiles: forward %d, dq %d, dkdv %d warps)\n", B, H, T, d, dflt.forward,
+              dflt.dq, dflt.dkdv);
+  std::vector<bf16> first_o, first_dqkv;
+  for (const SageTiles tiles : {dflt, SageTiles{4, 4, 4}, SageTiles{8, 8, 8}, SageTiles{4, 4, 8},
+                                SageTiles{8, 4, 8}, SageTiles{4, 8, 8}, SageTiles{8, 8, 4}}) {
+    const float fwd = median_ms([&] { sage_forward(opt, s, qkv, o, stats, ws, nullptr, tiles); });
+    const std::vector<bf16> o_now = download(o, n_o);
+    const float bwd = median_ms([&] { sage_backward(opt, s, qkv, o, dout, stats, dqkv, ws, nullptr, tiles); });
+    const std::vector<bf16> dqkv_now = download(dqkv, n_qkv);
+    if (first_o.empty()) first_o = o_now, first_dqkv = dqkv_now;
+    const bool same = std::memcmp(o_now.data(), first_o.data(), n_o * sizeof(bf16)) == 0 &&
+                      std::memcmp(dqkv_now.data(), first_dqkv.data(), n_qkv * sizeof(bf16)) == 0;
+    std::printf("  fwd %d  dq %d  dkdv %d warps: fwd %7.3f ms (%5.1f TFLOP/s)  bwd %7.3f ms (%5.1f)  total %7.3f ms  "
+                "%s\n",
+                tiles.forward, tiles.dq, tiles.dkdv, fwd, fwd_flops / (fwd * 1e9), bwd, 2.5 * fwd_flops / (bwd * 1e9),
+                fwd + bwd, same ? "same bits as default" : "DIFFERS from default");
+  }
+  for (void* p : {(void*)qkv, (void*)dqkv, (void*)o, (void*)dout, (void*)stats, ws}) CUDA_CHECK(cudaFree(p));
+}
+
+}  // namespace
+
+int main() {
+  sweep(8, 12, 1024, 64);
+  sweep(8, 12, 2048, 64);
+  sweep(4, 12, 4096, 64);
+  sweep(4, 16, 4096, 128);
+  sweep(1, 16, 16384, 128);
+  return 0;
+}
