@@ -39,6 +39,12 @@ using qattn::test::DeviceBuffer;
 // fp32 accumulation (FPA lands near 3e-3); the quantised weights add the rare
 // nearest-rounding flip where fp32 and fp64 scores straddle a grid boundary.
 constexpr double kTol = 1e-2;
+// dQ and dK of minmax + lerp at K = 1: the calibration terms dL/dm and dL/dℓ of
+// a one-interval grid are as large as the direct part and are sums over the
+// row of h_j = (g_j − ḡ)/Ẑ, where ḡ = dO·O comes from the bf16 O (the δ
+// pre-pass); its rounding, summed over the row, lands on the argmax and argmin
+// keys. Measured 1.0–1.6e-2 (H200, 2026-11-29); K ≥ 2 stays under kTol.
+constexpr double kTolOneIntervalLerpGrad = 2.5e-2;
 // |Σ_j dK_j| / sqrt(Σ_j |dK_j|²): 0 in exact arithmetic when every dS row sums to 0.
 constexpr double kTolRowSum = 1e-2;
 
@@ -154,9 +160,13 @@ void check_cases(std::vector<Case>& cases) {
     worst = std::max({worst, e.o, e.dq, e.dk, e.dv});
     INFO(describe(cases[i].cfg.kinterval, cases[i].s)
          << ": rel L2 o " << e.o << " dq " << e.dq << " dk " << e.dk << " dv " << e.dv);
+    const KIntervalOptions& k = cases[i].cfg.kinterval;
+    const double grad_tol = k.K == 1 && k.calibration == Calibration::minmax && k.rounding == Rounding::lerp
+                                ? kTolOneIntervalLerpGrad
+                                : kTol;
     CHECK(e.o < kTol);
-    CHECK(e.dq < kTol);
-    CHECK(e.dk < kTol);
+    CHECK(e.dq < grad_tol);
+    CHECK(e.dk < grad_tol);
     CHECK(e.dv < kTol);
   }
   std::printf("kinterval: %zu cases, worst rel L2 of o/dq/dk/dv %.2e\n", cases.size(), worst);
