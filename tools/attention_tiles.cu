@@ -4,8 +4,7 @@
 // shape's output against the first (the one fpa.cu uses) by relative L2. Random normal inputs, CUDA
 // events, median of 20 runs after 3 warm-ups.
 //
-//   nvcc -std=c++20 -O3 --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a \
-//        -Iinclude -Ikernels tools/attention_tiles.cu -o attention_tiles && ./attention_tiles
+//   cmake --build build --target attention_tiles && build/attention_tiles
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -15,45 +14,21 @@
 #include "attention/bf16_operands.cuh"
 #include "attention/flash_skeleton.cuh"
 #include "attention/online_softmax.cuh"
+#include "tile_timing.cuh"
 
 using namespace qattn::cuda;
 using namespace qattn::cuda::flash;
+using qattn::cuda::tiles::fill_normal;
 
 namespace {
-
-// Normal(0, 1) from a counter hash (Box-Muller), as bf16.
-__global__ void fill_normal(bf16* x, size_t n, unsigned seed) {
-  for (size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n;
-       i += size_t(gridDim.x) * blockDim.x) {
-    unsigned a = static_cast<unsigned>(i) * 2654435761u ^ seed, b = a * 1664525u + 1013904223u;
-    a ^= a >> 13, a *= 0x5bd1e995u, a ^= a >> 15;
-    b ^= b >> 13, b *= 0x5bd1e995u, b ^= b >> 15;
-    const float u1 = (a + 1.0f) / 4294967296.0f, u2 = b / 4294967296.0f;
-    x[i] = __float2bfloat16(sqrtf(-2.0f * logf(u1)) * cospif(2.0f * u2));
-  }
-}
 
 template <class Params>
 float time_kernel(void (*kernel)(Params), dim3 grid, int threads, int smem, const Params& p) {
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  cudaEvent_t a, b;
-  CUDA_CHECK(cudaEventCreate(&a));
-  CUDA_CHECK(cudaEventCreate(&b));
-  std::vector<float> ms;
-  for (int i = 0; i < 23; ++i) {
-    CUDA_CHECK(cudaEventRecord(a));
+  return tiles::median_ms([&] {
     kernel<<<grid, threads, smem>>>(p);
-    CUDA_CHECK(cudaEventRecord(b));
     CUDA_CHECK_LAUNCH();
-    CUDA_CHECK(cudaEventSynchronize(b));
-    float t = 0;
-    CUDA_CHECK(cudaEventElapsedTime(&t, a, b));
-    if (i >= 3) ms.push_back(t);
-  }
-  CUDA_CHECK(cudaEventDestroy(a));
-  CUDA_CHECK(cudaEventDestroy(b));
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
+  });
 }
 
 std::vector<float> to_float(const bf16* dev, size_t n) {

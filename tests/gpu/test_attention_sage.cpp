@@ -121,29 +121,40 @@ struct GpuRun {
   std::vector<bf16> o, dqkv;  // (B, T, H, d), (B, T, 3, H, d)
 };
 
-// Forward, then backward twice: the two gradients must agree bit for bit. The
-// outputs, the saved statistics and the workspace start as NaN: anything read
+// Device buffers of one attention call: the inputs uploaded; the outputs, the
+// saved statistics and the workspace poisoned with NaN, so that anything read
 // before it is written shows.
+struct AttentionBuffers {
+  DeviceBuffer<bf16> qkv, o, dout, dqkv;  // (B, T, 3, H, d), (B, T, H, d), (B, T, H, d), (B, T, 3, H, d)
+  DeviceBuffer<float> stats;              // (B, H, T, row_stats)
+  DeviceBuffer<unsigned char> work;
+  AttentionBuffers(const AttentionConfig& cfg, const AttentionShape& s, const std::vector<bf16>& qkv_in,
+                   const std::vector<bf16>& dout_in)
+      : qkv(qkv_size(s)), o(head_size(s)), dout(head_size(s)), dqkv(qkv_size(s)),
+        stats(static_cast<size_t>(s.B) * s.H * s.T * qattn::cuda::attention_row_stats(cfg)),
+        work(qattn::cuda::attention_workspace_bytes(cfg, s)) {
+    qkv.upload(qkv_in);
+    dout.upload(dout_in);
+    o.poison();
+    stats.poison();
+    dqkv.poison();
+    work.poison();
+  }
+};
+
+// Forward, then backward twice: the two gradients must agree bit for bit.
 GpuRun run_gpu(const AttentionConfig& cfg, const AttentionShape& s, const std::vector<bf16>& qkv,
                const std::vector<bf16>& dout) {
-  const size_t n_stats = static_cast<size_t>(s.B) * s.H * s.T * qattn::cuda::attention_row_stats(cfg);
-  DeviceBuffer<bf16> d_qkv(qkv_size(s)), d_o(head_size(s)), d_dout(head_size(s)), d_dqkv(qkv_size(s));
-  DeviceBuffer<float> d_stats(n_stats);
-  DeviceBuffer<unsigned char> work(qattn::cuda::attention_workspace_bytes(cfg, s));
-  d_qkv.upload(qkv);
-  d_dout.upload(dout);
-  d_o.poison();
-  d_stats.poison();
-  d_dqkv.poison();
-  work.poison();
-  qattn::cuda::attention_forward(cfg, s, d_qkv.get(), d_o.get(), d_stats.get(), work.get(), nullptr);
-  qattn::cuda::attention_backward(cfg, s, d_qkv.get(), d_o.get(), d_dout.get(), d_stats.get(), d_dqkv.get(),
-                                  work.get(), nullptr);
-  GpuRun r{d_o.download(), d_dqkv.download()};
-  d_dqkv.poison();
-  qattn::cuda::attention_backward(cfg, s, d_qkv.get(), d_o.get(), d_dout.get(), d_stats.get(), d_dqkv.get(),
-                                  work.get(), nullptr);
-  const std::vector<bf16> again = d_dqkv.download();
+  AttentionBuffers b(cfg, s, qkv, dout);
+  qattn::cuda::attention_forward(cfg, s, b.qkv.get(), b.o.get(), b.stats.get(), b.work.get(), nullptr);
+  auto backward = [&] {
+    b.dqkv.poison();
+    qattn::cuda::attention_backward(cfg, s, b.qkv.get(), b.o.get(), b.dout.get(), b.stats.get(), b.dqkv.get(),
+                                    b.work.get(), nullptr);
+    return b.dqkv.download();
+  };
+  GpuRun r{b.o.download(), backward()};
+  const std::vector<bf16> again = backward();
   CHECK(std::memcmp(again.data(), r.dqkv.data(), again.size() * sizeof(bf16)) == 0);
   return r;
 }
@@ -585,20 +596,11 @@ struct TileRun {
 };
 TileRun run_tiles(const AttentionConfig& cfg, const AttentionShape& s, const std::vector<bf16>& qkv,
                   const std::vector<bf16>& dout, const qattn::cuda::SageTiles& tiles) {
-  const size_t n_stats = static_cast<size_t>(s.B) * s.H * s.T * qattn::cuda::attention_row_stats(cfg);
-  DeviceBuffer<bf16> d_qkv(qkv_size(s)), d_o(head_size(s)), d_dout(head_size(s)), d_dqkv(qkv_size(s));
-  DeviceBuffer<float> d_stats(n_stats);
-  DeviceBuffer<unsigned char> work(qattn::cuda::attention_workspace_bytes(cfg, s));
-  d_qkv.upload(qkv);
-  d_dout.upload(dout);
-  d_o.poison();
-  d_stats.poison();
-  d_dqkv.poison();
-  work.poison();
-  qattn::cuda::sage_forward(cfg.sage, s, d_qkv.get(), d_o.get(), d_stats.get(), work.get(), nullptr, tiles);
-  qattn::cuda::sage_backward(cfg.sage, s, d_qkv.get(), d_o.get(), d_dout.get(), d_stats.get(), d_dqkv.get(),
-                             work.get(), nullptr, tiles);
-  return {d_o.download(), d_dqkv.download(), d_stats.download()};
+  AttentionBuffers b(cfg, s, qkv, dout);
+  qattn::cuda::sage_forward(cfg.sage, s, b.qkv.get(), b.o.get(), b.stats.get(), b.work.get(), nullptr, tiles);
+  qattn::cuda::sage_backward(cfg.sage, s, b.qkv.get(), b.o.get(), b.dout.get(), b.stats.get(), b.dqkv.get(),
+                             b.work.get(), nullptr, tiles);
+  return {b.o.download(), b.dqkv.download(), b.stats.download()};
 }
 
 template <typename T>
