@@ -58,6 +58,12 @@ struct FileSum {
   std::string hash;
 };
 
+FileSum sum_of(const void* data, uint64_t bytes) {
+  Fnv1a64 h;
+  h.update(static_cast<const unsigned char*>(data), bytes);
+  return {bytes, h.hex()};
+}
+
 [[noreturn]] void fail_errno(const std::string& what, const std::string& path) {
   throw CheckpointError(what + " " + path + ": " + std::strerror(errno));
 }
@@ -77,9 +83,7 @@ FileSum write_synced(const fs::path& path, const void* data, size_t bytes) {
     done += static_cast<size_t>(n);
   }
   if (::fsync(fd) != 0 || ::close(fd) != 0) fail_errno("cannot sync", path);
-  Fnv1a64 h;
-  h.update(p, bytes);
-  return {bytes, h.hex()};
+  return sum_of(data, bytes);
 }
 
 FileSum write_synced(const fs::path& path, const std::string& text) {
@@ -126,12 +130,6 @@ std::vector<T> read_whole(const fs::path& path, uint64_t& bytes) {
   if (!f.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(v.size() * sizeof(T))))
     throw CheckpointError("cannot read " + path.string());
   return v;
-}
-
-FileSum sum_of(const void* data, uint64_t bytes) {
-  Fnv1a64 h;
-  h.update(static_cast<const unsigned char*>(data), bytes);
-  return {bytes, h.hex()};
 }
 
 // What is wrong with a file against its manifest entry ("" when nothing).
