@@ -28,9 +28,9 @@ bench() {
   "$BUILD/qattn" bench attention "$@" $check_shapes
   "$BUILD/qattn" bench attention "$@" $more_shapes --no-check
 }
-SAGE_KINTERVAL="--set attention.sage.softmax.kind=kinterval --set attention.sage.softmax.K=16
-  --set attention.sage.softmax.calibration=fwm --set attention.sage.softmax.rounding=nearest
-  --set attention.sage.softmax.ste=prob"
+SAGE_KINTERVAL="--set attention.sage.softmax.kind=kinterval --set attention.sage.softmax.K=16 \
+--set attention.sage.softmax.calibration=fwm --set attention.sage.softmax.rounding=nearest \
+--set attention.sage.softmax.ste=prob"  # one line: the settings list below splits at newlines
 {
   bench --kind fpa
   bench --kind sage
@@ -55,18 +55,17 @@ for name, count in (("train", (steps + 2) * 524288 + 1025), ("val", 4 * 64 * 102
         f.write(struct.pack("<3i", 20240520, 1, count) + bytes(4 * 253))
         f.write(array.array("H", (random.randrange(50257) for _ in range(count))).tobytes())
 PY
-# name and the --set arguments of each attention setting
-SETTINGS=("fpa|" "sage|" "kinterval|" "sage-kinterval|$SAGE_KINTERVAL")
+# Each attention setting: its name, attention.kind and further --set arguments.
+SETTINGS=("fpa|fpa|" "sage|sage|" "kinterval|kinterval|" "sage-kinterval|sage|$SAGE_KINTERVAL")
 for setting in "${SETTINGS[@]}"; do
-  kind=${setting%%|*}
-  sets=${setting#*|}
+  IFS='|' read -r name kind sets <<< "$setting"
   # shellcheck disable=SC2086 # $sets is a list of --set arguments
-  timeout 120 "$BUILD/qattn" train configs/gpt2_124m_fpa.json --set attention.kind=${kind%%-*} $sets \
+  timeout 120 "$BUILD/qattn" train configs/gpt2_124m_fpa.json --set attention.kind=$kind $sets \
     --set "data.train=$DATA/synth_train_*.bin" --set "data.val=$DATA/synth_val_*.bin" \
     --set train.steps=$STEPS --set train.warmup=2 --set train.micro_batch=64 \
     --set eval.every=0 --set eval.batches=1 --set log.diag_every=0 --set train.checkpoint_every=0 \
-    --out /tmp/runs/$kind > "$OUT/train_$kind.log" 2>&1
-  echo "train $kind rc=$?"
+    --out /tmp/runs/$name > "$OUT/train_$name.log" 2>&1
+  echo "train $name rc=$?"
 done
 timeout 240 python3 tools/bench_peers.py --gpt2-only > "$OUT/bench_gpt2_peers.log" 2>&1
 echo "gpt2 peers rc=$?"
@@ -75,17 +74,17 @@ echo "===== attention (median ms / TFLOP/s)"
 grep -vE "^\s*$" "$OUT/bench_attention.log" | cut -c1-120
 echo "===== GPT-2 124M tokens/s"
 for setting in "${SETTINGS[@]}"; do
-  kind=${setting%%|*}
-  python3 - "$kind" "/tmp/runs/$kind/metrics.csv" <<'PY'
+  name=${setting%%|*}
+  python3 - "$name" "/tmp/runs/$name/metrics.csv" <<'PY'
 import csv, statistics, sys
-kind, path = sys.argv[1], sys.argv[2]
+name, path = sys.argv[1], sys.argv[2]
 try:
     rows = [r for r in csv.DictReader(open(path)) if r.get("tokens_per_s")]
 except OSError:
-    sys.exit(f"{kind}: no metrics")
+    sys.exit(f"{name}: no metrics")
 tok = [float(r["tokens_per_s"]) for r in rows[2:]]
 mfu = [float(r["mfu"]) for r in rows[2:] if r.get("mfu")]
-print(f"qattn {kind:9s}: median {statistics.median(tok):>9,.0f} tokens/s, MFU {100*statistics.median(mfu):.1f}% over {len(tok)} steps")
+print(f"qattn {name:9s}: median {statistics.median(tok):>9,.0f} tokens/s, MFU {100*statistics.median(mfu):.1f}% over {len(tok)} steps")
 PY
 done
 tail -n 6 "$OUT/bench_gpt2_peers.log"
