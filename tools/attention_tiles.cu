@@ -1,6 +1,7 @@
 // Tile-shape sweep of the FPA flash kernels, a tuning aid for kernels/attention/fpa.cu:
 // times the forward and the backward launch (after the δ pre-pass) alone for
-// several tile shapes at one problem shape per head dim, and checks every
+// several tile shapes of both kernel families (mma.sync: "w" warps; wgmma on
+// sm_90a: "wg" warpgroups) at one problem shape per head dim, and checks every
 // shape's output against the first (the one fpa.cu uses) by relative L2. Random normal inputs, CUDA
 // events, median of 20 runs after 3 warm-ups.
 //
@@ -12,7 +13,9 @@
 #include <vector>
 
 #include "attention/bf16_operands.cuh"
+#include "attention/fpa.cuh"
 #include "attention/flash_skeleton.cuh"
+#include "attention/flash_skeleton_sm90.cuh"
 #include "attention/online_softmax.cuh"
 #include "tile_timing.cuh"
 
@@ -59,17 +62,27 @@ void report(const char* kernel, const char* tiles, float ms, double flops, doubl
               flops / (ms * 1e9), err);
 }
 
+// mma.sync traits name their warps; the wgmma (sm90) traits do not.
+template <class Tr>
+constexpr bool kMmaSync = requires { Tr::kWarps; };
+
 template <class Tr>
 void sweep_forward(Problem& pb, std::vector<float>& first) {
   const ForwardParams p{pb.qkv, pb.o, pb.lse, pb.B, pb.H, pb.T, kLog2e / std::sqrt(float(pb.d))};
-  const float ms = time_kernel(flash_forward_kernel<Tr, Bf16Operands, OnlineSoftmax<Tr::kRowTiles>>,
-                               dim3((pb.T + Tr::kBlockM - 1) / Tr::kBlockM, pb.H, pb.B),
+  void (*kernel)(ForwardParams);
+  char name[64];
+  if constexpr (kMmaSync<Tr>) {
+    kernel = flash_forward_kernel<Tr, Bf16Operands, OnlineSoftmax<Tr::kRowTiles>>;
+    std::snprintf(name, sizeof name, "w%d rt%d M%d N%d", Tr::kWarps, Tr::kRowTiles, Tr::kBlockM,
+                  Tr::kBlockN);
+  } else {
+    kernel = sm90::flash_forward_kernel<Tr, OnlineSoftmax<1>>;
+    std::snprintf(name, sizeof name, "wg%d M%d N%d", Tr::kThreads / 128, Tr::kBlockM, Tr::kBlockN);
+  }
+  const float ms = time_kernel(kernel, dim3((pb.T + Tr::kBlockM - 1) / Tr::kBlockM, pb.H, pb.B),
                                Tr::kThreads, Tr::kSmemBytes, p);
   const auto o = to_float(pb.o, pb.n_o);
   if (first.empty()) first = o;
-  char name[64];
-  std::snprintf(name, sizeof name, "w%d rt%d M%d N%d", Tr::kWarps, Tr::kRowTiles, Tr::kBlockM,
-                Tr::kBlockN);
   report("fwd", name, ms, pb.fwd_flops(), rel_l2(o, first));
 }
 
@@ -87,15 +100,22 @@ template <class DkDv, class Dq>
 void sweep_backward(Problem& pb, std::vector<float>& first, BackwardPair<DkDv, Dq>) {
   const int blocks =
       (pb.T + DkDv::kBlockN - 1) / DkDv::kBlockN + (pb.T + Dq::kBlockM - 1) / Dq::kBlockM;
-  const float ms = time_kernel(flash_backward_kernel<DkDv, Dq, Bf16Operands, OnlineSoftmax<1>>,
-                               dim3(blocks, pb.H, pb.B), DkDv::kThreads,
+  void (*kernel)(BackwardParams);
+  char name[96];
+  if constexpr (kMmaSync<DkDv>) {
+    kernel = flash_backward_kernel<DkDv, Dq, Bf16Operands, OnlineSoftmax<1>>;
+    std::snprintf(name, sizeof name, "w%d kv:rt%d N%d M%d q:rt%d M%d N%d", DkDv::kWarps,
+                  DkDv::kRowTiles, DkDv::kBlockN, DkDv::kBlockM, Dq::kRowTiles, Dq::kBlockM,
+                  Dq::kBlockN);
+  } else {
+    kernel = sm90::flash_backward_kernel<DkDv, Dq, OnlineSoftmax<1>>;
+    std::snprintf(name, sizeof name, "wg%d kv:N%d M%d q:M%d N%d", DkDv::kThreads / 128,
+                  DkDv::kBlockN, DkDv::kBlockM, Dq::kBlockM, Dq::kBlockN);
+  }
+  const float ms = time_kernel(kernel, dim3(blocks, pb.H, pb.B), DkDv::kThreads,
                                std::max(DkDv::kSmemBytes, Dq::kSmemBytes), backward_params(pb));
   const auto g = to_float(pb.dqkv, pb.n_qkv);
   if (first.empty()) first = g;
-  char name[96];
-  std::snprintf(name, sizeof name, "w%d kv:rt%d N%d M%d q:rt%d M%d N%d", DkDv::kWarps,
-                DkDv::kRowTiles, DkDv::kBlockN, DkDv::kBlockM, Dq::kRowTiles, Dq::kBlockM,
-                Dq::kBlockN);
   report("bwd", name, ms, 3.5 * pb.fwd_flops(), rel_l2(g, first));
 }
 
@@ -134,16 +154,35 @@ void sweep(int B, int H, int T, int d, ForwardList<Fwd...>, BackwardList<Pairs..
 }  // namespace
 
 int main() {
+  // First of each list: the mma.sync shapes fpa.cu uses (the reference for rel L2);
+  // the wgmma shapes run only on sm_90a.
+  const bool wgmma = fpa_wgmma_available();
+  if (!wgmma) std::printf("no sm_90a device or build: the wgmma shapes are skipped\n");
   sweep(8, 12, 1024, 64, ForwardList<ForwardTraits<64, 4, 2, 64>, ForwardTraits<64, 8, 2, 64>>{},
         BackwardList<BackwardPair<DkDvTraits<64, 4, 1, 64>, DqTraits<64, 4, 2, 64>>,
                      BackwardPair<DkDvTraits<64, 8, 1, 128>, DqTraits<64, 8, 1, 64>>,
                      BackwardPair<DkDvTraits<64, 4, 1, 128>, DqTraits<64, 4, 2, 32>>,
                      BackwardPair<DkDvTraits<64, 4, 2, 32>, DqTraits<64, 4, 2, 64>>>{});
+  if (wgmma)
+    sweep(8, 12, 1024, 64,
+          ForwardList<ForwardTraits<64, 4, 2, 64>, sm90::ForwardTraits<64, 2, 128>,
+                      sm90::ForwardTraits<64, 2, 64>, sm90::ForwardTraits<64, 1, 128>>{},
+          BackwardList<BackwardPair<DkDvTraits<64, 4, 1, 64>, DqTraits<64, 4, 2, 64>>,
+                       BackwardPair<sm90::DkDvTraits<64, 2, 64>, sm90::DqTraits<64, 2, 64>>,
+                       BackwardPair<sm90::DkDvTraits<64, 2, 128>, sm90::DqTraits<64, 2, 128>>,
+                       BackwardPair<sm90::DkDvTraits<64, 1, 64>, sm90::DqTraits<64, 1, 64>>>{});
   sweep(4, 16, 4096, 128,
         ForwardList<ForwardTraits<128, 8, 1, 128>, ForwardTraits<128, 8, 1, 64>,
                     ForwardTraits<128, 4, 1, 128>>{},
         BackwardList<BackwardPair<DkDvTraits<128, 8, 1, 64>, DqTraits<128, 8, 1, 64>>,
                      BackwardPair<DkDvTraits<128, 4, 1, 64>, DqTraits<128, 4, 1, 64>>,
                      BackwardPair<DkDvTraits<128, 8, 1, 32>, DqTraits<128, 8, 1, 64>>>{});
+  if (wgmma)
+    sweep(4, 16, 4096, 128,
+          ForwardList<ForwardTraits<128, 8, 1, 128>, sm90::ForwardTraits<128, 2, 128>,
+                      sm90::ForwardTraits<128, 2, 64>>{},
+          BackwardList<BackwardPair<DkDvTraits<128, 8, 1, 64>, DqTraits<128, 8, 1, 64>>,
+                       BackwardPair<sm90::DkDvTraits<128, 2, 64>, sm90::DqTraits<128, 2, 64>>,
+                       BackwardPair<sm90::DkDvTraits<128, 1, 64>, sm90::DqTraits<128, 1, 64>>>{});
   return 0;
 }

@@ -1,6 +1,13 @@
-// FPA: the flash skeleton with bf16 operands and the exact online softmax.
-// Tile shapes per head dim, from tools/attention_tiles.cu on an H200 (see
-// docs/performance.md). A warp owns 16 x row-tiles rows and keeps their fp32
+// FPA: the flash skeleton with bf16 operands and the exact online softmax, on
+// Hopper's wgmma (flash_skeleton_sm90.cuh) where the device and the build have
+// it, else on mma.sync (flash_skeleton.cuh).
+//
+// wgmma tile shapes: two warpgroups of 64 rows per block at both head dims;
+//   forward   128 query rows, 128-key steps
+//   backward  dK/dV 128 keys, 64-query steps; dQ 128 rows, 64-key steps
+//
+// mma.sync tile shapes per head dim, from tools/attention_tiles.cu on an H200
+// (see docs/performance.md). A warp owns 16 x row-tiles rows and keeps their fp32
 // accumulators in registers, so wider heads get fewer rows per warp:
 //   forward   d=64:  4 warps x 32 query rows, 64-key steps
 //             d=128: 8 warps x 16 query rows, 128-key steps
@@ -8,10 +15,12 @@
 //             d=128: 8 warps; dK/dV 16 keys/warp, 64-query steps; dQ 16 rows/warp, 64-key steps
 #include <algorithm>
 #include <cmath>
+#include <stdexcept>
 #include <type_traits>
 
 #include "attention/bf16_operands.cuh"
 #include "attention/flash_skeleton.cuh"
+#include "attention/flash_skeleton_sm90.cuh"
 #include "attention/fpa.cuh"
 #include "attention/online_softmax.cuh"
 
@@ -20,6 +29,18 @@ namespace {
 
 using namespace flash;
 
+// automatic -> wgmma on a Hopper device when the build carries sm_90a code, else mma_sync.
+FpaKernels resolve(FpaKernels kernels) {
+  if (kernels != FpaKernels::automatic) {
+    if (kernels == FpaKernels::wgmma && !fpa_wgmma_available())
+      throw std::invalid_argument(
+          "FPA attention: the wgmma kernels need a compute capability 9.x device and a build "
+          "with sm_90a in QATTN_CUDA_ARCHS");
+    return kernels;
+  }
+  return fpa_wgmma_available() ? FpaKernels::wgmma : FpaKernels::mma_sync;
+}
+
 template <int D>
 using FpaTiles = std::conditional_t<
     D == 64,
@@ -27,42 +48,81 @@ using FpaTiles = std::conditional_t<
     KernelTiles<ForwardTraits<128, 8, 1, 128>, DkDvTraits<128, 8, 1, 64>, DqTraits<128, 8, 1, 64>>>;
 
 template <int D>
-void forward(const AttentionShape& s, const bf16* qkv, bf16* o, float* lse, cudaStream_t stream) {
-  using Tr = typename FpaTiles<D>::Forward;
+using FpaTilesSm90 = KernelTiles<sm90::ForwardTraits<D, 2, 128>, sm90::DkDvTraits<D, 2, 64>,
+                                 sm90::DqTraits<D, 2, 64>>;
+
+template <class Tiles>
+void launch_forward(const AttentionShape& s, const ForwardParams& p,
+                    void (*kernel)(ForwardParams), cudaStream_t stream) {
+  using Tr = typename Tiles::Forward;
+  launch(kernel, dim3(ceil_div(s.T, Tr::kBlockM), s.H, s.B), Tr::kThreads, Tr::kSmemBytes, stream,
+         p);
+}
+
+template <int D>
+void forward(const AttentionShape& s, const bf16* qkv, bf16* o, float* lse, FpaKernels kernels,
+             cudaStream_t stream) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const ForwardParams p{qkv, o, lse, s.B, s.H, s.T, scale * kLog2e};
-  launch(flash_forward_kernel<Tr, Bf16Operands, OnlineSoftmax<Tr::kRowTiles>>,
-         dim3(ceil_div(s.T, Tr::kBlockM), s.H, s.B), Tr::kThreads, Tr::kSmemBytes, stream, p);
+  if (resolve(kernels) == FpaKernels::wgmma) {
+    using Tr = typename FpaTilesSm90<D>::Forward;
+    return launch_forward<FpaTilesSm90<D>>(s, p, sm90::flash_forward_kernel<Tr, OnlineSoftmax<1>>,
+                                              stream);
+  }
+  using Tr = typename FpaTiles<D>::Forward;
+  launch_forward<FpaTiles<D>>(
+      s, p, flash_forward_kernel<Tr, Bf16Operands, OnlineSoftmax<Tr::kRowTiles>>, stream);
+}
+
+template <class Tiles>
+void launch_backward(const AttentionShape& s, const BackwardParams& p,
+                     void (*kernel)(BackwardParams), cudaStream_t stream) {
+  using DkDv = typename Tiles::DkDv;
+  using Dq = typename Tiles::Dq;
+  launch(kernel, dim3(ceil_div(s.T, DkDv::kBlockN) + ceil_div(s.T, Dq::kBlockM), s.H, s.B),
+         DkDv::kThreads, std::max(DkDv::kSmemBytes, Dq::kSmemBytes), stream, p);
 }
 
 template <int D>
 void backward(const AttentionShape& s, const bf16* qkv, const bf16* o, const bf16* dout,
-              const float* lse, float* delta, bf16* dqkv, cudaStream_t stream) {
-  using DkDv = typename FpaTiles<D>::DkDv;
-  using Dq = typename FpaTiles<D>::Dq;
+              const float* lse, float* delta, bf16* dqkv, FpaKernels kernels,
+              cudaStream_t stream) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const BackwardParams p{qkv, o, dout, lse, delta, dqkv, s.B, s.H, s.T, scale, scale * kLog2e};
   constexpr int kDeltaRowsPerBlock = 8;  // one warp per row
   attention_delta_kernel<<<ceil_div(static_cast<long long>(s.B) * s.T * s.H, kDeltaRowsPerBlock),
                            32 * kDeltaRowsPerBlock, 0, stream>>>(p, D);
   CUDA_CHECK_LAUNCH();
-  launch(flash_backward_kernel<DkDv, Dq, Bf16Operands, OnlineSoftmax<1>>,
-         dim3(ceil_div(s.T, DkDv::kBlockN) + ceil_div(s.T, Dq::kBlockM), s.H, s.B), DkDv::kThreads,
-         std::max(DkDv::kSmemBytes, Dq::kSmemBytes), stream, p);
+  if (resolve(kernels) == FpaKernels::wgmma) {
+    using Tiles = FpaTilesSm90<D>;
+    return launch_backward<Tiles>(
+        s, p,
+        sm90::flash_backward_kernel<typename Tiles::DkDv, typename Tiles::Dq, OnlineSoftmax<1>>,
+        stream);
+  }
+  using Tiles = FpaTiles<D>;
+  launch_backward<Tiles>(
+      s, p,
+      flash_backward_kernel<typename Tiles::DkDv, typename Tiles::Dq, Bf16Operands,
+                            OnlineSoftmax<1>>,
+      stream);
 }
 
 }  // namespace
 
+bool fpa_wgmma_available() { return sm90_kernels_available(); }
+
 void fpa_forward(const AttentionShape& s, const bf16* qkv, bf16* o, float* lse,
-                 cudaStream_t stream) {
-  if (s.d == 64) return forward<64>(s, qkv, o, lse, stream);
-  return forward<128>(s, qkv, o, lse, stream);
+                 cudaStream_t stream, FpaKernels kernels) {
+  if (s.d == 64) return forward<64>(s, qkv, o, lse, kernels, stream);
+  return forward<128>(s, qkv, o, lse, kernels, stream);
 }
 
 void fpa_backward(const AttentionShape& s, const bf16* qkv, const bf16* o, const bf16* dout,
-                  const float* lse, float* delta, bf16* dqkv, cudaStream_t stream) {
-  if (s.d == 64) return backward<64>(s, qkv, o, dout, lse, delta, dqkv, stream);
-  return backward<128>(s, qkv, o, dout, lse, delta, dqkv, stream);
+                  const float* lse, float* delta, bf16* dqkv, cudaStream_t stream,
+                  FpaKernels kernels) {
+  if (s.d == 64) return backward<64>(s, qkv, o, dout, lse, delta, dqkv, kernels, stream);
+  return backward<128>(s, qkv, o, dout, lse, delta, dqkv, kernels, stream);
 }
 
 }  // namespace qattn::cuda

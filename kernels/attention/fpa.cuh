@@ -7,12 +7,20 @@
 
 namespace qattn::cuda {
 
+// Which kernel family runs: automatic picks wgmma (Hopper, sm_90a) where the
+// device and the build have it, else mma_sync (sm_80 and up). Tests and
+// benchmarks name one to check or time both on the same device.
+enum class FpaKernels { automatic, mma_sync, wgmma };
+// Whether this device and build run the wgmma kernels.
+bool fpa_wgmma_available();
+
 // qkv (B, T, 3C) -> o (B, T, C), lse (B, H, T) = L = c m + log l per row.
 void fpa_forward(const AttentionShape& s, const bf16* qkv, bf16* o, float* lse,
-                 cudaStream_t stream);
+                 cudaStream_t stream, FpaKernels kernels = FpaKernels::automatic);
 
 // dout (B, T, C) -> dqkv (B, T, 3C); delta (B, H, T) fp32 is scratch for δ = rowsum(dO ∘ O).
 void fpa_backward(const AttentionShape& s, const bf16* qkv, const bf16* o, const bf16* dout,
-                  const float* lse, float* delta, bf16* dqkv, cudaStream_t stream);
+                  const float* lse, float* delta, bf16* dqkv, cudaStream_t stream,
+                  FpaKernels kernels = FpaKernels::automatic);
 
 }  // namespace qattn::cuda

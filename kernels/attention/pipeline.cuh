@@ -12,8 +12,10 @@ namespace qattn::cuda::flash {
 // Steps [first, last) with two shared-memory stages: step i + 1 loads
 // (load(i + 1, stage)) while step i computes (body(i, stage)); step i uses
 // stage (i - first) % 2. Loads issued before the call join the first step's
-// group. A body that returns early still meets both barriers.
-template <class Load, class Body>
+// group. A body that returns early still meets both barriers. kAsyncProxyReads:
+// the body's tensor-core reads go through the async proxy (Hopper's wgmma), so
+// each thread fences its landed copies before the barrier.
+template <bool kAsyncProxyReads = false, class Load, class Body>
 __device__ __forceinline__ void pipelined(int first, int last, Load&& load, Body&& body) {
   load(first, 0);
   cp_async_commit();
@@ -26,10 +28,24 @@ __device__ __forceinline__ void pipelined(int first, int last, Load&& load, Body
     } else {
       cp_async_wait<0>();
     }
+    if constexpr (kAsyncProxyReads) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
     __syncthreads();
     body(i, s);
     __syncthreads();  // the stage just read is refilled by the next load
   }
+}
+
+// Whether the current device runs the Hopper (sm_90a, wgmma) kernels: a
+// compute capability 9.x device, and a build whose QATTN_CUDA_ARCHS has 90a.
+inline bool sm90_kernels_available() {
+#ifdef QATTN_SM90A_BUILD
+  int device = 0, major = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  return major == 9;
+#else
+  return false;
+#endif
 }
 
 // Raises the kernel's dynamic shared-memory limit (above 48 KB needs it) and launches it.

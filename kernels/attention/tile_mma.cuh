@@ -20,18 +20,22 @@
 
 namespace qattn::cuda::flash {
 
-// A (kRows, kCols) bf16 tile in shared memory, row-major. Each row is kCols/8
-// chunks of 16 bytes; chunk c of row r is stored at chunk c ^ (r & 7), so the
-// eight rows that one ldmatrix phase reads fall into eight different bank groups.
+// A (kRows, kCols) bf16 tile in shared memory as kCols/64 panels of 64
+// columns, each panel kRows rows of 128 bytes. Chunk c (16 bytes) of a panel
+// row r is stored at chunk c ^ (r & 7), so the eight rows that one ldmatrix
+// phase reads fall into eight different bank groups. This is also the 128-byte
+// swizzle of Hopper's wgmma operands (wgmma.cuh), when panels start at
+// multiples of 1024 bytes.
 template <int kRows, int kCols>
 struct SmemTile {
-  static_assert(kCols % 64 == 0, "a tile row must hold at least 8 chunks of 16 bytes");
+  static_assert(kCols % 64 == 0, "a tile is made of 64-column panels");
   static constexpr int kChunksPerRow = kCols / 8;
   static constexpr int kBytes = kRows * kCols * 2;
   bf16* data;
 
   __device__ __forceinline__ bf16* at(int row, int col) const {
-    return data + row * kCols + ((((col >> 3) ^ (row & 7))) << 3) + (col & 7);
+    return data + (col >> 6) * (kRows * 64) + row * 64 + ((((col >> 3) & 7) ^ (row & 7)) << 3) +
+           (col & 7);
   }
 };
 

@@ -1,6 +1,7 @@
 // FPA flash attention on the GPU against the CPU reference (fp64, on the same
 // bf16-rounded inputs), forward and backward, at T in {64, 1000, 1024, 4096}
-// (1000: a tail tile) and d in {64, 128}. Inputs are fresh random every run
+// (1000: a tail tile) and d in {64, 128}, for each kernel family the device
+// runs (mma.sync everywhere; wgmma on Hopper). Inputs are fresh random every run
 // (the seed is printed); outputs are poisoned with NaN first, so an element the
 // kernels forget to write fails the comparison.
 #include <cuda_bf16.h>
@@ -13,9 +14,11 @@
 #include <cstring>
 #include <random>
 #include <stdexcept>
+#include <utility>
 #include <vector>
 
 #include "attention/attention.cuh"
+#include "attention/fpa.cuh"
 #include "attention/reference_check.hpp"
 #include "common.cuh"
 #include "gpu_test_util.hpp"
@@ -26,6 +29,7 @@ using qattn::AttentionConfig;
 using qattn::cuda::AttentionErrors;
 using qattn::cuda::AttentionErrorSums;
 using qattn::cuda::AttentionShape;
+using qattn::cuda::FpaKernels;
 using bf16 = __nv_bfloat16;
 
 using qattn::test::DeviceBuffer;
@@ -37,9 +41,9 @@ std::vector<bf16> random_bf16(size_t n, std::mt19937_64& rng) {
   return x;
 }
 
-// Runs forward and backward (twice) on the GPU and compares every head with
-// the CPU reference; heads run in parallel on the host.
-AttentionErrors check_fpa(const AttentionShape& s, unsigned long long seed) {
+// Runs forward and backward (twice) with one kernel family on the GPU and
+// compares every head with the CPU reference; heads run in parallel on the host.
+AttentionErrors check_fpa(const AttentionShape& s, FpaKernels kernels, unsigned long long seed) {
   const AttentionConfig cfg;  // kind fpa
   const size_t n_qkv = static_cast<size_t>(s.B) * s.T * 3 * s.H * s.d;
   const size_t n_o = static_cast<size_t>(s.B) * s.T * s.H * s.d;
@@ -60,11 +64,11 @@ AttentionErrors check_fpa(const AttentionShape& s, unsigned long long seed) {
   d_dqkv.poison();
   d_dqkv2.poison();
 
-  qattn::cuda::attention_forward(cfg, s, d_qkv.get(), d_o.get(), d_stats.get(), d_work.get(),
-                                 nullptr);
+  qattn::cuda::fpa_forward(s, d_qkv.get(), d_o.get(), d_stats.get(), nullptr, kernels);
   for (auto* dqkv_out : {&d_dqkv, &d_dqkv2})
-    qattn::cuda::attention_backward(cfg, s, d_qkv.get(), d_o.get(), d_dout.get(), d_stats.get(),
-                                    dqkv_out->get(), d_work.get(), nullptr);
+    qattn::cuda::fpa_backward(s, d_qkv.get(), d_o.get(), d_dout.get(), d_stats.get(),
+                              reinterpret_cast<float*>(d_work.get()), dqkv_out->get(), nullptr,
+                              kernels);
   CUDA_CHECK(cudaDeviceSynchronize());
   const auto o = d_o.download();
   const auto stats = d_stats.download();
@@ -100,16 +104,23 @@ TEST_CASE("FPA flash attention matches the CPU reference, forward and backward",
       {2, 3, 64, 64},   {2, 3, 64, 128},   {2, 2, 1000, 64}, {2, 2, 1000, 128},
       {1, 3, 1024, 64}, {1, 3, 1024, 128}, {1, 2, 4096, 64}, {1, 2, 4096, 128},
   };
-  for (const auto& s : shapes) {
-    const AttentionErrors e = check_fpa(s, seed + s.T + s.d);
-    std::printf("B=%d H=%d T=%4d d=%3d  rel L2: o %.2e  lse %.2e  dq %.2e  dk %.2e  dv %.2e\n", s.B,
-                s.H, s.T, s.d, e.o, e.lse, e.dq, e.dk, e.dv);
-    INFO("B=" << s.B << " H=" << s.H << " T=" << s.T << " d=" << s.d << " seed=" << seed);
-    CHECK(e.o < kTolBf16);
-    CHECK(e.lse < kTolLse);
-    CHECK(e.dq < kTolBf16);
-    CHECK(e.dk < kTolBf16);
-    CHECK(e.dv < kTolBf16);
+  std::vector<std::pair<FpaKernels, const char*>> families = {{FpaKernels::mma_sync, "mma.sync"}};
+  if (qattn::cuda::fpa_wgmma_available())
+    families.push_back({FpaKernels::wgmma, "wgmma"});
+  else
+    std::printf("FPA attention: no sm_90a device or build, the wgmma kernels are not checked\n");
+  for (const auto& [kernels, name] : families) {
+    for (const auto& s : shapes) {
+      const AttentionErrors e = check_fpa(s, kernels, seed + s.T + s.d);
+      std::printf("%-8s B=%d H=%d T=%4d d=%3d  rel L2: o %.2e  lse %.2e  dq %.2e  dk %.2e  dv %.2e\n",
+                  name, s.B, s.H, s.T, s.d, e.o, e.lse, e.dq, e.dk, e.dv);
+      INFO(name << " B=" << s.B << " H=" << s.H << " T=" << s.T << " d=" << s.d << " seed=" << seed);
+      CHECK(e.o < kTolBf16);
+      CHECK(e.lse < kTolLse);
+      CHECK(e.dq < kTolBf16);
+      CHECK(e.dk < kTolBf16);
+      CHECK(e.dv < kTolBf16);
+    }
   }
 }
 

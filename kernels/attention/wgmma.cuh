@@ -1,0 +1,193 @@
+// Hopper's warpgroup MMA (wgmma.mma_async, sm_90a) on the skeleton's shared-
+// memory tiles: bf16 x bf16 -> fp32, M = 64 rows per warpgroup (4 warps, 16
+// rows each), N in {64, 128}, K = 16 per instruction.
+//
+// Operands. B (and A, when not in registers) is read by the tensor cores from
+// shared memory through a 64-bit matrix descriptor (PTX ISA, "Matrix
+// Descriptor"): start address, leading and stride byte offsets, swizzle mode.
+// SmemTile (tile_mma.cuh) stores a tile as 64-column panels of 128-byte rows
+// with the 128-byte swizzle, which is both of the descriptor's canonical
+// 128-byte-swizzle layouts:
+//   K-major  (tile rows are M or N, columns are K): a k16 step lies inside one
+//            panel; 8-row groups are 1024 bytes apart (stride offset), the
+//            leading offset is unused.
+//   MN-major (tile rows are K, columns are N; the "transposed" B): a k16 step is
+//            16 rows = two 8-row groups 1024 bytes apart (stride offset), and
+//            64-column panels are kRows·128 bytes apart (leading offset).
+// Every panel starts at a multiple of 1024 bytes (tiles are 64-row multiples
+// from a 1024-aligned base), as the swizzle is computed from address bits.
+//
+// Register fragments are those of mma.m16n8k16 (tile_mma.cuh), per warp:
+//   accumulator (64, N): warp w holds rows 16w .. 16w+15 as acc[1][N/8][4]
+//   A from registers (64, 16): warp w holds rows 16w .. as one A fragment
+// so the softmax policies and acc_to_a work on them unchanged.
+//
+// Ordering. wgmma_fence() before the first MMA of a group (its registers were
+// written by ordinary instructions), commit after the group, wait before any
+// register of the group is read; fence_operands() pins the accumulators so the
+// compiler does not move their reads above the wait. Shared memory filled by
+// cp.async or ordinary stores (the generic proxy) needs fence.proxy.async in
+// each writing thread before the barrier that precedes the MMAs, which read it
+// through the async proxy (pipelined<true> in pipeline.cuh does this).
+#pragma once
+#include <cstdint>
+
+#include "tile_mma.cuh"
+
+namespace qattn::cuda::flash::sm90 {
+
+// True where this translation unit is compiled for sm_90a (wgmma available).
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define QATTN_SM90A_DEVICE 1
+#else
+#define QATTN_SM90A_DEVICE 0
+#endif
+
+__device__ __forceinline__ uint64_t smem_desc(const bf16* p, uint32_t leading_bytes,
+                                              uint32_t stride_bytes) {
+  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) |
+         static_cast<uint64_t>(leading_bytes >> 4) << 16 |
+         static_cast<uint64_t>(stride_bytes >> 4) << 32 | 1ull << 62;  // 1: 128-byte swizzle
+}
+
+// Rows [row0, row0 + 64) x columns [16 ks, 16 ks + 16) of a tile read K-major.
+template <int kRows, int kCols>
+__device__ __forceinline__ uint64_t desc_k_major(SmemTile<kRows, kCols> tile, int row0, int ks) {
+  return smem_desc(tile.at(row0, 0) + (ks / 4) * kRows * 64 + (ks % 4) * 16, 16, 1024);
+}
+// Rows [16 ks, 16 ks + 16) x all columns of a tile read MN-major (rows are K).
+template <int kRows, int kCols>
+__device__ __forceinline__ uint64_t desc_mn_major(SmemTile<kRows, kCols> tile, int ks) {
+  return smem_desc(tile.data + ks * 16 * 64, kRows * 128, 1024);
+}
+
+__device__ __forceinline__ void wgmma_fence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int kPending>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+}
+template <int kNTiles>
+__device__ __forceinline__ void fence_operands(float (&acc)[1][kNTiles][4]) {
+#pragma unroll
+  for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(acc[0][nt][e])::"memory");
+}
+
+// The accumulator operand lists of the asm statements below.
+#define QATTN_ACC4(a, i) "+f"(a[i][0]), "+f"(a[i][1]), "+f"(a[i][2]), "+f"(a[i][3])
+#define QATTN_ACC32(a)                                                                      \
+  QATTN_ACC4(a, 0), QATTN_ACC4(a, 1), QATTN_ACC4(a, 2), QATTN_ACC4(a, 3), QATTN_ACC4(a, 4), \
+      QATTN_ACC4(a, 5), QATTN_ACC4(a, 6), QATTN_ACC4(a, 7)
+#define QATTN_ACC64(a)                                                                        \
+  QATTN_ACC32(a), QATTN_ACC4(a, 8), QATTN_ACC4(a, 9), QATTN_ACC4(a, 10), QATTN_ACC4(a, 11),  \
+      QATTN_ACC4(a, 12), QATTN_ACC4(a, 13), QATTN_ACC4(a, 14), QATTN_ACC4(a, 15)
+#define QATTN_REGS32                                                                        \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, " \
+  "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define QATTN_REGS64                                                                           \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, "    \
+  "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, " \
+  "%37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, " \
+  "%55, %56, %57, %58, %59, %60, %61, %62, %63}"
+
+// acc (64, N) (+)= A (64, 16) Bᵀ with A and B K-major in shared memory (B is
+// (N, 16): rows are output columns). accumulate = false overwrites acc.
+template <int kNTiles>
+__device__ __forceinline__ void mma_ss(float (&acc)[1][kNTiles][4], uint64_t a_desc,
+                                       uint64_t b_desc, bool accumulate) {
+  static_assert(kNTiles == 8 || kNTiles == 16, "wgmma N is 64 or 128 here");
+#if QATTN_SM90A_DEVICE
+  auto& a = acc[0];
+  const int scale_d = accumulate ? 1 : 0;
+  if constexpr (kNTiles == 8) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " QATTN_REGS32
+        ", %32, %33, p, 1, 1, 0, 0;\n}\n"
+        : QATTN_ACC32(a)
+        : "l"(a_desc), "l"(b_desc), "r"(scale_d));
+  } else {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " QATTN_REGS64
+        ", %64, %65, p, 1, 1, 0, 0;\n}\n"
+        : QATTN_ACC64(a)
+        : "l"(a_desc), "l"(b_desc), "r"(scale_d));
+  }
+#endif
+}
+
+// acc (64, N) += A (64, 16) B with A from registers (one A fragment per warp)
+// and B (16, N) MN-major in shared memory (rows are K, N is contiguous).
+template <int kNTiles>
+__device__ __forceinline__ void mma_rs(float (&acc)[1][kNTiles][4], const uint32_t (&a)[4],
+                                       uint64_t b_desc) {
+  static_assert(kNTiles == 8 || kNTiles == 16, "wgmma N is 64 or 128 here");
+#if QATTN_SM90A_DEVICE
+  auto& c = acc[0];
+  if constexpr (kNTiles == 8) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " QATTN_REGS32
+        ", {%32, %33, %34, %35}, %36, 1, 1, 1, 1;\n"
+        : QATTN_ACC32(c)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc));
+  } else {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " QATTN_REGS64
+        ", {%64, %65, %66, %67}, %68, 1, 1, 1, 1;\n"
+        : QATTN_ACC64(c)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc));
+  }
+#endif
+}
+
+#undef QATTN_ACC4
+#undef QATTN_ACC32
+#undef QATTN_ACC64
+#undef QATTN_REGS32
+#undef QATTN_REGS64
+
+// The products of the Hopper kernels, each one wgmma group (fence, the k16
+// steps, commit, wait): acc (64, N) of the calling warpgroup.
+
+// acc = rows [row0, row0 + 64) of a times bᵀ, both K-major (S = Q Kᵀ, dP = dO Vᵀ
+// and the transposes Sᵀ = K Qᵀ, dPᵀ = V dOᵀ).
+template <int kNTiles, int kRowsA, int kRowsB, int kCols>
+__device__ __forceinline__ void product_ss(float (&acc)[1][kNTiles][4], SmemTile<kRowsA, kCols> a,
+                                           int row0, SmemTile<kRowsB, kCols> b) {
+  static_assert(kNTiles * 8 == kRowsB, "B's rows are the output columns");
+  wgmma_fence();
+#pragma unroll
+  for (int ks = 0; ks < kCols / 16; ++ks)
+    mma_ss(acc, desc_k_major(a, row0, ks), desc_k_major(b, 0, ks), ks > 0);
+  wgmma_commit();
+  wgmma_wait<0>();
+  fence_operands(acc);
+}
+
+// acc += w b, w (64, 16 kKSteps) fp32 weights of the calling warpgroup rounded to
+// bf16 (P or dS, from the previous product's accumulators), b (16 kKSteps, N)
+// MN-major (O += P V, dV += Pᵀ dO, dK += dSᵀ Q, dQ += dS K).
+template <int kNTiles, int kWTiles, int kRows, int kCols>
+__device__ __forceinline__ void product_rs(float (&acc)[1][kNTiles][4],
+                                           const float (&w)[1][kWTiles][4],
+                                           SmemTile<kRows, kCols> b) {
+  static_assert(kNTiles * 8 == kCols && kWTiles * 8 <= kRows);
+  uint32_t a[1][kWTiles / 2][4];
+  acc_to_a(a, w);
+  wgmma_fence();
+#pragma unroll
+  for (int ks = 0; ks < kWTiles / 2; ++ks) mma_rs(acc, a[0][ks], desc_mn_major(b, ks));
+  wgmma_commit();
+  wgmma_wait<0>();
+  fence_operands(acc);
+}
+
+}  // namespace qattn::cuda::flash::sm90
