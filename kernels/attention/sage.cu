@@ -173,9 +173,10 @@ __device__ __forceinline__ void product_over_d(float (&acc)[1][kTileN][4], bool 
     int8_product_nk(acc, Int8Tile<kRowsA, D>{reinterpret_cast<int8_t*>(a)}, row0,
                     Int8Tile<kTile, D>{reinterpret_cast<int8_t*>(b)}, scale);
   } else {
+    // The resident tile is kRowsA / 64 tiles of 64 rows (load_natural): read row0's.
+    const SmemTile<kTile, D> a_part{reinterpret_cast<bf16*>(a) + (row0 / kTile) * kTile * D};
     zero(acc);
-    mma_rows_b_nk(acc, SmemTile<kRowsA, D>{reinterpret_cast<bf16*>(a)}, row0,
-                  SmemTile<kTile, D>{reinterpret_cast<bf16*>(b)});
+    mma_rows_b_nk(acc, a_part, row0 % kTile, SmemTile<kTile, D>{reinterpret_cast<bf16*>(b)});
   }
 }
 
