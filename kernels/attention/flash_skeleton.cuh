@@ -150,9 +150,12 @@ struct KvStages {
   __device__ __forceinline__ void load_k(int j, int s) const {
     load_tile_async<Tr::kThreads>(k(s), k_src + j * BN * ld, ld, T - j * BN);
   }
+  __device__ __forceinline__ void load_v(int j, int s) const {
+    load_tile_async<Tr::kThreads>(v(s), v_src + j * BN * ld, ld, T - j * BN);
+  }
   __device__ __forceinline__ void load(int j, int s) const {
     load_k(j, s);
-    load_tile_async<Tr::kThreads>(v(s), v_src + j * BN * ld, ld, T - j * BN);
+    load_v(j, s);
   }
 };
 

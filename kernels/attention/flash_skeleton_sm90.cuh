@@ -58,6 +58,14 @@ __device__ __forceinline__ int warp_row0() { return (threadIdx.x / 32) * 16; }
 
 // ---------------------------------------------------------------------------
 // Forward. Grid (ceil(T / kBlockM), H, B); the heaviest (last) query blocks start first.
+// Keys run one step ahead of values, so that the tensor cores compute step
+// j + 1's scores while the warpgroup turns step j's into weights:
+//   step j:  barrier (V_j, K_{j+1} landed; step j - 1 done by every warp)
+//            copy V_{j+1}, K_{j+2} (into the slots of V_{j-1}, K_j)
+//            issue S_{j+1} = Q K_{j+1}ᵀ
+//            mask S_j -> online softmax (m, l; O rescaled) -> issue O += P_j V_j
+//            wait for both
+// K_j and V_j live in stage j % 2 of KvStages.
 template <class Tr, class Softmax>
 __global__ void __launch_bounds__(Tr::kThreads, 1) flash_forward_kernel(const ForwardParams p) {
 #if QATTN_SM90A_DEVICE
@@ -75,31 +83,59 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_forward_kernel(const Fo
   const bf16* q_src = p.qkv + qkv_offset(b, 0, 0, h, p.T, p.H, D);  // (T, d), row stride ld
   const KvStages<Tr> kv{kv_stages, p.qkv + qkv_offset(b, 0, 1, h, p.T, p.H, D),
                         p.qkv + qkv_offset(b, 0, 2, h, p.T, p.H, D), ld, p.T};
-  auto load_kv = [&](int j, int s) { kv.load(j, s); };
-
-  load_tile_async<Tr::kThreads>(q_tile, q_src + q0 * ld, ld, p.T - q0);
   const int n_kblocks = (min(p.T, q0 + BM) + BN - 1) / BN;  // causal: up to the last row
+  // Whether the warpgroup sees any key of step j (uniform over the warpgroup).
+  auto sees = [&](int j) { return j < n_kblocks && j * BN <= wg_row_last; };
 
   float o_acc[1][D / 8][4];  // (64, d) rows of O of the warpgroup; this warp's 16
-  float s[1][BN / 8][4];     // (64, BN) scores, then weights
+  float s_even[1][BN / 8][4], s_odd[1][BN / 8][4];  // (64, BN) scores of even / odd steps
   zero(o_acc);
   Softmax softmax(p.scale_log2);
-  pipelined<true>(0, n_kblocks, load_kv, [&](int j, int stage) {
-    const int k0 = j * BN;
-    if (k0 > wg_row_last) return;  // every key is in the future of every row of the warpgroup
-    product_ss(s, q_tile, wg_row0, kv.k(stage));
-    if (k0 + BN - 1 > row_first) {  // the diagonal: hide keys after the query
-      for_each_acc<1, BN / 8>([&](int mt, int nt, int e) {
-        if (k0 + acc_col(nt, e) > row_first + acc_row(mt, e)) s[mt][nt][e] = -INFINITY;
-      });
+
+  load_tile_async<Tr::kThreads>(q_tile, q_src + q0 * ld, ld, p.T - q0);
+  kv.load_k(0, 0);
+  cp_async_commit();
+  if (n_kblocks > 1) kv.load_k(1, 1);
+  kv.load_v(0, 0);
+  cp_async_commit();
+  cp_async_wait<1>();
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+  __syncthreads();
+  product_ss(s_even, q_tile, wg_row0, kv.k(0));  // S_0: every warpgroup sees key 0
+
+  auto step = [&](int j, float (&s)[1][BN / 8][4], float (&s_next)[1][BN / 8][4]) {
+    cp_async_wait<0>();
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    __syncthreads();
+    if (j + 1 < n_kblocks) kv.load_v(j + 1, (j + 1) % 2);
+    if (j + 2 < n_kblocks) kv.load_k(j + 2, j % 2);
+    cp_async_commit();
+    if (sees(j + 1)) issue_ss(s_next, q_tile, wg_row0, kv.k((j + 1) % 2));
+    if (sees(j)) {
+      const int k0 = j * BN;
+      if (k0 + BN - 1 > row_first) {  // the diagonal: hide keys after the query
+        for_each_acc<1, BN / 8>([&](int mt, int nt, int e) {
+          if (k0 + acc_col(nt, e) > row_first + acc_row(mt, e)) s[mt][nt][e] = -INFINITY;
+        });
+      }
+      softmax.update(s, o_acc);  // s now holds the weights
+      uint32_t w[1][BN / 16][4];
+      acc_to_a(w, s);
+      issue_rs(o_acc, w, kv.v(j % 2));
+      wait_for<0>(o_acc, w, s_next);
+    } else {
+      wait_for<0>(s_next);
     }
-    softmax.update(s, o_acc);  // s now holds the weights
-    product_rs(o_acc, s, kv.v(stage));
-  });
+  };
+  for (int j = 0; j < n_kblocks; j += 2) {
+    step(j, s_even, s_odd);
+    if (j + 1 < n_kblocks) step(j + 1, s_odd, s_even);
+  }
 
   softmax.finalize(o_acc);
   softmax.store_lse(p.lse + (static_cast<size_t>(b) * p.H + h) * p.T, row_first, p.T);
-  store_acc(q_tile, o_acc, warp_row0(), 1.0f);  // the Q tile is free (pipelined ends on a barrier)
+  // Stage O in the Q tile: a warp writes rows only its own warpgroup's (finished) products read.
+  store_acc(q_tile, o_acc, warp_row0(), 1.0f);
   __syncthreads();
   store_tile<Tr::kThreads>(q_tile, p.o + head_offset(b, q0, h, p.T, p.H, D),
                            static_cast<size_t>(p.H) * D, p.T - q0);
@@ -151,17 +187,19 @@ __device__ __forceinline__ void backward_dkdv_block(const BackwardParams p, int 
     if (wg_key0 > q0 + BM - 1 || wg_key0 >= p.T) return;
     const float* lse = lse_stage(s);
     const float* delta = delta_stage(s);
-    float w[1][BM / 8][4];  // (64 keys, BM queries): Sᵀ, then Pᵀ, then dSᵀ
-    product_ss(w, k_tile, wg_row0, q_stage(s));
+    float w[1][BM / 8][4];   // (64 keys, BM queries): Sᵀ, then Pᵀ, then dSᵀ
+    float dp[1][BM / 8][4];  // (64 keys, BM queries): dPᵀ
+    issue_ss(w, k_tile, wg_row0, q_stage(s));
+    issue_ss(dp, v_tile, wg_row0, do_stage(s));  // runs while Pᵀ is computed
+    wait_for<1>(w);
     for_each_acc<1, BM / 8>([&](int mt, int nt, int e) {
       const int key = warp_key0 + acc_row(mt, e), qi = acc_col(nt, e), query = q0 + qi;
       w[mt][nt][e] = (query < p.T && key <= query)
                          ? Softmax::probability(w[mt][nt][e], lse[qi], p.scale_log2)
                          : 0.0f;
     });
-    product_rs(dv_acc, w, do_stage(s));
-    float dp[1][BM / 8][4];  // (64 keys, BM queries): dPᵀ
-    product_ss(dp, v_tile, wg_row0, do_stage(s));
+    product_rs(dv_acc, w, do_stage(s));  // its wait covers dPᵀ's group too
+    wait_for<0>(dp);
     for_each_acc<1, BM / 8>([&](int mt, int nt, int e) {
       w[mt][nt][e] = Softmax::grad_score(w[mt][nt][e], dp[mt][nt][e], delta[acc_col(nt, e)]);
     });
@@ -215,15 +253,17 @@ __device__ __forceinline__ void backward_dq_block(const BackwardParams p, int q_
   pipelined<true>(0, n_kblocks, load_kv, [&](int j, int s) {
     const int k0 = j * BN;
     if (k0 > wg_row_last) return;
-    float w[1][BN / 8][4];  // (64 queries, BN keys): S, then P, then dS
-    product_ss(w, q_tile, wg_row0, kv.k(s));
+    float w[1][BN / 8][4];   // (64 queries, BN keys): S, then P, then dS
+    float dp[1][BN / 8][4];  // (64 queries, BN keys): dP
+    issue_ss(w, q_tile, wg_row0, kv.k(s));
+    issue_ss(dp, do_tile, wg_row0, kv.v(s));  // runs while P is computed
+    wait_for<1>(w);
     for_each_acc<1, BN / 8>([&](int mt, int nt, int e) {
       w[mt][nt][e] = k0 + acc_col(nt, e) <= row_first + acc_row(mt, e)
                          ? Softmax::probability(w[mt][nt][e], lse[e / 2], p.scale_log2)
                          : 0.0f;
     });
-    float dp[1][BN / 8][4];  // (64 queries, BN keys): dP
-    product_ss(dp, do_tile, wg_row0, kv.v(s));
+    wait_for<0>(dp);
     for_each_acc<1, BN / 8>([&](int mt, int nt, int e) {
       w[mt][nt][e] = Softmax::grad_score(w[mt][nt][e], dp[mt][nt][e], delta[e / 2]);
     });

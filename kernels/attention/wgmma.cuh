@@ -154,40 +154,71 @@ __device__ __forceinline__ void mma_rs(float (&acc)[1][kNTiles][4], const uint32
 #undef QATTN_REGS32
 #undef QATTN_REGS64
 
-// The products of the Hopper kernels, each one wgmma group (fence, the k16
-// steps, commit, wait): acc (64, N) of the calling warpgroup.
+// The products of the Hopper kernels: each is one wgmma group of the calling
+// warpgroup (fence, the k16 steps, commit), acc (64, N). issue_* returns with
+// the group in flight, so that independent work (the next product, element-wise
+// maths on another accumulator) overlaps it; wait_for<n>(acc) then waits until
+// at most n of the groups issued after acc's are in flight. product_* issue and
+// wait at once.
+
+template <int kNTiles>
+__device__ __forceinline__ void fence_operands(uint32_t (&a)[1][kNTiles][4]) {
+#pragma unroll
+  for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(a[0][nt][e])::"memory");
+}
+
+template <int kPending, class... Acc>
+__device__ __forceinline__ void wait_for(Acc&... acc) {
+  wgmma_wait<kPending>();
+  (fence_operands(acc), ...);
+}
 
 // acc = rows [row0, row0 + 64) of a times bᵀ, both K-major (S = Q Kᵀ, dP = dO Vᵀ
 // and the transposes Sᵀ = K Qᵀ, dPᵀ = V dOᵀ).
 template <int kNTiles, int kRowsA, int kRowsB, int kCols>
-__device__ __forceinline__ void product_ss(float (&acc)[1][kNTiles][4], SmemTile<kRowsA, kCols> a,
-                                           int row0, SmemTile<kRowsB, kCols> b) {
+__device__ __forceinline__ void issue_ss(float (&acc)[1][kNTiles][4], SmemTile<kRowsA, kCols> a,
+                                         int row0, SmemTile<kRowsB, kCols> b) {
   static_assert(kNTiles * 8 == kRowsB, "B's rows are the output columns");
   wgmma_fence();
 #pragma unroll
   for (int ks = 0; ks < kCols / 16; ++ks)
     mma_ss(acc, desc_k_major(a, row0, ks), desc_k_major(b, 0, ks), ks > 0);
   wgmma_commit();
-  wgmma_wait<0>();
   fence_operands(acc);
 }
 
-// acc += w b, w (64, 16 kKSteps) fp32 weights of the calling warpgroup rounded to
-// bf16 (P or dS, from the previous product's accumulators), b (16 kKSteps, N)
+// acc += a b, a (64, 16 kKSteps) bf16 A fragments of the calling warpgroup (P or
+// dS, from acc_to_a; they must stay untouched until the wait), b (16 kKSteps, N)
 // MN-major (O += P V, dV += Pᵀ dO, dK += dSᵀ Q, dQ += dS K).
+template <int kNTiles, int kKSteps, int kRows, int kCols>
+__device__ __forceinline__ void issue_rs(float (&acc)[1][kNTiles][4],
+                                         uint32_t (&a)[1][kKSteps][4], SmemTile<kRows, kCols> b) {
+  static_assert(kNTiles * 8 == kCols && kKSteps * 16 <= kRows);
+  wgmma_fence();
+#pragma unroll
+  for (int ks = 0; ks < kKSteps; ++ks) mma_rs(acc, a[0][ks], desc_mn_major(b, ks));
+  wgmma_commit();
+  fence_operands(acc);
+}
+
+template <int kNTiles, int kRowsA, int kRowsB, int kCols>
+__device__ __forceinline__ void product_ss(float (&acc)[1][kNTiles][4], SmemTile<kRowsA, kCols> a,
+                                           int row0, SmemTile<kRowsB, kCols> b) {
+  issue_ss(acc, a, row0, b);
+  wait_for<0>(acc);
+}
+
+// acc += w b with w (64, 16 kKSteps) fp32 weights rounded to bf16 here.
 template <int kNTiles, int kWTiles, int kRows, int kCols>
 __device__ __forceinline__ void product_rs(float (&acc)[1][kNTiles][4],
                                            const float (&w)[1][kWTiles][4],
                                            SmemTile<kRows, kCols> b) {
-  static_assert(kNTiles * 8 == kCols && kWTiles * 8 <= kRows);
   uint32_t a[1][kWTiles / 2][4];
   acc_to_a(a, w);
-  wgmma_fence();
-#pragma unroll
-  for (int ks = 0; ks < kWTiles / 2; ++ks) mma_rs(acc, a[0][ks], desc_mn_major(b, ks));
-  wgmma_commit();
-  wgmma_wait<0>();
-  fence_operands(acc);
+  issue_rs(acc, a, b);
+  wait_for<0>(acc, a);
 }
 
 }  // namespace qattn::cuda::flash::sm90
