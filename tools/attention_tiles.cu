@@ -69,18 +69,20 @@ constexpr bool kMmaSync = requires { Tr::kWarps; };
 template <class Tr>
 void sweep_forward(Problem& pb, std::vector<float>& first) {
   const ForwardParams p{pb.qkv, pb.o, pb.lse, pb.B, pb.H, pb.T, kLog2e / std::sqrt(float(pb.d))};
-  void (*kernel)(ForwardParams);
+  const dim3 grid((pb.T + Tr::kBlockM - 1) / Tr::kBlockM, pb.H, pb.B);
   char name[64];
+  float ms;
   if constexpr (kMmaSync<Tr>) {
-    kernel = flash_forward_kernel<Tr, Bf16Operands, OnlineSoftmax<Tr::kRowTiles>>;
+    ms = time_kernel(flash_forward_kernel<Tr, Bf16Operands, OnlineSoftmax<Tr::kRowTiles>>, grid,
+                     Tr::kThreads, Tr::kSmemBytes, p);
     std::snprintf(name, sizeof name, "w%d rt%d M%d N%d", Tr::kWarps, Tr::kRowTiles, Tr::kBlockM,
                   Tr::kBlockN);
   } else {
-    kernel = sm90::flash_forward_kernel<Tr, OnlineSoftmax<1>>;
-    std::snprintf(name, sizeof name, "wg%d M%d N%d", Tr::kThreads / 128, Tr::kBlockM, Tr::kBlockN);
+    ms = time_kernel(sm90::flash_forward_kernel<Tr, OnlineSoftmax<1>>, grid, Tr::kThreads,
+                     Tr::kSmemBytes, sm90::tma_params(p, pb.d));
+    std::snprintf(name, sizeof name, "wg%d M%d N%d st%d", Tr::kWarpgroups, Tr::kBlockM,
+                  Tr::kBlockN, Tr::kStages);
   }
-  const float ms = time_kernel(kernel, dim3((pb.T + Tr::kBlockM - 1) / Tr::kBlockM, pb.H, pb.B),
-                               Tr::kThreads, Tr::kSmemBytes, p);
   const auto o = to_float(pb.o, pb.n_o);
   if (first.empty()) first = o;
   report("fwd", name, ms, pb.fwd_flops(), rel_l2(o, first));
@@ -100,20 +102,22 @@ template <class DkDv, class Dq>
 void sweep_backward(Problem& pb, std::vector<float>& first, BackwardPair<DkDv, Dq>) {
   const int blocks =
       (pb.T + DkDv::kBlockN - 1) / DkDv::kBlockN + (pb.T + Dq::kBlockM - 1) / Dq::kBlockM;
-  void (*kernel)(BackwardParams);
+  const dim3 grid(blocks, pb.H, pb.B);
+  const int smem = std::max(DkDv::kSmemBytes, Dq::kSmemBytes);
   char name[96];
+  float ms;
   if constexpr (kMmaSync<DkDv>) {
-    kernel = flash_backward_kernel<DkDv, Dq, Bf16Operands, OnlineSoftmax<1>>;
+    ms = time_kernel(flash_backward_kernel<DkDv, Dq, Bf16Operands, OnlineSoftmax<1>>, grid,
+                     DkDv::kThreads, smem, backward_params(pb));
     std::snprintf(name, sizeof name, "w%d kv:rt%d N%d M%d q:rt%d M%d N%d", DkDv::kWarps,
                   DkDv::kRowTiles, DkDv::kBlockN, DkDv::kBlockM, Dq::kRowTiles, Dq::kBlockM,
                   Dq::kBlockN);
   } else {
-    kernel = sm90::flash_backward_kernel<DkDv, Dq, OnlineSoftmax<1>>;
-    std::snprintf(name, sizeof name, "wg%d kv:N%d M%d q:M%d N%d", DkDv::kThreads / 128,
-                  DkDv::kBlockN, DkDv::kBlockM, Dq::kBlockM, Dq::kBlockN);
+    ms = time_kernel(sm90::flash_backward_kernel<DkDv, Dq, OnlineSoftmax<1>>, grid,
+                     DkDv::kThreads, smem, sm90::tma_params(backward_params(pb), pb.d));
+    std::snprintf(name, sizeof name, "wg%d kv:N%d M%d q:M%d N%d st%d", DkDv::kWarpgroups,
+                  DkDv::kBlockN, DkDv::kBlockM, Dq::kBlockM, Dq::kBlockN, DkDv::kStages);
   }
-  const float ms = time_kernel(kernel, dim3(blocks, pb.H, pb.B), DkDv::kThreads,
-                               std::max(DkDv::kSmemBytes, Dq::kSmemBytes), backward_params(pb));
   const auto g = to_float(pb.dqkv, pb.n_qkv);
   if (first.empty()) first = g;
   report("bwd", name, ms, 3.5 * pb.fwd_flops(), rel_l2(g, first));
@@ -165,12 +169,13 @@ int main() {
                      BackwardPair<DkDvTraits<64, 4, 2, 32>, DqTraits<64, 4, 2, 64>>>{});
   if (wgmma)
     sweep(8, 12, 1024, 64,
-          ForwardList<ForwardTraits<64, 4, 2, 64>, sm90::ForwardTraits<64, 2, 128>,
-                      sm90::ForwardTraits<64, 2, 64>, sm90::ForwardTraits<64, 1, 128>>{},
+          ForwardList<ForwardTraits<64, 4, 2, 64>, sm90::ForwardTraits<64, 2, 64>,
+                      sm90::ForwardTraits<64, 2, 128>, sm90::ForwardTraits<64, 2, 64, 3>,
+                      sm90::ForwardTraits<64, 2, 128, 3>>{},
           BackwardList<BackwardPair<DkDvTraits<64, 4, 1, 64>, DqTraits<64, 4, 2, 64>>,
-                       BackwardPair<sm90::DkDvTraits<64, 2, 64>, sm90::DqTraits<64, 2, 64>>,
                        BackwardPair<sm90::DkDvTraits<64, 2, 128>, sm90::DqTraits<64, 2, 128>>,
-                       BackwardPair<sm90::DkDvTraits<64, 1, 64>, sm90::DqTraits<64, 1, 64>>>{});
+                       BackwardPair<sm90::DkDvTraits<64, 2, 64>, sm90::DqTraits<64, 2, 64>>,
+                       BackwardPair<sm90::DkDvTraits<64, 2, 64, 3>, sm90::DqTraits<64, 2, 64, 3>>>{});
   sweep(4, 16, 4096, 128,
         ForwardList<ForwardTraits<128, 8, 1, 128>, ForwardTraits<128, 8, 1, 64>,
                     ForwardTraits<128, 4, 1, 128>>{},
@@ -180,9 +185,9 @@ int main() {
   if (wgmma)
     sweep(4, 16, 4096, 128,
           ForwardList<ForwardTraits<128, 8, 1, 128>, sm90::ForwardTraits<128, 2, 128>,
-                      sm90::ForwardTraits<128, 2, 64>>{},
+                      sm90::ForwardTraits<128, 2, 64>, sm90::ForwardTraits<128, 2, 64, 3>>{},
           BackwardList<BackwardPair<DkDvTraits<128, 8, 1, 64>, DqTraits<128, 8, 1, 64>>,
                        BackwardPair<sm90::DkDvTraits<128, 2, 64>, sm90::DqTraits<128, 2, 64>>,
-                       BackwardPair<sm90::DkDvTraits<128, 1, 64>, sm90::DqTraits<128, 1, 64>>>{});
+                       BackwardPair<sm90::DkDvTraits<128, 2, 64, 3>, sm90::DqTraits<128, 2, 64, 3>>>{});
   return 0;
 }

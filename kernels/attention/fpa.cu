@@ -58,9 +58,9 @@ using FpaTilesSm90 = std::conditional_t<
     KernelTiles<sm90::ForwardTraits<128, 2, 128>, sm90::DkDvTraits<128, 2, 64>,
                 sm90::DqTraits<128, 2, 64>>>;
 
-template <class Tiles>
-void launch_forward(const AttentionShape& s, const ForwardParams& p,
-                    void (*kernel)(ForwardParams), cudaStream_t stream) {
+template <class Tiles, class Params>
+void launch_forward(const AttentionShape& s, const Params& p, void (*kernel)(Params),
+                    cudaStream_t stream) {
   using Tr = typename Tiles::Forward;
   launch(kernel, dim3(ceil_div(s.T, Tr::kBlockM), s.H, s.B), Tr::kThreads, Tr::kSmemBytes, stream,
          p);
@@ -73,17 +73,17 @@ void forward(const AttentionShape& s, const bf16* qkv, bf16* o, float* lse, FpaK
   const ForwardParams p{qkv, o, lse, s.B, s.H, s.T, scale * kLog2e};
   if (resolve(kernels) == FpaKernels::wgmma) {
     using Tr = typename FpaTilesSm90<D>::Forward;
-    return launch_forward<FpaTilesSm90<D>>(s, p, sm90::flash_forward_kernel<Tr, OnlineSoftmax<1>>,
-                                              stream);
+    return launch_forward<FpaTilesSm90<D>>(s, sm90::tma_params(p, D),
+                                           sm90::flash_forward_kernel<Tr, OnlineSoftmax<1>>, stream);
   }
   using Tr = typename FpaTiles<D>::Forward;
   launch_forward<FpaTiles<D>>(
       s, p, flash_forward_kernel<Tr, Bf16Operands, OnlineSoftmax<Tr::kRowTiles>>, stream);
 }
 
-template <class Tiles>
-void launch_backward(const AttentionShape& s, const BackwardParams& p,
-                     void (*kernel)(BackwardParams), cudaStream_t stream) {
+template <class Tiles, class Params>
+void launch_backward(const AttentionShape& s, const Params& p, void (*kernel)(Params),
+                     cudaStream_t stream) {
   using DkDv = typename Tiles::DkDv;
   using Dq = typename Tiles::Dq;
   launch(kernel, dim3(ceil_div(s.T, DkDv::kBlockN) + ceil_div(s.T, Dq::kBlockM), s.H, s.B),
@@ -103,7 +103,7 @@ void backward(const AttentionShape& s, const bf16* qkv, const bf16* o, const bf1
   if (resolve(kernels) == FpaKernels::wgmma) {
     using Tiles = FpaTilesSm90<D>;
     return launch_backward<Tiles>(
-        s, p,
+        s, sm90::tma_params(p, D),
         sm90::flash_backward_kernel<typename Tiles::DkDv, typename Tiles::Dq, OnlineSoftmax<1>>,
         stream);
   }

@@ -1,0 +1,113 @@
+// Hopper's tensor memory accelerator (TMA, sm_90a) and shared-memory
+// barriers (mbarrier): how the wgmma kernels (flash_skeleton_sm90.cuh) stream
+// tiles. One thread of a producer warp issues a tile copy; the copy engine
+// writes it in the 128-byte-swizzled panel layout of SmemTile (tile_mma.cuh)
+// and counts its bytes on the stage's "full" barrier; consumer warpgroups wait
+// on that barrier, compute, and arrive on the stage's "empty" barrier, which the
+// producer waits on before refilling the stage. No block-wide barrier sits in
+// the main loop, so the consumer warpgroups run out of step with each other.
+//
+// Tensor maps describe the activations as 2-D bf16 matrices (rows B·T, row
+// stride in elements) with 64 x 64 boxes, one 8 KB panel piece per copy. Rows
+// past a batch's T read the next batch's rows (finite; masked or multiplied by
+// zero weights like the zero rows of the cp.async kernels), rows past the
+// tensor read as zeros.
+#pragma once
+#include <cuda.h>  // CUtensorMap and its enums (the encoder is fetched at run time)
+#include <cudaTypedefs.h>
+
+#include <cstdint>
+
+#include "tile_mma.cuh"
+
+namespace qattn::cuda::flash::sm90 {
+
+constexpr int kBoxRows = 64, kBoxCols = 64;  // one TMA copy: 64 rows of one 64-column panel
+constexpr int kBoxBytes = kBoxRows * kBoxCols * 2;
+
+// A (rows, cols) row-major bf16 matrix in global memory (row stride ld elements,
+// a multiple of 8) as a tensor map with 64 x 64 boxes and the 128-byte swizzle.
+inline CUtensorMap make_tensor_map(const bf16* base, uint64_t rows, uint64_t cols, uint64_t ld) {
+  static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found;
+    CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000,
+                                                cudaEnableDefault, &found));
+    if (found != cudaDriverEntryPointSuccess || fn == nullptr)
+      throw std::runtime_error("CUDA attention: the driver has no cuTensorMapEncodeTiled (TMA)");
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  CUtensorMap map;
+  const cuuint64_t dims[2] = {cols, rows};
+  const cuuint64_t strides[1] = {ld * sizeof(bf16)};
+  const cuuint32_t box[2] = {kBoxCols, kBoxRows};
+  const cuuint32_t element_strides[2] = {1, 1};
+  const CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<bf16*>(base),
+                            dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    throw std::runtime_error("CUDA attention: cuTensorMapEncodeTiled failed with error " +
+                             std::to_string(static_cast<int>(r)));
+  return map;
+}
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// ---------------------------------------------------------------------------
+// mbarrier: a 64-bit shared-memory barrier with an arrival count and a
+// transaction (byte) count; each completion flips its phase parity.
+__device__ __forceinline__ void barrier_init(uint64_t* bar, int arrivals) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(arrivals));
+}
+// After every init, before any other thread or the copy engine uses the barriers.
+__device__ __forceinline__ void barrier_init_fence() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+__device__ __forceinline__ void barrier_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
+}
+// The producer's arrival that also announces the bytes its copies will deliver.
+__device__ __forceinline__ void barrier_arrive_expect_bytes(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)),
+               "r"(bytes)
+               : "memory");
+}
+// Waits until the phase with this parity (0, 1, 0, ... for the 1st, 2nd, 3rd use) completed.
+__device__ __forceinline__ void barrier_wait(uint64_t* bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred done;\n"
+      "wait_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra wait_%=;\n}\n" ::"r"(smem_addr(bar)),
+      "r"(parity)
+      : "memory");
+}
+
+// ---------------------------------------------------------------------------
+// Rows [row0, row0 + kRows) x columns [col0, col0 + kCols) of a tensor map into
+// a tile (kRows / 64 x kCols / 64 box copies), counted on bar.
+template <int kRows, int kCols>
+__device__ __forceinline__ void tma_load_tile(SmemTile<kRows, kCols> tile, const CUtensorMap* map,
+                                              int row0, int col0, uint64_t* bar) {
+  static_assert(kRows % kBoxRows == 0 && kCols % kBoxCols == 0);
+#pragma unroll
+  for (int panel = 0; panel < kCols / kBoxCols; ++panel)
+#pragma unroll
+    for (int r = 0; r < kRows / kBoxRows; ++r)
+      asm volatile(
+          "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes "
+          "[%0], [%1, {%2, %3}], [%4];\n" ::"r"(smem_addr(tile.at(r * kBoxRows, panel * kBoxCols))),
+          "l"(reinterpret_cast<uint64_t>(map)), "r"(col0 + panel * kBoxCols),
+          "r"(row0 + r * kBoxRows), "r"(smem_addr(bar))
+          : "memory");
+}
+
+template <int kRows, int kCols>
+constexpr uint32_t tile_bytes() {
+  return kRows * kCols * 2;
+}
+
+}  // namespace qattn::cuda::flash::sm90
