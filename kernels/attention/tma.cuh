@@ -106,7 +106,7 @@ __device__ __forceinline__ void tma_load_tile(SmemTile<kRows, kCols> tile, const
 }
 
 template <int kRows, int kCols>
-constexpr uint32_t tile_bytes() {
+__host__ __device__ constexpr uint32_t tile_bytes() {
   return kRows * kCols * 2;
 }
 
