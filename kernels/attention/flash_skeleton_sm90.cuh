@@ -55,9 +55,10 @@ struct DkDvTraits {
   static constexpr int kThreads = block_threads<kWarpgroups_>();
   static constexpr int kBlockN = kWarpgroupRows * kWarpgroups_;  // keys per block
   static constexpr int kBlockM = kBlockM_;                       // query rows per step
-  // K and V tiles, kStages (Q tile, dO tile) pairs, then the barriers.
+  // K and V tiles, kStages (Q tile, dO tile) pairs, kStages (L, δ) pairs, then the barriers.
   static constexpr int kTileBytes = (2 * kBlockN + 2 * kStages * kBlockM) * kHeadDim * 2;
-  static constexpr int kSmemBytes = kTileBytes + (1 + 2 * kStages) * 8;
+  static constexpr int kStatBytes = kStages * 2 * kBlockM * 4;
+  static constexpr int kSmemBytes = kTileBytes + kStatBytes + (1 + 2 * kStages) * 8;
 };
 
 template <int kHeadDim_, int kWarpgroups_, int kBlockN_, int kStages_ = 2>
@@ -110,8 +111,9 @@ __device__ __forceinline__ void consumer_registers() {
 }
 
 // A ring of kStages stages streamed by the producer: step i uses stage i % kStages.
-// full[s]: the producer's arrival plus the bytes of its copies; empty[s]: one
-// arrival per consumer thread once it no longer reads the stage.
+// full[s]: the producers' arrivals (the copy issuer's with the bytes of its
+// copies, and any thread that fills part of the stage with ordinary stores);
+// empty[s]: one arrival per consumer thread once it no longer reads the stage.
 template <int kStages>
 struct Ring {
   uint64_t* full;
@@ -119,18 +121,23 @@ struct Ring {
 
   __device__ static int stage(int i) { return i % kStages; }
   __device__ static uint32_t parity(int i) { return (i / kStages) & 1; }
-  __device__ void init(int consumers) const {
+  __device__ void init(int producers, int consumers) const {
     for (int s = 0; s < kStages; ++s) {
-      barrier_init(&full[s], 1);
+      barrier_init(&full[s], producers);
       barrier_init(&empty[s], consumers);
     }
   }
-  // Producer, before the copies of step i: wait until step i - kStages released
-  // the stage, then announce the bytes.
-  __device__ void acquire(int i, uint32_t bytes) const {
+  // Producer, before filling step i's stage: until step i - kStages released it.
+  __device__ void wait_empty(int i) const {
     if (i >= kStages) barrier_wait(&empty[stage(i)], parity(i) ^ 1);
+  }
+  // The copy issuer: wait, then announce the bytes its copies of step i deliver.
+  __device__ void acquire(int i, uint32_t bytes) const {
+    wait_empty(i);
     barrier_arrive_expect_bytes(&full[stage(i)], bytes);
   }
+  // A producer thread whose ordinary stores into step i's stage are done.
+  __device__ void filled(int i) const { barrier_arrive(&full[stage(i)]); }
   __device__ void wait_full(int i) const { barrier_wait(&full[stage(i)], parity(i)); }
   __device__ void release(int i) const { barrier_arrive(&empty[stage(i)]); }
 };
@@ -169,8 +176,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const int n_kblocks = (min(p.T, q0 + BM) + BN - 1) / BN;  // causal: up to the last row
   if (threadIdx.x == 0) {
     barrier_init(q_full, 1);
-    k_ring.init(128 * Tr::kWarpgroups);
-    v_ring.init(128 * Tr::kWarpgroups);
+    k_ring.init(1, 128 * Tr::kWarpgroups);
+    v_ring.init(1, 128 * Tr::kWarpgroups);
     barrier_init_fence();
   }
   __syncthreads();
@@ -234,8 +241,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 // ---------------------------------------------------------------------------
 // dK, dV of one key block; each warpgroup owns 64 keys and computes the
 // transposed tiles Sᵀ, Pᵀ, dPᵀ, dSᵀ (keys x queries), as flash_skeleton.cuh.
-// The producer streams (Q, dO) of each query block; L and δ are read from
-// global memory (L2) by the consumers.
+// The producer streams (Q, dO) of each query block by TMA, and a second
+// producer warp their (L, δ) with ordinary loads and stores (a TMA row copy
+// would need T to be a multiple of 4).
 template <class Tr, class Softmax>
 __device__ __forceinline__ void backward_dkdv_block(const BackwardTmaParams& params, int k_block,
                                                     unsigned char* smem) {
@@ -244,20 +252,24 @@ __device__ __forceinline__ void backward_dkdv_block(const BackwardTmaParams& par
   const SmemTile<BN, D> k_tile{reinterpret_cast<bf16*>(smem)};  // (BN, d)
   const SmemTile<BN, D> v_tile{k_tile.data + BN * D};           // (BN, d)
   bf16* q_tiles = v_tile.data + BN * D;                         // S x [(BM, d) Q, (BM, d) dO]
-  uint64_t* kv_full = reinterpret_cast<uint64_t*>(smem + Tr::kTileBytes);
+  float* stat_slots = reinterpret_cast<float*>(smem + Tr::kTileBytes);  // S x [(BM) L, (BM) δ]
+  uint64_t* kv_full = reinterpret_cast<uint64_t*>(smem + Tr::kTileBytes + Tr::kStatBytes);
   const Ring<S> ring{kv_full + 1, kv_full + 1 + S};
   auto q_tile = [&](int i) { return SmemTile<BM, D>{q_tiles + 2 * Ring<S>::stage(i) * BM * D}; };
   auto do_tile = [&](int i) {
     return SmemTile<BM, D>{q_tiles + (2 * Ring<S>::stage(i) + 1) * BM * D};
   };
+  auto lse_slot = [&](int i) { return stat_slots + 2 * Ring<S>::stage(i) * BM; };
+  auto delta_slot = [&](int i) { return stat_slots + (2 * Ring<S>::stage(i) + 1) * BM; };
 
   const int h = blockIdx.y, b = blockIdx.z;
   const int k0 = k_block * BN;
   // Causal: queries before the block's first key see none of it.
   const int i_first = k0 / BM, n_steps = (p.T + BM - 1) / BM - i_first;
+  const size_t stat0 = (static_cast<size_t>(b) * p.H + h) * p.T;  // (b, h) slice of L and δ
   if (threadIdx.x == 0) {
     barrier_init(kv_full, 1);
-    ring.init(128 * Tr::kWarpgroups);
+    ring.init(1 + 32, 128 * Tr::kWarpgroups);  // the copy issuer, the (L, δ) warp
     barrier_init_fence();
   }
   __syncthreads();
@@ -276,6 +288,17 @@ __device__ __forceinline__ void backward_dkdv_block(const BackwardTmaParams& par
         tma_load_tile(q_tile(i), &params.qkv, row0 + q0, h * D, full);
         tma_load_tile(do_tile(i), &params.dout, row0 + q0, h * D, full);
       }
+    } else if (threadIdx.x / 32 % 4 == 1) {  // the (L, δ) warp; rows past T read as 0
+      for (int i = 0; i < n_steps; ++i) {
+        const int q0 = (i_first + i) * BM;
+        ring.wait_empty(i);
+        for (int r = threadIdx.x % 32; r < BM; r += 32) {
+          const bool valid = q0 + r < p.T;
+          lse_slot(i)[r] = valid ? p.lse[stat0 + q0 + r] : 0.0f;
+          delta_slot(i)[r] = valid ? p.delta[stat0 + q0 + r] : 0.0f;
+        }
+        ring.filled(i);
+      }
     }
     return;
   }
@@ -284,8 +307,6 @@ __device__ __forceinline__ void backward_dkdv_block(const BackwardTmaParams& par
   const int wg_row0 = warpgroup_row0();
   const int wg_key0 = k0 + wg_row0;        // first key of the warpgroup
   const int warp_key0 = k0 + warp_row0();  // first key of the warp
-  const float* lse = p.lse + (static_cast<size_t>(b) * p.H + h) * p.T;    // (T,) of (b, h)
-  const float* delta = p.delta + (static_cast<size_t>(b) * p.H + h) * p.T;
   float dk_acc[1][D / 8][4], dv_acc[1][D / 8][4];  // (64, d) rows of dK, dV of the warpgroup
   zero(dk_acc);
   zero(dv_acc);
@@ -296,22 +317,23 @@ __device__ __forceinline__ void backward_dkdv_block(const BackwardTmaParams& par
     const bool sees = wg_key0 <= q0 + BM - 1 && wg_key0 < p.T;
     ring.wait_full(i);
     if (sees) {
+      const float* lse = lse_slot(i);
+      const float* delta = delta_slot(i);
       float w[1][BM / 8][4];   // (64 keys, BM queries): Sᵀ, then Pᵀ, then dSᵀ
       float dp[1][BM / 8][4];  // (64 keys, BM queries): dPᵀ
       issue_ss(w, k_tile, wg_row0, q_tile(i));
       issue_ss(dp, v_tile, wg_row0, do_tile(i));  // runs while Pᵀ is computed
       wait_for<1>(w);
       for_each_acc<1, BM / 8>([&](int mt, int nt, int e) {
-        const int key = warp_key0 + acc_row(mt, e), query = q0 + acc_col(nt, e);
+        const int key = warp_key0 + acc_row(mt, e), qi = acc_col(nt, e), query = q0 + qi;
         w[mt][nt][e] = (query < p.T && key <= query)
-                           ? Softmax::probability(w[mt][nt][e], lse[query], p.scale_log2)
+                           ? Softmax::probability(w[mt][nt][e], lse[qi], p.scale_log2)
                            : 0.0f;
       });
       product_rs(dv_acc, w, do_tile(i));  // its wait covers dPᵀ's group too
       wait_for<0>(dp);
       for_each_acc<1, BM / 8>([&](int mt, int nt, int e) {
-        const int query = min(q0 + acc_col(nt, e), p.T - 1);  // past T: P is 0 already
-        w[mt][nt][e] = Softmax::grad_score(w[mt][nt][e], dp[mt][nt][e], delta[query]);
+        w[mt][nt][e] = Softmax::grad_score(w[mt][nt][e], dp[mt][nt][e], delta[acc_col(nt, e)]);
       });
       product_rs(dk_acc, w, q_tile(i));
     }
@@ -353,7 +375,7 @@ __device__ __forceinline__ void backward_dq_block(const BackwardTmaParams& param
   const int n_kblocks = (min(p.T, q0 + BM) + BN - 1) / BN;
   if (threadIdx.x == 0) {
     barrier_init(q_full, 1);
-    ring.init(128 * Tr::kWarpgroups);
+    ring.init(1, 128 * Tr::kWarpgroups);
     barrier_init_fence();
   }
   __syncthreads();

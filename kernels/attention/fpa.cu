@@ -53,7 +53,7 @@ using FpaTiles = std::conditional_t<
 template <int D>
 using FpaTilesSm90 = std::conditional_t<
     D == 64,
-    KernelTiles<sm90::ForwardTraits<64, 2, 64>, sm90::DkDvTraits<64, 2, 128>,
+    KernelTiles<sm90::ForwardTraits<64, 2, 128>, sm90::DkDvTraits<64, 2, 128>,
                 sm90::DqTraits<64, 2, 128>>,
     KernelTiles<sm90::ForwardTraits<128, 2, 128>, sm90::DkDvTraits<128, 2, 64>,
                 sm90::DqTraits<128, 2, 64>>>;
