@@ -2,12 +2,10 @@
 // Hopper's wgmma (flash_skeleton_sm90.cuh) where the device and the build have
 // it, else on mma.sync (flash_skeleton.cuh).
 //
-// wgmma tile shapes, from tools/attention_tiles.cu on an H200: two warpgroups
-// of 64 rows per block at both head dims;
-//   forward   d=64:  128 query rows, 64-key steps
-//             d=128: 128 query rows, 128-key steps
-//   backward  d=64:  dK/dV 128 keys, 128-query steps; dQ 128 rows, 128-key steps
-//             d=128: dK/dV 128 keys, 64-query steps;  dQ 128 rows, 64-key steps
+// wgmma tile shapes, from tools/attention_tiles.cu on an H200: two consumer
+// warpgroups of 64 rows per block (and a producer warpgroup), two-stage rings;
+//   forward   128 query rows, 128-key steps
+//   backward  dK/dV 128 keys, 64-query steps; dQ 128 rows, 64-key steps
 //
 // mma.sync tile shapes per head dim, from tools/attention_tiles.cu on an H200
 // (see docs/performance.md). A warp owns 16 x row-tiles rows and keeps their fp32
@@ -51,12 +49,8 @@ using FpaTiles = std::conditional_t<
     KernelTiles<ForwardTraits<128, 8, 1, 128>, DkDvTraits<128, 8, 1, 64>, DqTraits<128, 8, 1, 64>>>;
 
 template <int D>
-using FpaTilesSm90 = std::conditional_t<
-    D == 64,
-    KernelTiles<sm90::ForwardTraits<64, 2, 128>, sm90::DkDvTraits<64, 2, 128>,
-                sm90::DqTraits<64, 2, 128>>,
-    KernelTiles<sm90::ForwardTraits<128, 2, 128>, sm90::DkDvTraits<128, 2, 64>,
-                sm90::DqTraits<128, 2, 64>>>;
+using FpaTilesSm90 = KernelTiles<sm90::ForwardTraits<D, 2, 128>, sm90::DkDvTraits<D, 2, 64>,
+                                 sm90::DqTraits<D, 2, 64>>;
 
 template <class Tiles, class Params>
 void launch_forward(const AttentionShape& s, const Params& p, void (*kernel)(Params),

@@ -185,7 +185,11 @@ template <typename Value>
 void check_operand(const char* name, const HostOperand& got, const qattn::cuda::SageWorkspace& ws,
                    const AttentionShape& s, Value value) {
   const int d = s.d;
-  long long levels = 0, off_by_one = 0, worse = 0, transposed_wrong = 0;
+  // A level within 1e-4 of a rounding tie (x.5) may round either way: fp32 on the
+  // GPU vs fp64 here (and bf16 inputs make exact ties common, e.g. c·q / scale =
+  // 127 q / max|q| with c cancelling). fp32's error is ~127 x 6e-8 ≈ 1e-5 levels,
+  // so any other difference is a bug.
+  long long levels = 0, ties = 0, off_by_one = 0, worse = 0, transposed_wrong = 0;
   double worst_scale = 0, worst_bf16 = 0;
   for (int bh = 0; bh < s.B * s.H; ++bh)
     for (int blk = 0; blk < ws.blocks; ++blk) {
@@ -201,8 +205,11 @@ void check_operand(const char* name, const HostOperand& got, const qattn::cuda::
           const size_t at = (static_cast<size_t>(bh) * ws.Tp + t0 + r) * d + x;
           const double v = r < rows ? value(bh, t0 + r, x) : 0.0;
           const long long diff = std::llabs(static_cast<long long>(got.i8[at]) - std::llround(v / scale));
+          const double u = std::abs(v / scale);
+          const bool near_tie = std::abs(u - std::floor(u) - 0.5) < 1e-4;
           ++levels;
-          off_by_one += diff == 1;
+          ties += near_tie;
+          off_by_one += diff == 1 && !near_tie;
           worse += diff > 1;
           worst_bf16 = std::max(worst_bf16, std::abs(__bfloat162float(got.bf[at]) - v) / std::max(amax, 1e-30));
           // The transposed copy holds the same level at the permuted position.
@@ -214,12 +221,12 @@ void check_operand(const char* name, const HostOperand& got, const qattn::cuda::
           transposed_wrong += got.i8t[(static_cast<size_t>(bh) * d + x) * ws.Tp + t0 + pos] != got.i8[at];
         }
     }
-  std::printf("  %-4s levels %lld: off by one %lld, worse %lld; max rel scale error %.1e; bf16 copy max "
-              "error %.1e of max|X|\n",
-              name, levels, off_by_one, worse, worst_scale, worst_bf16);
+  std::printf("  %-4s levels %lld (%lld near a tie): off by one elsewhere %lld, worse %lld; max rel "
+              "scale error %.1e; bf16 copy max error %.1e of max|X|\n",
+              name, levels, ties, off_by_one, worse, worst_scale, worst_bf16);
   INFO(name);
   CHECK(worse == 0);
-  CHECK(off_by_one <= levels / 1000);  // fp32 vs fp64 only flips values within rounding of a .5
+  CHECK(off_by_one == 0);
   CHECK(worst_scale < 1e-5);
   CHECK(worst_bf16 < 1e-2);  // bf16 keeps 8 bits: half an ulp of max|X| at most
   CHECK(transposed_wrong == 0);
