@@ -36,7 +36,7 @@ import collections, csv, re, sys
 rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
 head = rows[0]
 name_at, value_at, unit_at = head.index("Kernel Name"), head.index("Metric Value"), head.index("Metric Unit")
-us = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3}
+us = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3}
 total, count = collections.Counter(), collections.Counter()
 for r in rows[1:]:
     try:
