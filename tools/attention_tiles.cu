@@ -147,8 +147,7 @@ void sweep(int B, int H, int T, int d, ForwardList<Fwd...>, BackwardList<Pairs..
   // The backward reads o and L of the first forward shape, and δ from the pre-pass.
   sweep_forward<typename std::tuple_element<0, std::tuple<Fwd...>>::type>(pb, first_o);
   const BackwardParams bp = backward_params(pb);
-  attention_delta_kernel<<<(B * T * H + 7) / 8, 256>>>(bp, d);
-  CUDA_CHECK_LAUNCH();
+  attention_delta(bp, d, nullptr);
   (sweep_backward(pb, first_dqkv, Pairs{}), ...);
   for (void* ptr :
        {(void*)pb.qkv, (void*)pb.dqkv, (void*)pb.o, (void*)pb.dout, (void*)pb.lse, (void*)pb.delta})

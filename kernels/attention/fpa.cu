@@ -90,10 +90,7 @@ void backward(const AttentionShape& s, const bf16* qkv, const bf16* o, const bf1
               cudaStream_t stream) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const BackwardParams p{qkv, o, dout, lse, delta, dqkv, s.B, s.H, s.T, scale, scale * kLog2e};
-  constexpr int kDeltaRowsPerBlock = 8;  // one warp per row
-  attention_delta_kernel<<<ceil_div(static_cast<long long>(s.B) * s.T * s.H, kDeltaRowsPerBlock),
-                           32 * kDeltaRowsPerBlock, 0, stream>>>(p, D);
-  CUDA_CHECK_LAUNCH();
+  attention_delta(p, D, stream);
   if (resolve(kernels) == FpaKernels::wgmma) {
     using Tiles = FpaTilesSm90<D>;
     return launch_backward<Tiles>(

@@ -605,10 +605,7 @@ void backward(const KIntervalOptions& opt, const AttentionShape& s, const Params
     fpa_forward(s, p.qkv, ws.o_exact, ws.lse, stream);  // exact L, and the exact output for δ
     fb.o = ws.o_exact;
   }
-  constexpr int kDeltaRowsPerBlock = 8;  // one warp per row
-  attention_delta_kernel<<<ceil_div(static_cast<long long>(p.B) * p.T * p.H, kDeltaRowsPerBlock),
-                           32 * kDeltaRowsPerBlock, 0, stream>>>(fb, D);
-  CUDA_CHECK_LAUNCH();
+  attention_delta(fb, D, stream);
   if (rule == Rule::prob_ste) {
     using Dq = typename Tiles<D>::Dq;
     launch(flash_backward_dq_kernel<Dq, Bf16Operands, OnlineSoftmax<Dq::kRowTiles>>,
