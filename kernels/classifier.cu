@@ -5,12 +5,8 @@
 namespace qattn::cuda {
 
 namespace {
-constexpr int kThreads = 512;
-constexpr int kChunk = kThreads * 8;  // columns one sweep of the block covers, 8 per thread
-// A thread keeps its first kCachedChunks loads in registers (4 each), so rows of
-// up to 53,248 columns (GPT-2: 50,304) are read from memory once, not twice.
-constexpr int kCachedChunks = 13;
-}  // namespace
+constexpr int kThreads = 1024;
+}
 
 struct MaxSum {
   float max, sum;  // running max and sum of exp(x - max)
@@ -22,36 +18,27 @@ __device__ __forceinline__ MaxSum combine(MaxSum a, MaxSum b) {
 }
 
 // One block per row. Pass 1: online max and sum over the real columns, 8 per
-// load, the loads kept in registers. Pass 2 (write_grad): the gradient, in place.
+// load. Pass 2 (write_grad): the gradient, in place.
 __global__ void __launch_bounds__(kThreads) classifier_kernel(bf16* logits, float* losses,
                                                               const int32_t* targets, int V,
                                                               int Vp, float dloss,
                                                               bool write_grad) {
   __shared__ MaxSum warp_results[kThreads / 32];
   bf16* row = logits + static_cast<long long>(blockIdx.x) * Vp;
-  const int c0 = threadIdx.x * 8;  // this thread's columns: c0 + i kChunk + (0 .. 7)
-  MaxSum acc{-FLT_MAX, 0.0f};      // -FLT_MAX, not -inf: exp(-inf - -inf) would be NaN
-  auto absorb = [&](const Bf16x8& raw, int c) {
+  MaxSum acc{-FLT_MAX, 0.0f};  // -FLT_MAX, not -inf: exp(-inf - -inf) would be NaN
+  for (int c = threadIdx.x * 8; c < V; c += kThreads * 8) {
+    float x[8];
+    load8_f32(row + c, x);
     float m = acc.max;
 #pragma unroll
     for (int k = 0; k < 8; ++k)
-      if (c + k < V) m = fmaxf(m, __bfloat162float(raw.v[k]));
+      if (c + k < V) m = fmaxf(m, x[k]);
     float s = acc.sum * __expf(acc.max - m);
 #pragma unroll
     for (int k = 0; k < 8; ++k)
-      if (c + k < V) s += __expf(__bfloat162float(raw.v[k]) - m);
+      if (c + k < V) s += __expf(x[k] - m);
     acc = {m, s};
-  };
-  Bf16x8 cached[kCachedChunks];
-#pragma unroll
-  for (int i = 0; i < kCachedChunks; ++i) {
-    const int c = c0 + i * kChunk;
-    if (c < V) {
-      cached[i] = load8(row + c);
-      absorb(cached[i], c);
-    }
   }
-  for (int c = c0 + kCachedChunks * kChunk; c < V; c += kChunk) absorb(load8(row + c), c);
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) {
     MaxSum other{__shfl_xor_sync(0xffffffffu, acc.max, o), __shfl_xor_sync(0xffffffffu, acc.sum, o)};
@@ -68,23 +55,16 @@ __global__ void __launch_bounds__(kThreads) classifier_kernel(bf16* logits, floa
   if (!write_grad) return;
   __syncthreads();  // everyone has read row[target] before it is overwritten
   const float inv_sum = 1.0f / total.sum;
-  // Padded columns (V <= c < Vp) get 0; their raw values are never read.
-  auto store_grad = [&](const Bf16x8& raw, int c) {
-    float g[8];
+  for (int c = threadIdx.x * 8; c < Vp; c += kThreads * 8) {
+    float x[8];
+    load8_f32(row + c, x);
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
-      const float p = c + k < V ? __expf(__bfloat162float(raw.v[k]) - total.max) * inv_sum : 0.0f;
-      g[k] = (p - (c + k == target ? 1.0f : 0.0f)) * dloss;
+      const float p = c + k < V ? __expf(x[k] - total.max) * inv_sum : 0.0f;
+      x[k] = (p - (c + k == target ? 1.0f : 0.0f)) * dloss;
     }
-    store8_f32(row + c, g);
-  };
-#pragma unroll
-  for (int i = 0; i < kCachedChunks; ++i) {
-    const int c = c0 + i * kChunk;
-    if (c < Vp) store_grad(c < V ? cached[i] : Bf16x8{}, c);
+    store8_f32(row + c, x);
   }
-  for (int c = c0 + kCachedChunks * kChunk; c < Vp; c += kChunk)
-    store_grad(c < V ? load8(row + c) : Bf16x8{}, c);
 }
 
 void classifier_forward_backward(bf16* logits, float* losses, const int32_t* targets, int N,
