@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
+#include <string>
 #include <type_traits>
 
 #include "attention/bf16_operands.cuh"
@@ -31,18 +32,6 @@ namespace qattn::cuda {
 namespace {
 
 using namespace flash;
-
-// automatic -> wgmma on a Hopper device when the build carries sm_90a code, else mma_sync.
-FpaKernels resolve(FpaKernels kernels) {
-  if (kernels != FpaKernels::automatic) {
-    if (kernels == FpaKernels::wgmma && !fpa_wgmma_available())
-      throw std::invalid_argument(
-          "FPA attention: the wgmma kernels need a compute capability 9.x device and a build "
-          "with sm_90a in QATTN_CUDA_ARCHS");
-    return kernels;
-  }
-  return fpa_wgmma_available() ? FpaKernels::wgmma : FpaKernels::mma_sync;
-}
 
 template <int D>
 using FpaTiles = std::conditional_t<
@@ -71,7 +60,7 @@ void forward(const AttentionShape& s, const bf16* qkv, bf16* o, float* lse, FpaK
              cudaStream_t stream) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const ForwardParams p{qkv, o, lse, s.B, s.H, s.T, scale * kLog2e};
-  if (resolve(kernels) == FpaKernels::wgmma) {
+  if (resolve_kernels(kernels, "FPA attention") == FpaKernels::wgmma) {
     using Tr = typename FpaTilesSm90<D>::Forward;
     return launch_forward<FpaTilesSm90<D>>(s, p, sm90::flash_forward_kernel<Tr, OnlineSoftmax<1>>,
                                               stream);
@@ -100,7 +89,7 @@ void backward(const AttentionShape& s, const bf16* qkv, const bf16* o, const bf1
   attention_delta_kernel<<<ceil_div(static_cast<long long>(s.B) * s.T * s.H, kDeltaRowsPerBlock),
                            32 * kDeltaRowsPerBlock, 0, stream>>>(p, D);
   CUDA_CHECK_LAUNCH();
-  if (resolve(kernels) == FpaKernels::wgmma) {
+  if (resolve_kernels(kernels, "FPA attention") == FpaKernels::wgmma) {
     using Tiles = FpaTilesSm90<D>;
     return launch_backward<Tiles>(
         s, p,
@@ -118,6 +107,18 @@ void backward(const AttentionShape& s, const bf16* qkv, const bf16* o, const bf1
 }  // namespace
 
 bool fpa_wgmma_available() { return sm90_kernels_available(); }
+
+FpaKernels resolve_kernels(FpaKernels requested, const char* kind) {
+  if (requested != FpaKernels::automatic) {
+    if (requested == FpaKernels::wgmma && !fpa_wgmma_available())
+      throw std::invalid_argument(
+          std::string(kind) +
+          ": the wgmma kernels need a compute capability 9.x device and a build with sm_90a in "
+          "QATTN_CUDA_ARCHS");
+    return requested;
+  }
+  return fpa_wgmma_available() ? FpaKernels::wgmma : FpaKernels::mma_sync;
+}
 
 void fpa_forward(const AttentionShape& s, const bf16* qkv, bf16* o, float* lse,
                  cudaStream_t stream, FpaKernels kernels) {
