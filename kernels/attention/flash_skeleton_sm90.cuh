@@ -238,7 +238,8 @@ __device__ __forceinline__ void backward_dq_block(const BackwardParams p, int q_
 // The dQ half as a launch of its own (grid as in flash_backward_dq_kernel of
 // flash_skeleton.cuh), for K-interval's probability-STE backward.
 template <class Tr, class Softmax>
-__global__ void __launch_bounds__(Tr::kThreads, 1) flash_backward_dq_kernel(const BackwardParams p) {
+__global__ void __launch_bounds__(Tr::kThreads, 1)
+    flash_backward_dq_kernel(const BackwardParams p) {
 #if QATTN_SM90A_DEVICE
   extern __shared__ __align__(1024) unsigned char smem[];
   backward_dq_block<Tr, Softmax>(p, gridDim.x - 1 - blockIdx.x, smem);
