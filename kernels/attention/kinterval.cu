@@ -29,8 +29,9 @@
 // elsewhere, a warp of 16 or 32 rows with register fragments.
 //
 // Tile shapes, wgmma: 2 warpgroups (256 threads), 128 rows per block;
-//   d=64:  forward 64-key steps; dQ 128-key steps; dK/dV 128-query steps;
-//   d=128: 64-key and 64-query steps (the accumulators of d = 128 leave no room for 128).
+//   d=64:  forward 64-key steps; dQ 128-key steps; dK/dV 64-query steps (128 spills);
+//   d=128: 64-key and 64-query steps (dK/dV holds 192 accumulator registers per
+//          thread and spills 24-52 bytes; 128-key steps would not fit).
 // mma.sync: forward d=64 4 warps x 32 rows (FPA's), d=128 8 x 16, 64-key steps;
 // dQ 8 warps x 16 rows, 64-key steps; dK/dV 8 warps x 16 keys, 64-query steps.
 #include <cmath>
@@ -429,6 +430,7 @@ __device__ __forceinline__ void dkdv_block(const Params& p, unsigned char* smem)
   check_row_group<Rows, Tr, Tr::kBlockN>();
   constexpr int D = Tr::kHeadDim, BM = Tr::kBlockM, BN = Tr::kBlockN, RT = Rows::kRowTiles;
   constexpr bool kFwm = kCalibration == Calibration::fwm;
+  constexpr bool kLerpMinmax = kRule == Rule::lerp && !kFwm;
   const SmemTile<BN, D> k_tile{reinterpret_cast<bf16*>(smem)};  // (BN, d)
   const SmemTile<BN, D> v_tile{k_tile.data + BN * D};           // (BN, d)
   bf16* q_stages = v_tile.data + BN * D;                        // 2 x [(BM, d) Q, (BM, d) dO]
@@ -508,21 +510,20 @@ __device__ __forceinline__ void dkdv_block(const Params& p, unsigned char* smem)
           ds = fast_exp2(fmaf(raw, p.scale_log2, -q.second * kLog2e)) * g;
         }
       }
-      // The calibration terms, on the key that is the row's argmax (argmin);
-      // detached, dL/dm = dL/dℓ = 0.
+      // The calibration terms, on the key that is the row's argmax (argmin; dL/dℓ
+      // is 0 but for lerp minmax); detached, dL/dm = dL/dℓ = 0.
       if constexpr (kRule != Rule::prob_ste) {
         const int key = warp_key0 + acc_row(mt, e);
         if (key == r.argmax) ds += q.second;
-        if (key == r.argmin) ds += q.l_grad;
+        if (kLerpMinmax && key == r.argmin) ds += q.l_grad;
       }
-      dp[mt][nt][e] = ds;
+      // The causal mask (keys after the query), here rather than in a loop of its
+      // own over the tiles that cross the diagonal: p̂ᵀ and dSᵀ can then be
+      // rounded to bf16 as they come, which frees registers (fewer spills at d = 128).
+      const bool future = warp_key0 + acc_row(mt, e) > q0 + qi;
+      if (future) w[mt][nt][e] = 0.0f;
+      dp[mt][nt][e] = future ? 0.0f : ds;
     });
-    // The causal mask, where the tile crosses the diagonal (keys after queries).
-    if (warp_key0 + 16 * RT - 1 > q0) {
-      for_each_acc<RT, BM / 8>([&](int mt, int nt, int e) {
-        if (warp_key0 + acc_row(mt, e) > q0 + acc_col(nt, e)) w[mt][nt][e] = dp[mt][nt][e] = 0.0f;
-      });
-    }
     Rows::accumulate(dv_acc, w, do_stage(s));  // dV += p̂ᵀ dO
     Rows::accumulate(dk_acc, dp, q_stage(s));  // dK += dSᵀ Q
   });
@@ -567,7 +568,7 @@ struct WgmmaFamily {
   template <int D>
   using Tiles = std::conditional_t<
       D == 64,
-      KernelTiles<sm90::ForwardTraits<64, 2, 64>, sm90::DkDvTraits<64, 2, 128>,
+      KernelTiles<sm90::ForwardTraits<64, 2, 64>, sm90::DkDvTraits<64, 2, 64>,
                   sm90::DqTraits<64, 2, 128>>,
       KernelTiles<sm90::ForwardTraits<128, 2, 64>, sm90::DkDvTraits<128, 2, 64>,
                   sm90::DqTraits<128, 2, 64>>>;
