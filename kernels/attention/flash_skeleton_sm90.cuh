@@ -443,6 +443,17 @@ __device__ __forceinline__ void backward_dq_block(const BackwardTmaParams& param
                                     static_cast<size_t>(3) * p.H * D, p.T - q0);
 }
 
+// The dQ half as a launch of its own (grid (ceil(T / kBlockM), H, B)), for
+// K-interval's probability-STE backward, which needs FPA's dQ.
+template <class Tr, class Softmax>
+__global__ void __launch_bounds__(Tr::kThreads, 1)
+    flash_backward_dq_kernel(const __grid_constant__ BackwardTmaParams params) {
+#if QATTN_SM90A_DEVICE
+  extern __shared__ __align__(1024) unsigned char smem[];
+  backward_dq_block<Tr, Softmax>(params, gridDim.x - 1 - blockIdx.x, smem);
+#endif
+}
+
 // The backward as one launch, grid and block order as flash_backward_kernel:
 // dK/dV blocks first (key block 0, which sees every query, leading), then dQ
 // blocks (the last query block leading).

@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
+#include <string>
 #include <type_traits>
 
 #include "attention/bf16_operands.cuh"
@@ -29,18 +30,6 @@ namespace qattn::cuda {
 namespace {
 
 using namespace flash;
-
-// automatic -> wgmma on a Hopper device when the build carries sm_90a code, else mma_sync.
-FpaKernels resolve(FpaKernels kernels) {
-  if (kernels != FpaKernels::automatic) {
-    if (kernels == FpaKernels::wgmma && !fpa_wgmma_available())
-      throw std::invalid_argument(
-          "FPA attention: the wgmma kernels need a compute capability 9.x device and a build "
-          "with sm_90a in QATTN_CUDA_ARCHS");
-    return kernels;
-  }
-  return fpa_wgmma_available() ? FpaKernels::wgmma : FpaKernels::mma_sync;
-}
 
 template <int D>
 using FpaTiles = std::conditional_t<
@@ -65,7 +54,7 @@ void forward(const AttentionShape& s, const bf16* qkv, bf16* o, float* lse, FpaK
              cudaStream_t stream) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const ForwardParams p{qkv, o, lse, s.B, s.H, s.T, scale * kLog2e};
-  if (resolve(kernels) == FpaKernels::wgmma) {
+  if (resolve_kernels(kernels, "FPA attention") == FpaKernels::wgmma) {
     using Tr = typename FpaTilesSm90<D>::Forward;
     return launch_forward<FpaTilesSm90<D>>(s, sm90::tma_params(p, D),
                                            sm90::flash_forward_kernel<Tr, OnlineSoftmax<1>>, stream);
@@ -91,7 +80,7 @@ void backward(const AttentionShape& s, const bf16* qkv, const bf16* o, const bf1
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const BackwardParams p{qkv, o, dout, lse, delta, dqkv, s.B, s.H, s.T, scale, scale * kLog2e};
   attention_delta(p, D, stream);
-  if (resolve(kernels) == FpaKernels::wgmma) {
+  if (resolve_kernels(kernels, "FPA attention") == FpaKernels::wgmma) {
     using Tiles = FpaTilesSm90<D>;
     return launch_backward<Tiles>(
         s, sm90::tma_params(p, D),
@@ -106,9 +95,35 @@ void backward(const AttentionShape& s, const bf16* qkv, const bf16* o, const bf1
       stream);
 }
 
+template <int D>
+void backward_dq(const AttentionShape& s, const BackwardParams& p, FpaKernels kernels,
+                 cudaStream_t stream) {
+  if (resolve_kernels(kernels, "FPA attention") == FpaKernels::wgmma) {
+    using Dq = typename FpaTilesSm90<D>::Dq;
+    return launch(sm90::flash_backward_dq_kernel<Dq, OnlineSoftmax<1>>,
+                  dim3(ceil_div(s.T, Dq::kBlockM), s.H, s.B), Dq::kThreads, Dq::kSmemBytes,
+                  stream, sm90::tma_params(p, D));
+  }
+  using Dq = typename FpaTiles<D>::Dq;
+  launch(flash_backward_dq_kernel<Dq, Bf16Operands, OnlineSoftmax<Dq::kRowTiles>>,
+         dim3(ceil_div(s.T, Dq::kBlockM), s.H, s.B), Dq::kThreads, Dq::kSmemBytes, stream, p);
+}
+
 }  // namespace
 
 bool fpa_wgmma_available() { return sm90_kernels_available(); }
+
+FpaKernels resolve_kernels(FpaKernels requested, const char* kind) {
+  if (requested != FpaKernels::automatic) {
+    if (requested == FpaKernels::wgmma && !fpa_wgmma_available())
+      throw std::invalid_argument(
+          std::string(kind) +
+          ": the wgmma kernels need a compute capability 9.x device and a build with sm_90a in "
+          "QATTN_CUDA_ARCHS");
+    return requested;
+  }
+  return fpa_wgmma_available() ? FpaKernels::wgmma : FpaKernels::mma_sync;
+}
 
 void fpa_forward(const AttentionShape& s, const bf16* qkv, bf16* o, float* lse,
                  cudaStream_t stream, FpaKernels kernels) {
@@ -121,6 +136,15 @@ void fpa_backward(const AttentionShape& s, const bf16* qkv, const bf16* o, const
                   FpaKernels kernels) {
   if (s.d == 64) return backward<64>(s, qkv, o, dout, lse, delta, dqkv, kernels, stream);
   return backward<128>(s, qkv, o, dout, lse, delta, dqkv, kernels, stream);
+}
+
+void fpa_backward_dq(const AttentionShape& s, const bf16* qkv, const bf16* dout, const float* lse,
+                     float* delta, bf16* dqkv, cudaStream_t stream, FpaKernels kernels) {
+  const float scale = 1.0f / std::sqrt(static_cast<float>(s.d));
+  // o is not read: δ is given.
+  const BackwardParams p{qkv, nullptr, dout, lse, delta, dqkv, s.B, s.H, s.T, scale, scale * kLog2e};
+  if (s.d == 64) return backward_dq<64>(s, p, kernels, stream);
+  return backward_dq<128>(s, p, kernels, stream);
 }
 
 }  // namespace qattn::cuda

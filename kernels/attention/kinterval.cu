@@ -23,7 +23,16 @@
 // compile-time options; K, the window, detach and the window mask are run-time values.
 // The kernels are bound by instructions per score (docs/kinterval.md, Performance).
 //
-// Tile shapes: forward d=64 4 warps x 32 rows (FPA's), d=128 8 x 16, 64-key steps;
+// Each kernel is written once over a row group (row_groups.cuh) and runs in two
+// families, picked at run time as FPA's (FpaKernels): wgmma on Hopper (sm_90a),
+// a warpgroup of 64 rows reading Q, K, V, dO from shared memory; mma.sync
+// elsewhere, a warp of 16 or 32 rows with register fragments.
+//
+// Tile shapes, wgmma: 2 warpgroups (256 threads), 128 rows per block;
+//   d=64:  forward 64-key steps; dQ 128-key steps; dK/dV 64-query steps (128 spills);
+//   d=128: 64-key and 64-query steps (dK/dV holds 192 accumulator registers per
+//          thread and spills 24-52 bytes; 128-key steps would not fit).
+// mma.sync: forward d=64 4 warps x 32 rows (FPA's), d=128 8 x 16, 64-key steps;
 // dQ 8 warps x 16 rows, 64-key steps; dK/dV 8 warps x 16 keys, 64-query steps.
 #include <cmath>
 #include <stdexcept>
@@ -32,9 +41,12 @@
 
 #include "attention/bf16_operands.cuh"
 #include "attention/flash_skeleton.cuh"
+#include "attention/flash_skeleton_sm90.cuh"
 #include "attention/fpa.cuh"
 #include "attention/kinterval.cuh"
 #include "attention/kinterval_softmax.cuh"
+#include "attention/online_softmax.cuh"
+#include "attention/row_groups.cuh"
 
 namespace qattn::cuda {
 namespace {
@@ -116,31 +128,45 @@ __device__ __forceinline__ void hide_future_keys(int k0, int row_first, Hide&& h
   });
 }
 
+// Every kernel below is a __device__ body over a row group (Rows) and the
+// block's tile shapes (Tr), launched by a __global__ wrapper that keeps it only
+// where the group's instructions exist (wgmma bodies: sm_90a code only).
+template <class Rows, class Tr, int kResidentRows>
+__device__ __forceinline__ void check_row_group() {
+  static_assert(Tr::kThreads / Rows::kThreads * Rows::kRows == kResidentRows,
+                "the row groups of a block split the rows of its resident tile");
+}
+
 // ---------------------------------------------------------------------------
 // Forward. Grid (ceil(T / kBlockM), H, B); the heaviest (last) query blocks start first.
 // kIndices: the extrema whose key the backward routes a calibration term to
 // (index tracking costs a compare and two selects per score; the values alone one min or max).
 enum class Indices { none, argmax, both };
 
-Indices indices_needed(const KIntervalOptions& opt) {
-  const Rule rule = rule_of(opt);
-  if (opt.detach_extrema || rule == Rule::prob_ste) return Indices::none;  // no path through m, ℓ
-  // dL/dℓ is 0 for fwm (no ℓ) and for the weight STE (w = exp(s − m)).
-  const bool lerp_minmax = rule == Rule::lerp && opt.calibration == Calibration::minmax;
+// No path through m and ℓ when detached or under the probability STE.
+bool tracks_indices(const KIntervalOptions& opt) {
+  return !opt.detach_extrema && rule_of(opt) != Rule::prob_ste;
+}
+// The indices tracked, given that some are: dL/dℓ is 0 for fwm (no ℓ) and for
+// the weight STE (w = exp(s − m)), so argmin only for lerp minmax.
+constexpr Indices indices_tracked(Rounding rounding, Calibration calibration) {
+  const bool lerp_minmax = rounding == Rounding::lerp && calibration == Calibration::minmax;
   return lerp_minmax ? Indices::both : Indices::argmax;
 }
 
-template <class Tr, Rounding kRounding, Calibration kCalibration, Indices kIndices>
-__global__ void __launch_bounds__(Tr::kThreads) forward_kernel(const Params p) {
-  constexpr int D = Tr::kHeadDim, BM = Tr::kBlockM, BN = Tr::kBlockN, RT = Tr::kRowTiles;
+template <class Rows, class Tr, Rounding kRounding, Calibration kCalibration, Indices kIndices>
+__device__ __forceinline__ void forward_block(const Params& p, unsigned char* smem) {
+  check_row_group<Rows, Tr, Tr::kBlockM>();
+  constexpr int D = Tr::kHeadDim, BM = Tr::kBlockM, BN = Tr::kBlockN, RT = Rows::kRowTiles;
   constexpr bool kFwm = kCalibration == Calibration::fwm;
-  extern __shared__ __align__(128) unsigned char smem[];
   const SmemTile<BM, D> q_tile{reinterpret_cast<bf16*>(smem)};  // (BM, d)
   bf16* kv_stages = q_tile.data + BM * D;                       // 2 x [(BN, d) K, (BN, d) V]
 
   const int q_block = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
-  const int warp_row0 = (threadIdx.x / 32) * 16 * RT;  // first row of the warp, within the block
-  const int q0 = q_block * BM, row_first = q0 + warp_row0, row_last = row_first + 16 * RT - 1;
+  const int q0 = q_block * BM;
+  const int warp_row0 = Rows::warp_first_row();  // first row of the warp, within the block
+  const int row_first = q0 + warp_row0;          // the warp's first query row
+  const int group_row_last = q0 + Rows::first_row() + Rows::kRows - 1;
   const size_t ld = static_cast<size_t>(3) * p.H * D;
   const KvStages<Tr> kv{kv_stages, p.qkv + qkv_offset(b, 0, 1, h, p.T, p.H, D),
                         p.qkv + qkv_offset(b, 0, 2, h, p.T, p.H, D), ld, p.T};
@@ -150,7 +176,7 @@ __global__ void __launch_bounds__(Tr::kThreads) forward_kernel(const Params p) {
   const int n_kblocks = (min(p.T, q0 + BM) + BN - 1) / BN;
 
   load_tile_async<Tr::kThreads>(q_tile, p.qkv + qkv_offset(b, q0, 0, h, p.T, p.H, D), ld, p.T - q0);
-  uint32_t q_frag[RT][D / 16][4];
+  typename Rows::template A<BM, D> q_a;  // the group's rows of Q
 
   // Pass 1: max and min of each row's visible raw scores (this thread's columns, then the row's
   // four threads). Indices not tracked stay 0.
@@ -162,13 +188,12 @@ __global__ void __launch_bounds__(Tr::kThreads) forward_kernel(const Params p) {
       hi[mt][half] = {-INFINITY, 0};
       lo[mt][half] = {INFINITY, 0};
     }
-  pipelined(0, n_kblocks, load_k, [&](int j, int s) {
-    if (j == 0) load_a(q_frag, q_tile, warp_row0);
+  pipelined<Rows::kAsyncProxyReads>(0, n_kblocks, load_k, [&](int j, int s) {
+    if (j == 0) q_a.load(q_tile);
     const int k0 = j * BN;
-    if (k0 > row_last) return;  // every key of the block is in the future of every row of the warp
-    float r[RT][BN / 8][4];     // (16 RT, BN) raw scores
-    zero(r);
-    Bf16Operands::qk(r, q_frag, kv.k(s));
+    if (k0 > group_row_last) return;  // every key is in the future of every row of the group
+    float r[RT][BN / 8][4];           // (16 RT, BN) raw scores
+    Rows::scores(r, q_a, kv.k(s));
     // NaN fails the comparisons below, and fmaxf / fminf ignore it.
     hide_future_keys<RT, BN / 8>(k0, row_first, [&](int mt, int nt, int e) { r[mt][nt][e] = NAN; });
     for_each_acc<RT, BN / 8>([&](int mt, int nt, int e) {
@@ -205,12 +230,11 @@ __global__ void __launch_bounds__(Tr::kThreads) forward_kernel(const Params p) {
   zero(o_acc);
 #pragma unroll
   for (int mt = 0; mt < RT; ++mt) z[mt][0] = z[mt][1] = 0.0f;
-  pipelined(0, n_kblocks, load_kv, [&](int j, int s) {
+  pipelined<Rows::kAsyncProxyReads>(0, n_kblocks, load_kv, [&](int j, int s) {
     const int k0 = j * BN;
-    if (k0 > row_last) return;
+    if (k0 > group_row_last) return;
     float w[RT][BN / 8][4];  // (16 RT, BN): raw scores, then ŵ
-    zero(w);
-    Bf16Operands::qk(w, q_frag, kv.k(s));
+    Rows::scores(w, q_a, kv.k(s));
     for_each_acc<RT, BN / 8>([&](int mt, int nt, int e) {
       const RowStats& r = st[mt][e / 2];
       // Future keys (u past the grid) are hidden below; minmax never has u < 0.
@@ -222,7 +246,7 @@ __global__ void __launch_bounds__(Tr::kThreads) forward_kernel(const Params p) {
     hide_future_keys<RT, BN / 8>(k0, row_first,
                                  [&](int mt, int nt, int e) { w[mt][nt][e] = 0.0f; });
     for_each_acc<RT, BN / 8>([&](int mt, int nt, int e) { z[mt][e / 2] += w[mt][nt][e]; });
-    Bf16Operands::pv(o_acc, w, kv.v(s));
+    Rows::accumulate(o_acc, w, kv.v(s));  // O += ŵ V
   });
 
   RowStats* stats = p.stats + (static_cast<size_t>(b) * p.H + h) * p.T;  // (T)
@@ -245,21 +269,30 @@ __global__ void __launch_bounds__(Tr::kThreads) forward_kernel(const Params p) {
                            static_cast<size_t>(p.H) * D, p.T - q0);
 }
 
+template <class Rows, class Tr, Rounding kRounding, Calibration kCalibration, Indices kIndices>
+__global__ void __launch_bounds__(Tr::kThreads, 1) forward_kernel(const Params p) {
+  extern __shared__ __align__(1024) unsigned char smem[];
+  if constexpr (Rows::kCompiledHere)
+    forward_block<Rows, Tr, kRounding, kCalibration, kIndices>(p, smem);
+}
+
 // ---------------------------------------------------------------------------
 // dQ for the lerp and weight-STE rules. Grid (ceil(T / kBlockM), H, B).
-template <class Tr, Rule kRule, Calibration kCalibration>
-__global__ void __launch_bounds__(Tr::kThreads) dq_kernel(const Params p) {
+template <class Rows, class Tr, Rule kRule, Calibration kCalibration>
+__device__ __forceinline__ void dq_block(const Params& p, unsigned char* smem) {
   static_assert(kRule != Rule::prob_ste, "the probability STE uses FPA's dQ pass");
-  constexpr int D = Tr::kHeadDim, BM = Tr::kBlockM, BN = Tr::kBlockN, RT = Tr::kRowTiles;
+  check_row_group<Rows, Tr, Tr::kBlockM>();
+  constexpr int D = Tr::kHeadDim, BM = Tr::kBlockM, BN = Tr::kBlockN, RT = Rows::kRowTiles;
   constexpr bool kFwm = kCalibration == Calibration::fwm;
-  extern __shared__ __align__(128) unsigned char smem[];
   const SmemTile<BM, D> q_tile{reinterpret_cast<bf16*>(smem)};  // (BM, d)
   const SmemTile<BM, D> do_tile{q_tile.data + BM * D};          // (BM, d)
   bf16* kv_stages = do_tile.data + BM * D;                      // 2 x [(BN, d) K, (BN, d) V]
 
   const int q_block = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
-  const int warp_row0 = (threadIdx.x / 32) * 16 * RT;
-  const int q0 = q_block * BM, row_first = q0 + warp_row0, row_last = row_first + 16 * RT - 1;
+  const int q0 = q_block * BM;
+  const int warp_row0 = Rows::warp_first_row();
+  const int row_first = q0 + warp_row0;
+  const int group_row_last = q0 + Rows::first_row() + Rows::kRows - 1;
   const size_t ld = static_cast<size_t>(3) * p.H * D, ld_o = static_cast<size_t>(p.H) * D;
   const size_t stat0 = (static_cast<size_t>(b) * p.H + h) * p.T;  // (b, h) slice of the row values
   const KvStages<Tr> kv{kv_stages, p.qkv + qkv_offset(b, 0, 1, h, p.T, p.H, D),
@@ -291,22 +324,20 @@ __global__ void __launch_bounds__(Tr::kThreads) dq_kernel(const Params p) {
     }
   constexpr bool kLerpMinmax = kRule == Rule::lerp && !kFwm;
 
-  uint32_t q_frag[RT][D / 16][4], do_frag[RT][D / 16][4];
-  float dq_acc[RT][D / 8][4];  // (16 RT, d) rows of dQ owned by this warp
+  typename Rows::template A<BM, D> q_a, do_a;  // the group's rows of Q and dO
+  float dq_acc[RT][D / 8][4];                  // (16 RT, d) rows of dQ owned by this warp
   zero(dq_acc);
-  pipelined(0, n_kblocks, load_kv, [&](int j, int s) {
+  pipelined<Rows::kAsyncProxyReads>(0, n_kblocks, load_kv, [&](int j, int s) {
     if (j == 0) {
-      load_a(q_frag, q_tile, warp_row0);
-      load_a(do_frag, do_tile, warp_row0);
+      q_a.load(q_tile);
+      do_a.load(do_tile);
     }
     const int k0 = j * BN;
-    if (k0 > row_last) return;
+    if (k0 > group_row_last) return;
     float w[RT][BN / 8][4];  // (16 RT queries, BN keys): raw S, then dS_direct
-    zero(w);
-    Bf16Operands::qk(w, q_frag, kv.k(s));
-    float dp[RT][BN / 8][4];  // (16 RT queries, BN keys): dP
-    zero(dp);
-    Bf16Operands::dp(dp, do_frag, kv.v(s));
+    Rows::scores(w, q_a, kv.k(s));
+    float dp[RT][BN / 8][4];  // (16 RT queries, BN keys): dP = dO Vᵀ
+    Rows::scores(dp, do_a, kv.v(s));
     // Future keys: g = ḡ gives dL/dŵ = 0 and a raw score of −inf gives w = 0, so
     // they add nothing below (and no inf · 0).
     hide_future_keys<RT, BN / 8>(k0, row_first, [&](int mt, int nt, int e) {
@@ -335,7 +366,7 @@ __global__ void __launch_bounds__(Tr::kThreads) dq_kernel(const Params p) {
       ds_sum[mt][half] += ds;
       w[mt][nt][e] = ds;
     });
-    Bf16Operands::dq(dq_acc, w, kv.k(s));
+    Rows::accumulate(dq_acc, w, kv.k(s));  // dQ += dS K
   });
 
   // The calibration terms land on the argmax and argmin keys: dQ_i += dL/dm k_argmax + dL/dℓ
@@ -376,10 +407,16 @@ __global__ void __launch_bounds__(Tr::kThreads) dq_kernel(const Params p) {
   store_tile<Tr::kThreads>(q_tile, p.dqkv + qkv_offset(b, q0, 0, h, p.T, p.H, D), ld, p.T - q0);
 }
 
+template <class Rows, class Tr, Rule kRule, Calibration kCalibration>
+__global__ void __launch_bounds__(Tr::kThreads, 1) dq_kernel(const Params p) {
+  extern __shared__ __align__(1024) unsigned char smem[];
+  if constexpr (Rows::kCompiledHere) dq_block<Rows, Tr, kRule, kCalibration>(p, smem);
+}
+
 // ---------------------------------------------------------------------------
 // dK, dV for every rule, after the dQ pass. Grid (ceil(T / kBlockN), H, B).
-// Each warp owns 16 kRowTiles keys and computes the transposed tiles (keys x
-// queries) so p̂ᵀ and dSᵀ go from accumulators straight into the A operands.
+// Each row group owns keys of the block and computes the transposed tiles (keys
+// x queries) so p̂ᵀ and dSᵀ go from accumulators straight into the A operands.
 template <int kHeadDim, int kBlockN, int kBlockM>
 constexpr int dkdv_smem_bytes() {
   // K and V tiles, two stages of (Q tile, dO tile), two stages of the queries'
@@ -388,11 +425,12 @@ constexpr int dkdv_smem_bytes() {
          2 * kBlockM * (sizeof(RowStats) + sizeof(QueryValues));
 }
 
-template <class Tr, Rule kRule, Calibration kCalibration>
-__global__ void __launch_bounds__(Tr::kThreads) dkdv_kernel(const Params p) {
-  constexpr int D = Tr::kHeadDim, BM = Tr::kBlockM, BN = Tr::kBlockN, RT = Tr::kRowTiles;
+template <class Rows, class Tr, Rule kRule, Calibration kCalibration>
+__device__ __forceinline__ void dkdv_block(const Params& p, unsigned char* smem) {
+  check_row_group<Rows, Tr, Tr::kBlockN>();
+  constexpr int D = Tr::kHeadDim, BM = Tr::kBlockM, BN = Tr::kBlockN, RT = Rows::kRowTiles;
   constexpr bool kFwm = kCalibration == Calibration::fwm;
-  extern __shared__ __align__(128) unsigned char smem[];
+  constexpr bool kLerpMinmax = kRule == Rule::lerp && !kFwm;
   const SmemTile<BN, D> k_tile{reinterpret_cast<bf16*>(smem)};  // (BN, d)
   const SmemTile<BN, D> v_tile{k_tile.data + BN * D};           // (BN, d)
   bf16* q_stages = v_tile.data + BN * D;                        // 2 x [(BM, d) Q, (BM, d) dO]
@@ -401,8 +439,9 @@ __global__ void __launch_bounds__(Tr::kThreads) dkdv_kernel(const Params p) {
 
   const int k_block = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int k0 = k_block * BN;
-  const int warp_row0 = (threadIdx.x / 32) * 16 * RT;  // first key of the warp, within the block
+  const int warp_row0 = Rows::warp_first_row();  // first key of the warp, within the block
   const int warp_key0 = k0 + warp_row0;
+  const int group_key0 = k0 + Rows::first_row();  // first key of the group
   const size_t ld = static_cast<size_t>(3) * p.H * D, ld_o = static_cast<size_t>(p.H) * D;
   const size_t stat0 = (static_cast<size_t>(b) * p.H + h) * p.T;
   const bf16* q_src = p.qkv + qkv_offset(b, 0, 0, h, p.T, p.H, D);
@@ -430,22 +469,20 @@ __global__ void __launch_bounds__(Tr::kThreads) dkdv_kernel(const Params p) {
   zero(dk_acc);
   zero(dv_acc);
   // Causal: queries before the block's first key see none of it.
-  pipelined(k0 / BM, (p.T + BM - 1) / BM, load_queries, [&](int i, int s) {
+  pipelined<Rows::kAsyncProxyReads>(k0 / BM, (p.T + BM - 1) / BM, load_queries, [&](int i, int s) {
     const int q0 = i * BM;
-    // Skip when every key of the warp is after every query of the block, or past T.
-    if (warp_key0 > q0 + BM - 1 || warp_key0 >= p.T) return;
+    // Skip when every key of the group is after every query of the block, or past T.
+    if (group_key0 > q0 + BM - 1 || group_key0 >= p.T) return;
     const RowStats* stats = stat_stages + s * BM;
     const QueryValues* values = value_stages + s * BM;
-    uint32_t k_frag[RT][D / 16][4];
-    load_a(k_frag, k_tile, warp_row0);
-    float w[RT][BM / 8][4];  // (16 RT keys, BM queries): raw Sᵀ, then p̂ᵀ
-    zero(w);
-    Bf16Operands::qk(w, k_frag, q_stage(s));
-    uint32_t v_frag[RT][D / 16][4];
-    load_a(v_frag, v_tile, warp_row0);
-    float dp[RT][BM / 8][4];  // (16 RT keys, BM queries): dPᵀ, then dSᵀ
-    zero(dp);
-    Bf16Operands::dp(dp, v_frag, do_stage(s));
+    typename Rows::template A<BN, D> k_a;  // the group's rows of K (mma.sync: loaded per step,
+    k_a.load(k_tile);                      // fewer live registers)
+    float w[RT][BM / 8][4];  // (16 RT keys, BM queries): raw Sᵀ = K Qᵀ, then p̂ᵀ
+    Rows::scores(w, k_a, q_stage(s));
+    typename Rows::template A<BN, D> v_a;
+    v_a.load(v_tile);
+    float dp[RT][BM / 8][4];  // (16 RT keys, BM queries): dPᵀ = V dOᵀ, then dSᵀ
+    Rows::scores(dp, v_a, do_stage(s));
     for_each_acc<RT, BM / 8>([&](int mt, int nt, int e) {
       // Queries past T have zero RowStats and row values (1/Ẑ = 0, L = 0) and
       // zero Q and dO rows: their p̂ and dS come out 0 here.
@@ -473,23 +510,22 @@ __global__ void __launch_bounds__(Tr::kThreads) dkdv_kernel(const Params p) {
           ds = fast_exp2(fmaf(raw, p.scale_log2, -q.second * kLog2e)) * g;
         }
       }
-      // The calibration terms, on the key that is the row's argmax (argmin);
-      // detached, dL/dm = dL/dℓ = 0.
+      // The calibration terms, on the key that is the row's argmax (argmin; dL/dℓ
+      // is 0 but for lerp minmax); detached, dL/dm = dL/dℓ = 0.
       if constexpr (kRule != Rule::prob_ste) {
         const int key = warp_key0 + acc_row(mt, e);
         if (key == r.argmax) ds += q.second;
-        if (key == r.argmin) ds += q.l_grad;
+        if (kLerpMinmax && key == r.argmin) ds += q.l_grad;
       }
-      dp[mt][nt][e] = ds;
+      // The causal mask (keys after the query), here rather than in a loop of its
+      // own over the tiles that cross the diagonal: p̂ᵀ and dSᵀ can then be
+      // rounded to bf16 as they come, which frees registers (fewer spills at d = 128).
+      const bool future = warp_key0 + acc_row(mt, e) > q0 + qi;
+      if (future) w[mt][nt][e] = 0.0f;
+      dp[mt][nt][e] = future ? 0.0f : ds;
     });
-    // The causal mask, where the tile crosses the diagonal (keys after queries).
-    if (warp_key0 + 16 * RT - 1 > q0) {
-      for_each_acc<RT, BM / 8>([&](int mt, int nt, int e) {
-        if (warp_key0 + acc_row(mt, e) > q0 + acc_col(nt, e)) w[mt][nt][e] = dp[mt][nt][e] = 0.0f;
-      });
-    }
-    Bf16Operands::dv(dv_acc, w, do_stage(s));
-    Bf16Operands::dk(dk_acc, dp, q_stage(s));
+    Rows::accumulate(dv_acc, w, do_stage(s));  // dV += p̂ᵀ dO
+    Rows::accumulate(dk_acc, dp, q_stage(s));  // dK += dSᵀ Q
   });
 
   // K and V tiles are free: stage dK (times c) and dV there, then store both.
@@ -500,14 +536,49 @@ __global__ void __launch_bounds__(Tr::kThreads) dkdv_kernel(const Params p) {
   store_tile<Tr::kThreads>(v_tile, p.dqkv + qkv_offset(b, k0, 2, h, p.T, p.H, D), ld, p.T - k0);
 }
 
+template <class Rows, class Tr, Rule kRule, Calibration kCalibration>
+__global__ void __launch_bounds__(Tr::kThreads, 1) dkdv_kernel(const Params p) {
+  extern __shared__ __align__(1024) unsigned char smem[];
+  if constexpr (Rows::kCompiledHere) dkdv_block<Rows, Tr, kRule, kCalibration>(p, smem);
+}
+
 // ---------------------------------------------------------------------------
 // Launchers.
 
-template <int D>
-using Tiles = std::conditional_t<
-    D == 64,
-    KernelTiles<ForwardTraits<64, 4, 2, 64>, DkDvTraits<64, 8, 1, 64>, DqTraits<64, 8, 1, 64>>,
-    KernelTiles<ForwardTraits<128, 8, 1, 64>, DkDvTraits<128, 8, 1, 64>, DqTraits<128, 8, 1, 64>>>;
+// The two kernel families: the row group of each kernel and the tiles per head dim.
+struct MmaSyncFamily {
+  static constexpr FpaKernels kKernels = FpaKernels::mma_sync;
+  template <int D>
+  using Tiles = std::conditional_t<
+      D == 64,
+      KernelTiles<ForwardTraits<64, 4, 2, 64>, DkDvTraits<64, 8, 1, 64>, DqTraits<64, 8, 1, 64>>,
+      KernelTiles<ForwardTraits<128, 8, 1, 64>, DkDvTraits<128, 8, 1, 64>,
+                  DqTraits<128, 8, 1, 64>>>;
+  template <class Tr>
+  using Rows = WarpRows<Tr::kRowTiles>;
+};
+
+struct WgmmaFamily {
+  static constexpr FpaKernels kKernels = FpaKernels::wgmma;
+  // Two warpgroups of 64 rows: the shapes of 8 warps x 16 rows, whose cp.async
+  // stages and shared-memory sizes the kernels share with the mma.sync family.
+  template <int D>
+  using Tiles = std::conditional_t<
+      D == 64,
+      KernelTiles<ForwardTraits<64, 8, 1, 64>, DkDvTraits<64, 8, 1, 64>, DqTraits<64, 8, 1, 128>>,
+      KernelTiles<ForwardTraits<128, 8, 1, 64>, DkDvTraits<128, 8, 1, 64>,
+                  DqTraits<128, 8, 1, 64>>>;
+  template <class Tr>
+  using Rows = WarpgroupRows;
+};
+
+// f(MmaSyncFamily{}) or f(WgmmaFamily{}), chosen as FPA chooses.
+template <class F>
+void with_family(FpaKernels kernels, F&& f) {
+  if (resolve_kernels(kernels, "K-interval attention") == FpaKernels::wgmma)
+    return f(WgmmaFamily{});
+  f(MmaSyncFamily{});
+}
 
 void check_options(const KIntervalOptions& opt) {
   if (opt.K < 1)
@@ -551,50 +622,53 @@ void with_calibration(Calibration c, F&& f) {
   f(std::integral_constant<Calibration, Calibration::minmax>{});
 }
 template <class F>
-void with_indices(Indices i, F&& f) {
-  switch (i) {
-    case Indices::none:
-      return f(std::integral_constant<Indices, Indices::none>{});
-    case Indices::argmax:
-      return f(std::integral_constant<Indices, Indices::argmax>{});
-    case Indices::both:
-      return f(std::integral_constant<Indices, Indices::both>{});
-  }
+void with_rounding(Rounding r, F&& f) {
+  if (r == Rounding::lerp) return f(std::integral_constant<Rounding, Rounding::lerp>{});
+  f(std::integral_constant<Rounding, Rounding::nearest>{});
+}
+template <class F>
+void with_flag(bool b, F&& f) {
+  if (b) return f(std::true_type{});
+  f(std::false_type{});
 }
 
-template <int D>
+template <class Family, int D>
 void forward(const KIntervalOptions& opt, const Params& p, cudaStream_t stream) {
-  using Tr = typename Tiles<D>::Forward;
+  using Tr = typename Family::template Tiles<D>::Forward;
+  using Rows = typename Family::template Rows<Tr>;
   const dim3 grid(ceil_div(p.T, Tr::kBlockM), p.H, p.B);
   with_calibration(opt.calibration, [&](auto calibration) {
-    with_indices(indices_needed(opt), [&](auto indices) {
-      constexpr Calibration kCal = decltype(calibration)::value;
-      constexpr Indices kIdx = decltype(indices)::value;
-      if (opt.rounding == Rounding::lerp)
-        return launch(forward_kernel<Tr, Rounding::lerp, kCal, kIdx>, grid, Tr::kThreads,
-                      Tr::kSmemBytes, stream, p);
-      launch(forward_kernel<Tr, Rounding::nearest, kCal, kIdx>, grid, Tr::kThreads, Tr::kSmemBytes,
-             stream, p);
+    with_rounding(opt.rounding, [&](auto rounding) {
+      with_flag(tracks_indices(opt), [&](auto tracks) {
+        constexpr Calibration kCal = decltype(calibration)::value;
+        constexpr Rounding kRounding = decltype(rounding)::value;
+        constexpr Indices kIdx =
+            decltype(tracks)::value ? indices_tracked(kRounding, kCal) : Indices::none;
+        launch(forward_kernel<Rows, Tr, kRounding, kCal, kIdx>, grid, Tr::kThreads,
+               Tr::kSmemBytes, stream, p);
+      });
     });
   });
 }
 
-template <int D, Rule kRule, Calibration kCal>
+template <class Family, int D, Rule kRule, Calibration kCal>
 void launch_dkdv(const Params& p, cudaStream_t stream) {
-  using Tr = typename Tiles<D>::DkDv;
-  launch(dkdv_kernel<Tr, kRule, kCal>, dim3(ceil_div(p.T, Tr::kBlockN), p.H, p.B), Tr::kThreads,
-         dkdv_smem_bytes<D, Tr::kBlockN, Tr::kBlockM>(), stream, p);
+  using Tr = typename Family::template Tiles<D>::DkDv;
+  using Rows = typename Family::template Rows<Tr>;
+  launch(dkdv_kernel<Rows, Tr, kRule, kCal>, dim3(ceil_div(p.T, Tr::kBlockN), p.H, p.B),
+         Tr::kThreads, dkdv_smem_bytes<D, Tr::kBlockN, Tr::kBlockM>(), stream, p);
 }
 
-template <int D, Rule kRule, Calibration kCal>
+template <class Family, int D, Rule kRule, Calibration kCal>
 void launch_dq_dkdv(const Params& p, cudaStream_t stream) {
-  using Tr = typename Tiles<D>::Dq;
-  launch(dq_kernel<Tr, kRule, kCal>, dim3(ceil_div(p.T, Tr::kBlockM), p.H, p.B), Tr::kThreads,
-         Tr::kSmemBytes, stream, p);
-  launch_dkdv<D, kRule, kCal>(p, stream);
+  using Tr = typename Family::template Tiles<D>::Dq;
+  using Rows = typename Family::template Rows<Tr>;
+  launch(dq_kernel<Rows, Tr, kRule, kCal>, dim3(ceil_div(p.T, Tr::kBlockM), p.H, p.B),
+         Tr::kThreads, Tr::kSmemBytes, stream, p);
+  launch_dkdv<Family, D, kRule, kCal>(p, stream);
 }
 
-template <int D>
+template <class Family, int D>
 void backward(const KIntervalOptions& opt, const AttentionShape& s, const Params& p, const bf16* o,
               const Workspace& ws, cudaStream_t stream) {
   const Rule rule = rule_of(opt);
@@ -602,24 +676,22 @@ void backward(const KIntervalOptions& opt, const AttentionShape& s, const Params
   BackwardParams fb{p.qkv, o,   p.dout, ws.lse,  ws.delta,    p.dqkv,
                     p.B,   p.H, p.T,    p.scale, p.scale_log2};
   if (rule == Rule::prob_ste) {
-    fpa_forward(s, p.qkv, ws.o_exact, ws.lse, stream);  // exact L, and the exact output for δ
+    // Exact L, and the exact output for δ, from FPA's kernels of the same family.
+    fpa_forward(s, p.qkv, ws.o_exact, ws.lse, stream, Family::kKernels);
     fb.o = ws.o_exact;
   }
   attention_delta(fb, D, stream);
-  if (rule == Rule::prob_ste) {
-    using Dq = typename Tiles<D>::Dq;
-    launch(flash_backward_dq_kernel<Dq, Bf16Operands, OnlineSoftmax<Dq::kRowTiles>>,
-           dim3(ceil_div(p.T, Dq::kBlockM), p.H, p.B), Dq::kThreads, Dq::kSmemBytes, stream, fb);
-  }
+  if (rule == Rule::prob_ste)
+    fpa_backward_dq(s, p.qkv, p.dout, ws.lse, ws.delta, p.dqkv, stream, Family::kKernels);
   with_calibration(opt.calibration, [&](auto calibration) {
     constexpr Calibration kCal = decltype(calibration)::value;
     switch (rule) {
       case Rule::lerp:
-        return launch_dq_dkdv<D, Rule::lerp, kCal>(p, stream);
+        return launch_dq_dkdv<Family, D, Rule::lerp, kCal>(p, stream);
       case Rule::weight_ste:
-        return launch_dq_dkdv<D, Rule::weight_ste, kCal>(p, stream);
+        return launch_dq_dkdv<Family, D, Rule::weight_ste, kCal>(p, stream);
       case Rule::prob_ste:
-        return launch_dkdv<D, Rule::prob_ste, kCal>(p, stream);
+        return launch_dkdv<Family, D, Rule::prob_ste, kCal>(p, stream);
     }
   });
 }
@@ -635,23 +707,29 @@ size_t kinterval_workspace_bytes(const KIntervalOptions& opt, const AttentionSha
 }
 
 void kinterval_forward(const KIntervalOptions& opt, const AttentionShape& s, const bf16* qkv,
-                       bf16* o, float* stats, cudaStream_t stream) {
+                       bf16* o, float* stats, cudaStream_t stream, FpaKernels kernels) {
   Params p = make_params(opt, s);
   p.qkv = qkv, p.o = o, p.stats = reinterpret_cast<RowStats*>(stats);
-  if (s.d == 64) return forward<64>(opt, p, stream);
-  return forward<128>(opt, p, stream);
+  with_family(kernels, [&](auto family) {
+    using Family = decltype(family);
+    if (s.d == 64) return forward<Family, 64>(opt, p, stream);
+    forward<Family, 128>(opt, p, stream);
+  });
 }
 
 void kinterval_backward(const KIntervalOptions& opt, const AttentionShape& s, const bf16* qkv,
                         const bf16* o, const bf16* dout, const float* stats, bf16* dqkv,
-                        void* workspace, cudaStream_t stream) {
+                        void* workspace, cudaStream_t stream, FpaKernels kernels) {
   const Workspace ws = carve(workspace, s);
   Params p = make_params(opt, s);
   p.qkv = qkv, p.dout = dout, p.dqkv = dqkv;
   p.stats = reinterpret_cast<RowStats*>(const_cast<float*>(stats));  // read only in the backward
   p.delta = ws.delta, p.dm = ws.dm, p.dl = ws.dl, p.lse = ws.lse;
-  if (s.d == 64) return backward<64>(opt, s, p, o, ws, stream);
-  return backward<128>(opt, s, p, o, ws, stream);
+  with_family(kernels, [&](auto family) {
+    using Family = decltype(family);
+    if (s.d == 64) return backward<Family, 64>(opt, s, p, o, ws, stream);
+    backward<Family, 128>(opt, s, p, o, ws, stream);
+  });
 }
 
 }  // namespace qattn::cuda

@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include "attention/attention.cuh"
+#include "attention/fpa.cuh"
 #include "common.cuh"
 
 namespace qattn::cuda {
@@ -13,13 +14,18 @@ int kinterval_row_stats();
 // also the exact softmax's L and output.
 size_t kinterval_workspace_bytes(const KIntervalOptions& opt, const AttentionShape& s);
 
+// The kernel family is chosen as FPA's (fpa.cuh, FpaKernels): automatic runs
+// wgmma on Hopper; tests name one to check both on the same device.
+
 // qkv (B, T, 3C) -> o (B, T, C), stats (B, H, T, kinterval_row_stats()).
 void kinterval_forward(const KIntervalOptions& opt, const AttentionShape& s, const bf16* qkv,
-                       bf16* o, float* stats, cudaStream_t stream);
+                       bf16* o, float* stats, cudaStream_t stream,
+                       FpaKernels kernels = FpaKernels::automatic);
 
 // dout (B, T, C) -> dqkv (B, T, 3C), deterministic.
 void kinterval_backward(const KIntervalOptions& opt, const AttentionShape& s, const bf16* qkv,
                         const bf16* o, const bf16* dout, const float* stats, bf16* dqkv,
-                        void* workspace, cudaStream_t stream);
+                        void* workspace, cudaStream_t stream,
+                        FpaKernels kernels = FpaKernels::automatic);
 
 }  // namespace qattn::cuda

@@ -8,6 +8,9 @@
 // except with detach_extrema; the calibration terms reach the argmax / argmin
 // key with the lowest index when scores tie; the backward is deterministic;
 // detach changes nothing under the probability STE.
+// Kernel families: every case runs on the automatic one (wgmma on Hopper); on
+// Hopper the mma.sync kernels also run every option combination at K = 4,
+// T = 1000 and the tie, argmax, row-sum and detach checks.
 // Inputs are fresh random each run (seed printed); outputs are poisoned with NaN.
 #include <algorithm>
 #include <catch2/catch.hpp>
@@ -18,6 +21,8 @@
 #include <vector>
 
 #include "attention/attention.cuh"
+#include "attention/fpa.cuh"
+#include "attention/kinterval.cuh"
 #include "attention/reference_check.hpp"
 #include "gpu_test_util.hpp"
 #include "qattn/cpu/attention.hpp"
@@ -31,6 +36,7 @@ using qattn::KIntervalOptions;
 using qattn::Rounding;
 using qattn::Ste;
 using qattn::cuda::AttentionShape;
+using qattn::cuda::FpaKernels;
 using qattn::cuda::head_slice;
 using qattn::test::bf16;
 using qattn::test::DeviceBuffer;
@@ -62,6 +68,26 @@ std::vector<KIntervalOptions> every_option_combination(int K) {
             all.push_back(o);
           }
   return all;
+}
+
+// A kernel family and its name in messages.
+struct Family {
+  FpaKernels kernels;
+  const char* name;
+};
+// What automatic runs on this device.
+Family automatic_family() {
+  return {FpaKernels::automatic, qattn::cuda::fpa_wgmma_available() ? "wgmma" : "mma.sync"};
+}
+// The automatic family, and mma.sync where automatic is wgmma (Hopper).
+std::vector<Family> every_family() {
+  if (qattn::cuda::fpa_wgmma_available())
+    return {automatic_family(), {FpaKernels::mma_sync, "mma.sync"}};
+  static bool said = false;
+  if (!said)
+    std::printf("kinterval: no sm_90a device or build, the wgmma kernels are not checked\n");
+  said = true;
+  return {automatic_family()};
 }
 
 std::string describe(const KIntervalOptions& o, const AttentionShape& s) {
@@ -97,11 +123,29 @@ void repeat_first_four_keys(Inputs& in, const AttentionShape& s) {
     }
 }
 
+// The forward and backward of one family: automatic through the attention API
+// (as training and the benchmark call it), a named family through kinterval.cuh.
+void forward_gpu(const Family& f, const AttentionConfig& cfg, const AttentionShape& s,
+                 const bf16* qkv, bf16* o, float* stats, void* work) {
+  if (f.kernels == FpaKernels::automatic)
+    return qattn::cuda::attention_forward(cfg, s, qkv, o, stats, work, nullptr);
+  qattn::cuda::kinterval_forward(cfg.kinterval, s, qkv, o, stats, nullptr, f.kernels);
+}
+void backward_gpu(const Family& f, const AttentionConfig& cfg, const AttentionShape& s,
+                  const bf16* qkv, const bf16* o, const bf16* dout, const float* stats,
+                  bf16* dqkv, void* work) {
+  if (f.kernels == FpaKernels::automatic)
+    return qattn::cuda::attention_backward(cfg, s, qkv, o, dout, stats, dqkv, work, nullptr);
+  qattn::cuda::kinterval_backward(cfg.kinterval, s, qkv, o, dout, stats, dqkv, work, nullptr,
+                                  f.kernels);
+}
+
 struct Outputs {
   std::vector<bf16> o, dqkv;
 };
 // Forward, then backward twice: the two gradients must agree bit for bit.
-Outputs run_gpu(const AttentionConfig& cfg, const AttentionShape& s, const Inputs& in) {
+Outputs run_gpu(const Family& f, const AttentionConfig& cfg, const AttentionShape& s,
+                const Inputs& in) {
   const size_t n_o = static_cast<size_t>(s.B) * s.T * s.H * s.d;
   DeviceBuffer<bf16> qkv(3 * n_o), o(n_o), dout(n_o), dqkv(3 * n_o), dqkv2(3 * n_o);
   DeviceBuffer<float> stats(static_cast<size_t>(s.B) * s.H * s.T *
@@ -110,12 +154,10 @@ Outputs run_gpu(const AttentionConfig& cfg, const AttentionShape& s, const Input
   qkv.upload(in.qkv);
   dout.upload(in.dout);
   o.poison(), stats.poison(), dqkv.poison(), dqkv2.poison(), work.poison();
-  qattn::cuda::attention_forward(cfg, s, qkv.get(), o.get(), stats.get(), work.get(), nullptr);
-  qattn::cuda::attention_backward(cfg, s, qkv.get(), o.get(), dout.get(), stats.get(), dqkv.get(),
-                                  work.get(), nullptr);
+  forward_gpu(f, cfg, s, qkv.get(), o.get(), stats.get(), work.get());
+  backward_gpu(f, cfg, s, qkv.get(), o.get(), dout.get(), stats.get(), dqkv.get(), work.get());
   work.poison();
-  qattn::cuda::attention_backward(cfg, s, qkv.get(), o.get(), dout.get(), stats.get(), dqkv2.get(),
-                                  work.get(), nullptr);
+  backward_gpu(f, cfg, s, qkv.get(), o.get(), dout.get(), stats.get(), dqkv2.get(), work.get());
   Outputs out{o.download(), dqkv.download()};
   const auto again = dqkv2.download();
   CHECK(std::memcmp(out.dqkv.data(), again.data(), again.size() * sizeof(bf16)) == 0);
@@ -123,6 +165,7 @@ Outputs run_gpu(const AttentionConfig& cfg, const AttentionShape& s, const Input
 }
 
 struct Case {
+  Family family;
   AttentionConfig cfg;
   AttentionShape s;
   Inputs in;
@@ -130,8 +173,10 @@ struct Case {
   std::vector<int> heads;  // b * H + h of the heads compared with the CPU
 };
 
-Case make_case(const KIntervalOptions& opt, const AttentionShape& s, std::vector<int> heads) {
+Case make_case(const KIntervalOptions& opt, const AttentionShape& s, std::vector<int> heads,
+               Family family = automatic_family()) {
   Case c;
+  c.family = family;
   c.cfg.kind = AttentionKind::kinterval;
   c.cfg.kinterval = opt;
   c.s = s;
@@ -143,7 +188,7 @@ Case make_case(const KIntervalOptions& opt, const AttentionShape& s, std::vector
 // Runs the cases on the GPU one after another, then checks them against the
 // CPU reference in parallel.
 void check_cases(std::vector<Case>& cases) {
-  for (auto& c : cases) c.out = run_gpu(c.cfg, c.s, c.in);
+  for (auto& c : cases) c.out = run_gpu(c.family, c.cfg, c.s, c.in);
   std::vector<qattn::cuda::AttentionErrors> errors(cases.size());
 #pragma omp parallel for schedule(dynamic)
   for (size_t i = 0; i < cases.size(); ++i) {
@@ -158,7 +203,7 @@ void check_cases(std::vector<Case>& cases) {
   for (size_t i = 0; i < cases.size(); ++i) {
     const auto& e = errors[i];
     worst = std::max({worst, e.o, e.dq, e.dk, e.dv});
-    INFO(describe(cases[i].cfg.kinterval, cases[i].s)
+    INFO(cases[i].family.name << " " << describe(cases[i].cfg.kinterval, cases[i].s)
          << ": rel L2 o " << e.o << " dq " << e.dq << " dk " << e.dk << " dv " << e.dv);
     const KIntervalOptions& k = cases[i].cfg.kinterval;
     const double grad_tol = k.K == 1 && k.calibration == Calibration::minmax && k.rounding == Rounding::lerp
@@ -169,7 +214,8 @@ void check_cases(std::vector<Case>& cases) {
     CHECK(e.dk < grad_tol);
     CHECK(e.dv < kTol);
   }
-  std::printf("kinterval: %zu cases, worst rel L2 of o/dq/dk/dv %.2e\n", cases.size(), worst);
+  std::printf("kinterval: %zu cases (%s), worst rel L2 of o/dq/dk/dv %.2e\n", cases.size(),
+              cases.empty() ? "-" : cases.front().family.name, worst);
 }
 
 // |Σ_j dK_j| / sqrt(Σ_j |dK_j|²) of one head's dK (T, d).
@@ -227,27 +273,39 @@ TEST_CASE("K-interval attention: long sequences, every option combination", "[ki
   check_cases(cases);
 }
 
+TEST_CASE("K-interval attention: the mma.sync kernels on Hopper, every option combination",
+          "[kinterval]") {
+  // Where automatic is mma.sync, the cases above have checked it.
+  if (!qattn::cuda::fpa_wgmma_available()) return;
+  std::vector<Case> cases;
+  for (int d : {64, 128})
+    for (const auto& opt : every_option_combination(4))
+      cases.push_back(make_case(opt, {1, 2, 1000, d}, {1}, {FpaKernels::mma_sync, "mma.sync"}));
+  check_cases(cases);
+}
+
 TEST_CASE("K-interval attention: dS rows sum to zero on the GPU, except with detach_extrema",
           "[kinterval]") {
   const AttentionShape s{1, 2, 1000, 64};
-  for (const auto& opt : every_option_combination(4)) {
-    Case c = make_case(opt, s, {});
-    c.out = run_gpu(c.cfg, s, c.in);
-    const double gpu = dk_sum_ratio(head_slice(c.out.dqkv, s, 3, 1, 0, 1), s.T, s.d);
-    // The reference's ratio on the same head: 0 up to rounding, or the detached terms.
-    const auto q = head_slice(c.in.qkv, s, 3, 0, 0, 1), k = head_slice(c.in.qkv, s, 3, 1, 0, 1),
-               v = head_slice(c.in.qkv, s, 3, 2, 0, 1), dy = head_slice(c.in.dout, s, 1, 0, 0, 1);
-    std::vector<double> o(q.size()), dq(q.size()), dk(q.size()), dv(q.size());
-    qattn::cpu::attention_forward(c.cfg, s.T, s.d, q.data(), k.data(), v.data(), o.data());
-    qattn::cpu::attention_backward(c.cfg, s.T, s.d, q.data(), k.data(), v.data(), o.data(),
-                                   dy.data(), dq.data(), dk.data(), dv.data());
-    const double cpu = dk_sum_ratio(dk, s.T, s.d);
-    std::printf("kinterval row sums: %-40s |sum dK| / |dK|: gpu %.2e cpu %.2e\n",
-                describe(opt, s).c_str(), gpu, cpu);
-    INFO(describe(opt, s) << ": gpu " << gpu << " cpu " << cpu);
-    CHECK(std::abs(gpu - cpu) < kTolRowSum);
-    if (!opt.detach_extrema) CHECK(gpu < kTolRowSum);
-  }
+  for (const Family& family : every_family())
+    for (const auto& opt : every_option_combination(4)) {
+      Case c = make_case(opt, s, {}, family);
+      c.out = run_gpu(family, c.cfg, s, c.in);
+      const double gpu = dk_sum_ratio(head_slice(c.out.dqkv, s, 3, 1, 0, 1), s.T, s.d);
+      // The reference's ratio on the same head: 0 up to rounding, or the detached terms.
+      const auto q = head_slice(c.in.qkv, s, 3, 0, 0, 1), k = head_slice(c.in.qkv, s, 3, 1, 0, 1),
+                 v = head_slice(c.in.qkv, s, 3, 2, 0, 1), dy = head_slice(c.in.dout, s, 1, 0, 0, 1);
+      std::vector<double> o(q.size()), dq(q.size()), dk(q.size()), dv(q.size());
+      qattn::cpu::attention_forward(c.cfg, s.T, s.d, q.data(), k.data(), v.data(), o.data());
+      qattn::cpu::attention_backward(c.cfg, s.T, s.d, q.data(), k.data(), v.data(), o.data(),
+                                     dy.data(), dq.data(), dk.data(), dv.data());
+      const double cpu = dk_sum_ratio(dk, s.T, s.d);
+      std::printf("kinterval row sums: %-8s %-40s |sum dK| / |dK|: gpu %.2e cpu %.2e\n",
+                  family.name, describe(opt, s).c_str(), gpu, cpu);
+      INFO(family.name << " " << describe(opt, s) << ": gpu " << gpu << " cpu " << cpu);
+      CHECK(std::abs(gpu - cpu) < kTolRowSum);
+      if (!opt.detach_extrema) CHECK(gpu < kTolRowSum);
+    }
 }
 
 TEST_CASE("K-interval attention: ties route the calibration terms to the lowest index",
@@ -257,28 +315,33 @@ TEST_CASE("K-interval attention: ties route the calibration terms to the lowest 
   // index, and dK shows where the terms went (a wrong key gets them in full).
   // (Keys all equal would make every dQ zero: tokens 0-3 keep four distinct keys.)
   const AttentionShape s{1, 2, 256, 64};
-  std::vector<Case> cases;
-  for (int K : {2, 4})
-    for (const auto& opt : every_option_combination(K)) {
-      Case c = make_case(opt, s, {0, 1});
-      repeat_first_four_keys(c.in, s);
-      cases.push_back(std::move(c));
-    }
-  check_cases(cases);
+  for (const Family& family : every_family()) {
+    std::vector<Case> cases;
+    for (int K : {2, 4})
+      for (const auto& opt : every_option_combination(K)) {
+        Case c = make_case(opt, s, {0, 1}, family);
+        repeat_first_four_keys(c.in, s);
+        cases.push_back(std::move(c));
+      }
+    check_cases(cases);
+  }
 }
 
 TEST_CASE("K-interval attention: detach_extrema changes nothing under the probability STE",
           "[kinterval]") {
   const AttentionShape s{1, 2, 1000, 128};
-  KIntervalOptions opt;
-  opt.rounding = Rounding::nearest, opt.ste = Ste::prob, opt.calibration = Calibration::fwm;
-  Case attached = make_case(opt, s, {});
-  opt.detach_extrema = true;
-  Case detached = make_case(opt, s, {});
-  detached.in = attached.in;
-  const Outputs a = run_gpu(attached.cfg, s, attached.in),
-                b = run_gpu(detached.cfg, s, detached.in);
-  CHECK(std::memcmp(a.dqkv.data(), b.dqkv.data(), a.dqkv.size() * sizeof(bf16)) == 0);
+  for (const Family& family : every_family()) {
+    KIntervalOptions opt;
+    opt.rounding = Rounding::nearest, opt.ste = Ste::prob, opt.calibration = Calibration::fwm;
+    Case attached = make_case(opt, s, {}, family);
+    opt.detach_extrema = true;
+    Case detached = make_case(opt, s, {}, family);
+    detached.in = attached.in;
+    const Outputs a = run_gpu(family, attached.cfg, s, attached.in),
+                  b = run_gpu(family, detached.cfg, s, detached.in);
+    INFO(family.name);
+    CHECK(std::memcmp(a.dqkv.data(), b.dqkv.data(), a.dqkv.size() * sizeof(bf16)) == 0);
+  }
 }
 
 TEST_CASE("K-interval attention: the forward saves the lowest argmax / argmin it routes to",
@@ -286,51 +349,51 @@ TEST_CASE("K-interval attention: the forward saves the lowest argmax / argmin it
   // Row statistics (B, H, T, 8): argmax and argmin are the int bits of floats 6
   // and 7. Indices are tracked where the backward routes a calibration term:
   // argmax unless detached or under the probability STE, argmin for lerp minmax.
-  for (int d : {64, 128})
-    for (const auto& opt : every_option_combination(4)) {
-      if (opt.ste_window_mask) continue;  // no effect on the forward
-      const AttentionShape sd{1, 2, 1000, d};
-      Case c = make_case(opt, sd, {});
-      repeat_first_four_keys(c.in, sd);
-      const size_t n_o = static_cast<size_t>(sd.B) * sd.T * sd.H * sd.d;
-      const int n_stats = qattn::cuda::attention_row_stats(c.cfg);
-      DeviceBuffer<bf16> qkv(3 * n_o), o(n_o);
-      DeviceBuffer<float> stats(static_cast<size_t>(sd.B) * sd.H * sd.T * n_stats);
-      DeviceBuffer<unsigned char> work(qattn::cuda::attention_workspace_bytes(c.cfg, sd));
-      qkv.upload(c.in.qkv);
-      o.poison(), stats.poison();
-      qattn::cuda::attention_forward(c.cfg, sd, qkv.get(), o.get(), stats.get(), work.get(),
-                                     nullptr);
-      const std::vector<float> st = stats.download();
-      const bool lerp = opt.rounding == Rounding::lerp;
-      const bool routes_max = !opt.detach_extrema && (lerp || opt.ste == Ste::weight);
-      const bool routes_min = routes_max && lerp && opt.calibration == Calibration::minmax;
-      if (!routes_max) continue;
-      int wrong_max = 0, wrong_min = 0;
-      for (int h = 0; h < sd.H; ++h) {
-        const auto q = head_slice(c.in.qkv, sd, 3, 0, 0, h),
-                   k = head_slice(c.in.qkv, sd, 3, 1, 0, h);
-        for (int i = 0; i < sd.T; ++i) {
-          int hi = 0, lo = 0;
-          double s_hi = -INFINITY, s_lo = INFINITY;
-          for (int j = 0; j <= i; ++j) {
-            double dot = 0;
-            for (int x = 0; x < sd.d; ++x)
-              dot += q[static_cast<size_t>(i) * sd.d + x] * k[static_cast<size_t>(j) * sd.d + x];
-            if (dot > s_hi) s_hi = dot, hi = j;
-            if (dot < s_lo) s_lo = dot, lo = j;
+  for (const Family& family : every_family())
+    for (int d : {64, 128})
+      for (const auto& opt : every_option_combination(4)) {
+        if (opt.ste_window_mask) continue;  // no effect on the forward
+        const AttentionShape sd{1, 2, 1000, d};
+        Case c = make_case(opt, sd, {}, family);
+        repeat_first_four_keys(c.in, sd);
+        const size_t n_o = static_cast<size_t>(sd.B) * sd.T * sd.H * sd.d;
+        const int n_stats = qattn::cuda::attention_row_stats(c.cfg);
+        DeviceBuffer<bf16> qkv(3 * n_o), o(n_o);
+        DeviceBuffer<float> stats(static_cast<size_t>(sd.B) * sd.H * sd.T * n_stats);
+        DeviceBuffer<unsigned char> work(qattn::cuda::attention_workspace_bytes(c.cfg, sd));
+        qkv.upload(c.in.qkv);
+        o.poison(), stats.poison();
+        forward_gpu(family, c.cfg, sd, qkv.get(), o.get(), stats.get(), work.get());
+        const std::vector<float> st = stats.download();
+        const bool lerp = opt.rounding == Rounding::lerp;
+        const bool routes_max = !opt.detach_extrema && (lerp || opt.ste == Ste::weight);
+        const bool routes_min = routes_max && lerp && opt.calibration == Calibration::minmax;
+        if (!routes_max) continue;
+        int wrong_max = 0, wrong_min = 0;
+        for (int h = 0; h < sd.H; ++h) {
+          const auto q = head_slice(c.in.qkv, sd, 3, 0, 0, h),
+                     k = head_slice(c.in.qkv, sd, 3, 1, 0, h);
+          for (int i = 0; i < sd.T; ++i) {
+            int hi = 0, lo = 0;
+            double s_hi = -INFINITY, s_lo = INFINITY;
+            for (int j = 0; j <= i; ++j) {
+              double dot = 0;
+              for (int x = 0; x < sd.d; ++x)
+                dot += q[static_cast<size_t>(i) * sd.d + x] * k[static_cast<size_t>(j) * sd.d + x];
+              if (dot > s_hi) s_hi = dot, hi = j;
+              if (dot < s_lo) s_lo = dot, lo = j;
+            }
+            const float* row = &st[(static_cast<size_t>(h) * sd.T + i) * n_stats];
+            int gpu_hi, gpu_lo;
+            std::memcpy(&gpu_hi, row + 6, sizeof(int));
+            std::memcpy(&gpu_lo, row + 7, sizeof(int));
+            wrong_max += gpu_hi != hi;
+            if (routes_min) wrong_min += gpu_lo != lo;
           }
-          const float* row = &st[(static_cast<size_t>(h) * sd.T + i) * n_stats];
-          int gpu_hi, gpu_lo;
-          std::memcpy(&gpu_hi, row + 6, sizeof(int));
-          std::memcpy(&gpu_lo, row + 7, sizeof(int));
-          wrong_max += gpu_hi != hi;
-          if (routes_min) wrong_min += gpu_lo != lo;
         }
+        INFO(family.name << " " << describe(opt, sd) << ": rows with a wrong argmax " << wrong_max
+                         << ", argmin " << wrong_min);
+        CHECK(wrong_max == 0);
+        CHECK(wrong_min == 0);
       }
-      INFO(describe(opt, sd) << ": rows with a wrong argmax " << wrong_max << ", argmin "
-                             << wrong_min);
-      CHECK(wrong_max == 0);
-      CHECK(wrong_min == 0);
-    }
 }
