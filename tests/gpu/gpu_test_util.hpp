@@ -7,6 +7,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <random>
 #include <vector>
 
@@ -44,11 +45,14 @@ class DeviceBuffer {
   size_t n_;
 };
 
-// A generator seeded afresh each run; the seed is reported with any failure.
+// A generator seeded afresh each run; the seed is printed, and QATTN_TEST_SEED=<seed>
+// replays a run's inputs (same test filter, same order).
 inline std::mt19937_64& rng() {
   static std::mt19937_64 gen = [] {
-    const uint64_t seed = std::random_device{}();
-    std::printf("gpu tests: random seed %llu\n", static_cast<unsigned long long>(seed));
+    const char* replay = std::getenv("QATTN_TEST_SEED");
+    const uint64_t seed = replay ? std::strtoull(replay, nullptr, 10) : std::random_device{}();
+    std::printf("gpu tests: random seed %llu%s\n", static_cast<unsigned long long>(seed),
+                replay ? " (QATTN_TEST_SEED)" : "");
     return std::mt19937_64(seed);
   }();
   return gen;
