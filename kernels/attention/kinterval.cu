@@ -40,6 +40,7 @@
 #include <type_traits>
 
 #include "attention/bf16_operands.cuh"
+#include "attention/feeds.cuh"
 #include "attention/flash_skeleton.cuh"
 #include "attention/flash_skeleton_sm90.cuh"
 #include "attention/fpa.cuh"
@@ -73,17 +74,30 @@ struct Params {
   // ste_window_mask (below the window), else −inf (none); a threshold, not a branch.
   float mask_below;
   bool detach;  // no derivative through m and ℓ
+  // The activations as TMA tensor maps (qkv: (B T, 3 H d); dout: (B T, H d)) for
+  // the TMA feed; unused by the cp.async feed.
+  CUtensorMap qkv_map, dout_map;
 };
 
-// kRows RowStats into shared memory (two 16-byte chunks each); rows past rows_valid read as 0.
-template <int kThreads, int kRows>
-__device__ __forceinline__ void load_row_stats_async(RowStats* dst, const RowStats* src,
-                                                     int rows_valid) {
-  for (int c = threadIdx.x; c < 2 * kRows; c += kThreads) {
+// The (rows x d) tile at row t0 of slot (0 q, 1 k, 2 v) of head h, batch b, and of dout.
+__device__ __forceinline__ TileSource qkv_source(const Params& p, int b, int t0, int slot, int h,
+                                                 int d) {
+  return {p.qkv, &p.qkv_map, 3 * p.H * d, b * p.T + t0, (slot * p.H + h) * d, p.T - t0};
+}
+__device__ __forceinline__ TileSource dout_source(const Params& p, int b, int t0, int h, int d) {
+  return {p.dout, &p.dout_map, p.H * d, b * p.T + t0, h * d, p.T - t0};
+}
+
+// kRows RowStats into shared memory (two 16-byte chunks each), this thread's
+// share of `threads`; rows past rows_valid read as 0.
+template <int kRows, class Copier>
+__device__ __forceinline__ void copy_row_stats(RowStats* dst, const RowStats* src, int rows_valid,
+                                               int thread, int threads, Copier) {
+  for (int c = thread; c < 2 * kRows; c += threads) {
     const int r = c / 2;
     const bool valid = r < rows_valid;
-    cp_async_16(reinterpret_cast<float4*>(dst) + c,
-                reinterpret_cast<const float4*>(src + (valid ? r : 0)) + c % 2, valid);
+    Copier::copy16(reinterpret_cast<float4*>(dst) + c,
+                   reinterpret_cast<const float4*>(src + (valid ? r : 0)) + c % 2, valid);
   }
 }
 
@@ -104,16 +118,16 @@ struct alignas(16) QueryValues {
 };
 
 // kRows QueryValues into shared memory from three (T) row values (l_grad may be
-// null: zeros); rows past rows_valid read as 0.
-template <int kThreads, int kRows>
-__device__ __forceinline__ void load_query_values_async(QueryValues* dst, const float* delta,
-                                                        const float* second, const float* l_grad,
-                                                        int rows_valid) {
-  for (int c = threadIdx.x; c < 3 * kRows; c += kThreads) {
+// null: zeros), this thread's share of `threads`; rows past rows_valid read as 0.
+template <int kRows, class Copier>
+__device__ __forceinline__ void copy_query_values(QueryValues* dst, const float* delta,
+                                                  const float* second, const float* l_grad,
+                                                  int rows_valid, int thread, int threads, Copier) {
+  for (int c = thread; c < 3 * kRows; c += threads) {
     const int r = c / 3, v = c % 3;
     const float* src = v == 0 ? delta : v == 1 ? second : l_grad;
     const bool valid = r < rows_valid && src != nullptr;
-    cp_async_4(reinterpret_cast<float*>(dst + r) + v, valid ? src + r : delta, valid);
+    Copier::copy4(reinterpret_cast<float*>(dst + r) + v, valid ? src + r : delta, valid);
   }
 }
 
@@ -131,9 +145,9 @@ __device__ __forceinline__ void hide_future_keys(int k0, int row_first, Hide&& h
 // Every kernel below is a __device__ body over a row group (Rows) and the
 // block's tile shapes (Tr), launched by a __global__ wrapper that keeps it only
 // where the group's instructions exist (wgmma bodies: sm_90a code only).
-template <class Rows, class Tr, int kResidentRows>
+template <class Rows, class Feed, int kResidentRows>
 __device__ __forceinline__ void check_row_group() {
-  static_assert(Tr::kThreads / Rows::kThreads * Rows::kRows == kResidentRows,
+  static_assert(Feed::kConsumerThreads / Rows::kThreads * Rows::kRows == kResidentRows,
                 "the row groups of a block split the rows of its resident tile");
 }
 
@@ -154,9 +168,10 @@ constexpr Indices indices_tracked(Rounding rounding, Calibration calibration) {
   return lerp_minmax ? Indices::both : Indices::argmax;
 }
 
-template <class Rows, class Tr, Rounding kRounding, Calibration kCalibration, Indices kIndices>
+template <class Rows, class Feed, class Tr, Rounding kRounding, Calibration kCalibration,
+          Indices kIndices>
 __device__ __forceinline__ void forward_block(const Params& p, unsigned char* smem) {
-  check_row_group<Rows, Tr, Tr::kBlockM>();
+  check_row_group<Rows, Feed, Tr::kBlockM>();
   constexpr int D = Tr::kHeadDim, BM = Tr::kBlockM, BN = Tr::kBlockN, RT = Rows::kRowTiles;
   constexpr bool kFwm = kCalibration == Calibration::fwm;
   const SmemTile<BM, D> q_tile{reinterpret_cast<bf16*>(smem)};  // (BM, d)
@@ -170,12 +185,21 @@ __device__ __forceinline__ void forward_block(const Params& p, unsigned char* sm
   const size_t ld = static_cast<size_t>(3) * p.H * D;
   const KvStages<Tr> kv{kv_stages, p.qkv + qkv_offset(b, 0, 1, h, p.T, p.H, D),
                         p.qkv + qkv_offset(b, 0, 2, h, p.T, p.H, D), ld, p.T};
-  auto load_k = [&](int j, int s) { kv.load_k(j, s); };
-  auto load_kv = [&](int j, int s) { kv.load(j, s); };
   // Causal: keys up to the block's last row.
   const int n_kblocks = (min(p.T, q0 + BM) + BN - 1) / BN;
-
-  load_tile_async<Tr::kThreads>(q_tile, p.qkv + qkv_offset(b, q0, 0, h, p.T, p.H, D), ld, p.T - q0);
+  auto resident = [&](auto& to) { to.tile(q_tile, qkv_source(p, b, q0, 0, h, D)); };
+  auto keys = [&](int j, int s, auto& to) { to.tile(kv.k(s), qkv_source(p, b, j * BN, 1, h, D)); };
+  auto keys_values = [&](int j, int s, auto& to) {
+    keys(j, s, to);
+    to.tile(kv.v(s), qkv_source(p, b, j * BN, 2, h, D));
+  };
+  Feed feed(smem + Tr::kSmemBytes);
+  if (feed.producer()) {
+    feed.produce(resident, steps(0, n_kblocks, keys), steps(0, n_kblocks, keys_values));
+    return;
+  }
+  feed.consumer_start();
+  feed.resident(resident);
   typename Rows::template A<BM, D> q_a;  // the group's rows of Q
 
   // Pass 1: max and min of each row's visible raw scores (this thread's columns, then the row's
@@ -188,7 +212,7 @@ __device__ __forceinline__ void forward_block(const Params& p, unsigned char* sm
       hi[mt][half] = {-INFINITY, 0};
       lo[mt][half] = {INFINITY, 0};
     }
-  pipelined<Rows::kAsyncProxyReads>(0, n_kblocks, load_k, [&](int j, int s) {
+  feed.consume(0, n_kblocks, keys, [&](int j, int s) {
     if (j == 0) q_a.load(q_tile);
     const int k0 = j * BN;
     if (k0 > group_row_last) return;  // every key is in the future of every row of the group
@@ -230,7 +254,7 @@ __device__ __forceinline__ void forward_block(const Params& p, unsigned char* sm
   zero(o_acc);
 #pragma unroll
   for (int mt = 0; mt < RT; ++mt) z[mt][0] = z[mt][1] = 0.0f;
-  pipelined<Rows::kAsyncProxyReads>(0, n_kblocks, load_kv, [&](int j, int s) {
+  feed.consume(0, n_kblocks, keys_values, [&](int j, int s) {
     const int k0 = j * BN;
     if (k0 > group_row_last) return;
     float w[RT][BN / 8][4];  // (16 RT, BN): raw scores, then ŵ
@@ -263,25 +287,28 @@ __device__ __forceinline__ void forward_block(const Params& p, unsigned char* sm
       const int row = row_first + acc_row(mt, 2 * half);
       if (threadIdx.x % 4 == 0 && row < p.T) stats[row] = st[mt][half];
     }
+  feed.sync();  // every group is done reading the Q tile
   store_acc(q_tile, o_acc, warp_row0, 1.0f);  // the Q tile is free: stage O there
-  __syncthreads();
-  store_tile<Tr::kThreads>(q_tile, p.o + head_offset(b, q0, h, p.T, p.H, D),
-                           static_cast<size_t>(p.H) * D, p.T - q0);
+  feed.sync();
+  store_tile<Feed::kConsumerThreads>(q_tile, p.o + head_offset(b, q0, h, p.T, p.H, D),
+                                     static_cast<size_t>(p.H) * D, p.T - q0);
 }
 
-template <class Rows, class Tr, Rounding kRounding, Calibration kCalibration, Indices kIndices>
-__global__ void __launch_bounds__(Tr::kThreads, 1) forward_kernel(const Params p) {
+template <class Rows, class Feed, class Tr, Rounding kRounding, Calibration kCalibration,
+          Indices kIndices>
+__global__ void __launch_bounds__(Feed::kThreads, 1)
+    forward_kernel(const __grid_constant__ Params p) {
   extern __shared__ __align__(1024) unsigned char smem[];
   if constexpr (Rows::kCompiledHere)
-    forward_block<Rows, Tr, kRounding, kCalibration, kIndices>(p, smem);
+    forward_block<Rows, Feed, Tr, kRounding, kCalibration, kIndices>(p, smem);
 }
 
 // ---------------------------------------------------------------------------
 // dQ for the lerp and weight-STE rules. Grid (ceil(T / kBlockM), H, B).
-template <class Rows, class Tr, Rule kRule, Calibration kCalibration>
+template <class Rows, class Feed, class Tr, Rule kRule, Calibration kCalibration>
 __device__ __forceinline__ void dq_block(const Params& p, unsigned char* smem) {
   static_assert(kRule != Rule::prob_ste, "the probability STE uses FPA's dQ pass");
-  check_row_group<Rows, Tr, Tr::kBlockM>();
+  check_row_group<Rows, Feed, Tr::kBlockM>();
   constexpr int D = Tr::kHeadDim, BM = Tr::kBlockM, BN = Tr::kBlockN, RT = Rows::kRowTiles;
   constexpr bool kFwm = kCalibration == Calibration::fwm;
   const SmemTile<BM, D> q_tile{reinterpret_cast<bf16*>(smem)};  // (BM, d)
@@ -293,16 +320,26 @@ __device__ __forceinline__ void dq_block(const Params& p, unsigned char* smem) {
   const int warp_row0 = Rows::warp_first_row();
   const int row_first = q0 + warp_row0;
   const int group_row_last = q0 + Rows::first_row() + Rows::kRows - 1;
-  const size_t ld = static_cast<size_t>(3) * p.H * D, ld_o = static_cast<size_t>(p.H) * D;
+  const size_t ld = static_cast<size_t>(3) * p.H * D;
   const size_t stat0 = (static_cast<size_t>(b) * p.H + h) * p.T;  // (b, h) slice of the row values
   const KvStages<Tr> kv{kv_stages, p.qkv + qkv_offset(b, 0, 1, h, p.T, p.H, D),
                         p.qkv + qkv_offset(b, 0, 2, h, p.T, p.H, D), ld, p.T};
-  auto load_kv = [&](int j, int s) { kv.load(j, s); };
   const int n_kblocks = (min(p.T, q0 + BM) + BN - 1) / BN;
-
-  load_tile_async<Tr::kThreads>(q_tile, p.qkv + qkv_offset(b, q0, 0, h, p.T, p.H, D), ld, p.T - q0);
-  load_tile_async<Tr::kThreads>(do_tile, p.dout + head_offset(b, q0, h, p.T, p.H, D), ld_o,
-                                p.T - q0);
+  auto resident = [&](auto& to) {
+    to.tile(q_tile, qkv_source(p, b, q0, 0, h, D));
+    to.tile(do_tile, dout_source(p, b, q0, h, D));
+  };
+  auto keys_values = [&](int j, int s, auto& to) {
+    to.tile(kv.k(s), qkv_source(p, b, j * BN, 1, h, D));
+    to.tile(kv.v(s), qkv_source(p, b, j * BN, 2, h, D));
+  };
+  Feed feed(smem + Tr::kSmemBytes);
+  if (feed.producer()) {
+    feed.produce(resident, steps(0, n_kblocks, keys_values));
+    return;
+  }
+  feed.consumer_start();
+  feed.resident(resident);
 
   // This thread's two rows per row tile (rows past T: zero statistics, never stored).
   // The calibration terms are row sums of per-entry shares, kept as two sums over this
@@ -327,7 +364,7 @@ __device__ __forceinline__ void dq_block(const Params& p, unsigned char* smem) {
   typename Rows::template A<BM, D> q_a, do_a;  // the group's rows of Q and dO
   float dq_acc[RT][D / 8][4];                  // (16 RT, d) rows of dQ owned by this warp
   zero(dq_acc);
-  pipelined<Rows::kAsyncProxyReads>(0, n_kblocks, load_kv, [&](int j, int s) {
+  feed.consume(0, n_kblocks, keys_values, [&](int j, int s) {
     if (j == 0) {
       q_a.load(q_tile);
       do_a.load(do_tile);
@@ -402,15 +439,17 @@ __device__ __forceinline__ void dq_block(const Params& p, unsigned char* smem) {
       }
     }
 
+  feed.sync();  // every group is done reading the Q tile
   store_acc(q_tile, dq_acc, warp_row0, p.scale);  // the Q tile is free: stage dQ (times c) there
-  __syncthreads();
-  store_tile<Tr::kThreads>(q_tile, p.dqkv + qkv_offset(b, q0, 0, h, p.T, p.H, D), ld, p.T - q0);
+  feed.sync();
+  store_tile<Feed::kConsumerThreads>(q_tile, p.dqkv + qkv_offset(b, q0, 0, h, p.T, p.H, D), ld,
+                                     p.T - q0);
 }
 
-template <class Rows, class Tr, Rule kRule, Calibration kCalibration>
-__global__ void __launch_bounds__(Tr::kThreads, 1) dq_kernel(const Params p) {
+template <class Rows, class Feed, class Tr, Rule kRule, Calibration kCalibration>
+__global__ void __launch_bounds__(Feed::kThreads, 1) dq_kernel(const __grid_constant__ Params p) {
   extern __shared__ __align__(1024) unsigned char smem[];
-  if constexpr (Rows::kCompiledHere) dq_block<Rows, Tr, kRule, kCalibration>(p, smem);
+  if constexpr (Rows::kCompiledHere) dq_block<Rows, Feed, Tr, kRule, kCalibration>(p, smem);
 }
 
 // ---------------------------------------------------------------------------
@@ -425,9 +464,9 @@ constexpr int dkdv_smem_bytes() {
          2 * kBlockM * (sizeof(RowStats) + sizeof(QueryValues));
 }
 
-template <class Rows, class Tr, Rule kRule, Calibration kCalibration>
+template <class Rows, class Feed, class Tr, Rule kRule, Calibration kCalibration>
 __device__ __forceinline__ void dkdv_block(const Params& p, unsigned char* smem) {
-  check_row_group<Rows, Tr, Tr::kBlockN>();
+  check_row_group<Rows, Feed, Tr::kBlockN>();
   constexpr int D = Tr::kHeadDim, BM = Tr::kBlockM, BN = Tr::kBlockN, RT = Rows::kRowTiles;
   constexpr bool kFwm = kCalibration == Calibration::fwm;
   constexpr bool kLerpMinmax = kRule == Rule::lerp && !kFwm;
@@ -442,34 +481,43 @@ __device__ __forceinline__ void dkdv_block(const Params& p, unsigned char* smem)
   const int warp_row0 = Rows::warp_first_row();  // first key of the warp, within the block
   const int warp_key0 = k0 + warp_row0;
   const int group_key0 = k0 + Rows::first_row();  // first key of the group
-  const size_t ld = static_cast<size_t>(3) * p.H * D, ld_o = static_cast<size_t>(p.H) * D;
+  const size_t ld = static_cast<size_t>(3) * p.H * D;
   const size_t stat0 = (static_cast<size_t>(b) * p.H + h) * p.T;
-  const bf16* q_src = p.qkv + qkv_offset(b, 0, 0, h, p.T, p.H, D);
-  const bf16* do_src = p.dout + head_offset(b, 0, h, p.T, p.H, D);
   // The row values besides δ: dL/dm and dL/dℓ, or for the probability STE the exact L.
   const float* second = (kRule == Rule::prob_ste ? p.lse : p.dm) + stat0;
   const float* l_grad = kRule == Rule::prob_ste ? nullptr : p.dl + stat0;
   auto q_stage = [&](int s) { return SmemTile<BM, D>{q_stages + (2 * s) * BM * D}; };
   auto do_stage = [&](int s) { return SmemTile<BM, D>{q_stages + (2 * s + 1) * BM * D}; };
-  auto load_queries = [&](int i, int s) {
-    const int q0 = i * BM;
-    load_tile_async<Tr::kThreads>(q_stage(s), q_src + q0 * ld, ld, p.T - q0);
-    load_tile_async<Tr::kThreads>(do_stage(s), do_src + q0 * ld_o, ld_o, p.T - q0);
-    load_row_stats_async<Tr::kThreads, BM>(stat_stages + s * BM, p.stats + stat0 + q0, p.T - q0);
-    load_query_values_async<Tr::kThreads, BM>(value_stages + s * BM, p.delta + stat0 + q0,
-                                              second + q0, l_grad ? l_grad + q0 : nullptr,
-                                              p.T - q0);
+  auto resident = [&](auto& to) {
+    to.tile(k_tile, qkv_source(p, b, k0, 1, h, D));
+    to.tile(v_tile, qkv_source(p, b, k0, 2, h, D));
   };
-
-  load_tile_async<Tr::kThreads>(k_tile, p.qkv + qkv_offset(b, k0, 1, h, p.T, p.H, D), ld, p.T - k0);
-  load_tile_async<Tr::kThreads>(v_tile, p.qkv + qkv_offset(b, k0, 2, h, p.T, p.H, D), ld, p.T - k0);
+  auto queries = [&](int i, int s, auto& to) {
+    const int q0 = i * BM;
+    to.tile(q_stage(s), qkv_source(p, b, q0, 0, h, D));
+    to.tile(do_stage(s), dout_source(p, b, q0, h, D));
+    to.rows([&](int thread, int threads, auto copier) {
+      copy_row_stats<BM>(stat_stages + s * BM, p.stats + stat0 + q0, p.T - q0, thread, threads,
+                         copier);
+      copy_query_values<BM>(value_stages + s * BM, p.delta + stat0 + q0, second + q0,
+                            l_grad ? l_grad + q0 : nullptr, p.T - q0, thread, threads, copier);
+    });
+  };
+  // Causal: queries before the block's first key see none of it.
+  const int i_first = k0 / BM, i_last = (p.T + BM - 1) / BM;
+  Feed feed(smem + dkdv_smem_bytes<D, BN, BM>());
+  if (feed.producer()) {
+    feed.produce(resident, steps(i_first, i_last, queries));
+    return;
+  }
+  feed.consumer_start();
+  feed.resident(resident);
   const float inv_scale = 1.0f / p.scale;
 
   float dk_acc[RT][D / 8][4], dv_acc[RT][D / 8][4];  // (16 RT, d) rows of dK, dV owned by this warp
   zero(dk_acc);
   zero(dv_acc);
-  // Causal: queries before the block's first key see none of it.
-  pipelined<Rows::kAsyncProxyReads>(k0 / BM, (p.T + BM - 1) / BM, load_queries, [&](int i, int s) {
+  feed.consume(i_first, i_last, queries, [&](int i, int s) {
     const int q0 = i * BM;
     // Skip when every key of the group is after every query of the block, or past T.
     if (group_key0 > q0 + BM - 1 || group_key0 >= p.T) return;
@@ -484,8 +532,7 @@ __device__ __forceinline__ void dkdv_block(const Params& p, unsigned char* smem)
     float dp[RT][BM / 8][4];  // (16 RT keys, BM queries): dPᵀ = V dOᵀ, then dSᵀ
     Rows::scores(dp, v_a, do_stage(s));
     for_each_acc<RT, BM / 8>([&](int mt, int nt, int e) {
-      // Queries past T have zero RowStats and row values (1/Ẑ = 0, L = 0) and
-      // zero Q and dO rows: their p̂ and dS come out 0 here.
+      // Queries past T have zero RowStats and row values; they are hidden below.
       const int qi = acc_col(nt, e);
       const RowStats r = load_row_stats(stats + qi);
       const QueryValues q = values[qi];
@@ -520,32 +567,38 @@ __device__ __forceinline__ void dkdv_block(const Params& p, unsigned char* smem)
       // The causal mask (keys after the query), here rather than in a loop of its
       // own over the tiles that cross the diagonal: p̂ᵀ and dSᵀ can then be
       // rounded to bf16 as they come, which frees registers (fewer spills at d = 128).
-      const bool future = warp_key0 + acc_row(mt, e) > q0 + qi;
-      if (future) w[mt][nt][e] = 0.0f;
-      dp[mt][nt][e] = future ? 0.0f : ds;
+      // Queries past T are hidden too: the TMA feed reads the next batch's Q and dO
+      // rows there (not zeros), whose dS would otherwise reach dK.
+      const bool hidden = warp_key0 + acc_row(mt, e) > q0 + qi || q0 + qi >= p.T;
+      if (hidden) w[mt][nt][e] = 0.0f;
+      dp[mt][nt][e] = hidden ? 0.0f : ds;
     });
     Rows::accumulate(dv_acc, w, do_stage(s));  // dV += p̂ᵀ dO
     Rows::accumulate(dk_acc, dp, q_stage(s));  // dK += dSᵀ Q
   });
 
-  // K and V tiles are free: stage dK (times c) and dV there, then store both.
+  // K and V tiles are free once every group is done: stage dK (times c) and dV there.
+  feed.sync();
   store_acc(k_tile, dk_acc, warp_row0, p.scale);
   store_acc(v_tile, dv_acc, warp_row0, 1.0f);
-  __syncthreads();
-  store_tile<Tr::kThreads>(k_tile, p.dqkv + qkv_offset(b, k0, 1, h, p.T, p.H, D), ld, p.T - k0);
-  store_tile<Tr::kThreads>(v_tile, p.dqkv + qkv_offset(b, k0, 2, h, p.T, p.H, D), ld, p.T - k0);
+  feed.sync();
+  store_tile<Feed::kConsumerThreads>(k_tile, p.dqkv + qkv_offset(b, k0, 1, h, p.T, p.H, D), ld,
+                                     p.T - k0);
+  store_tile<Feed::kConsumerThreads>(v_tile, p.dqkv + qkv_offset(b, k0, 2, h, p.T, p.H, D), ld,
+                                     p.T - k0);
 }
 
-template <class Rows, class Tr, Rule kRule, Calibration kCalibration>
-__global__ void __launch_bounds__(Tr::kThreads, 1) dkdv_kernel(const Params p) {
+template <class Rows, class Feed, class Tr, Rule kRule, Calibration kCalibration>
+__global__ void __launch_bounds__(Feed::kThreads, 1) dkdv_kernel(const __grid_constant__ Params p) {
   extern __shared__ __align__(1024) unsigned char smem[];
-  if constexpr (Rows::kCompiledHere) dkdv_block<Rows, Tr, kRule, kCalibration>(p, smem);
+  if constexpr (Rows::kCompiledHere) dkdv_block<Rows, Feed, Tr, kRule, kCalibration>(p, smem);
 }
 
 // ---------------------------------------------------------------------------
 // Launchers.
 
-// The two kernel families: the row group of each kernel and the tiles per head dim.
+// The two kernel families: the row group and the feed of each kernel, and the
+// tiles per head dim.
 struct MmaSyncFamily {
   static constexpr FpaKernels kKernels = FpaKernels::mma_sync;
   template <int D>
@@ -556,12 +609,15 @@ struct MmaSyncFamily {
                   DqTraits<128, 8, 1, 64>>>;
   template <class Tr>
   using Rows = WarpRows<Tr::kRowTiles>;
+  template <class Tr, bool kRowValues>
+  using Feed = CpAsyncFeed<Tr::kThreads>;
 };
 
 struct WgmmaFamily {
   static constexpr FpaKernels kKernels = FpaKernels::wgmma;
-  // Two warpgroups of 64 rows: the shapes of 8 warps x 16 rows, whose cp.async
-  // stages and shared-memory sizes the kernels share with the mma.sync family.
+  // Two consumer warpgroups of 64 rows (the shapes of 8 warps x 16 rows, whose
+  // stage layout and shared-memory sizes the kernels share with the mma.sync
+  // family), fed by TMA from a producer warpgroup.
   template <int D>
   using Tiles = std::conditional_t<
       D == 64,
@@ -570,6 +626,8 @@ struct WgmmaFamily {
                   DqTraits<128, 8, 1, 64>>>;
   template <class Tr>
   using Rows = WarpgroupRows;
+  template <class Tr, bool kRowValues>
+  using Feed = TmaFeed<Tr::kThreads, kRowValues>;
 };
 
 // f(MmaSyncFamily{}) or f(WgmmaFamily{}), chosen as FPA chooses.
@@ -615,6 +673,13 @@ Params make_params(const KIntervalOptions& opt, const AttentionShape& s) {
   return p;
 }
 
+// The TMA feed's tensor maps of qkv and (backward) dout.
+void add_tensor_maps(Params& p, const AttentionShape& s) {
+  const uint64_t rows = static_cast<uint64_t>(s.B) * s.T, cols = 3ull * s.H * s.d;
+  p.qkv_map = sm90::make_tensor_map(p.qkv, rows, cols, cols);
+  if (p.dout != nullptr) p.dout_map = sm90::make_tensor_map(p.dout, rows, cols / 3, cols / 3);
+}
+
 // Run-time options as compile-time constants: f(std::integral_constant<Enum, value>).
 template <class F>
 void with_calibration(Calibration c, F&& f) {
@@ -636,6 +701,7 @@ template <class Family, int D>
 void forward(const KIntervalOptions& opt, const Params& p, cudaStream_t stream) {
   using Tr = typename Family::template Tiles<D>::Forward;
   using Rows = typename Family::template Rows<Tr>;
+  using Feed = typename Family::template Feed<Tr, false>;
   const dim3 grid(ceil_div(p.T, Tr::kBlockM), p.H, p.B);
   with_calibration(opt.calibration, [&](auto calibration) {
     with_rounding(opt.rounding, [&](auto rounding) {
@@ -644,8 +710,8 @@ void forward(const KIntervalOptions& opt, const Params& p, cudaStream_t stream) 
         constexpr Rounding kRounding = decltype(rounding)::value;
         constexpr Indices kIdx =
             decltype(tracks)::value ? indices_tracked(kRounding, kCal) : Indices::none;
-        launch(forward_kernel<Rows, Tr, kRounding, kCal, kIdx>, grid, Tr::kThreads,
-               Tr::kSmemBytes, stream, p);
+        launch(forward_kernel<Rows, Feed, Tr, kRounding, kCal, kIdx>, grid, Feed::kThreads,
+               Tr::kSmemBytes + Feed::kBarrierBytes, stream, p);
       });
     });
   });
@@ -655,16 +721,19 @@ template <class Family, int D, Rule kRule, Calibration kCal>
 void launch_dkdv(const Params& p, cudaStream_t stream) {
   using Tr = typename Family::template Tiles<D>::DkDv;
   using Rows = typename Family::template Rows<Tr>;
-  launch(dkdv_kernel<Rows, Tr, kRule, kCal>, dim3(ceil_div(p.T, Tr::kBlockN), p.H, p.B),
-         Tr::kThreads, dkdv_smem_bytes<D, Tr::kBlockN, Tr::kBlockM>(), stream, p);
+  using Feed = typename Family::template Feed<Tr, true>;
+  launch(dkdv_kernel<Rows, Feed, Tr, kRule, kCal>, dim3(ceil_div(p.T, Tr::kBlockN), p.H, p.B),
+         Feed::kThreads, dkdv_smem_bytes<D, Tr::kBlockN, Tr::kBlockM>() + Feed::kBarrierBytes,
+         stream, p);
 }
 
 template <class Family, int D, Rule kRule, Calibration kCal>
 void launch_dq_dkdv(const Params& p, cudaStream_t stream) {
   using Tr = typename Family::template Tiles<D>::Dq;
   using Rows = typename Family::template Rows<Tr>;
-  launch(dq_kernel<Rows, Tr, kRule, kCal>, dim3(ceil_div(p.T, Tr::kBlockM), p.H, p.B),
-         Tr::kThreads, Tr::kSmemBytes, stream, p);
+  using Feed = typename Family::template Feed<Tr, false>;
+  launch(dq_kernel<Rows, Feed, Tr, kRule, kCal>, dim3(ceil_div(p.T, Tr::kBlockM), p.H, p.B),
+         Feed::kThreads, Tr::kSmemBytes + Feed::kBarrierBytes, stream, p);
   launch_dkdv<Family, D, kRule, kCal>(p, stream);
 }
 
@@ -712,6 +781,7 @@ void kinterval_forward(const KIntervalOptions& opt, const AttentionShape& s, con
   p.qkv = qkv, p.o = o, p.stats = reinterpret_cast<RowStats*>(stats);
   with_family(kernels, [&](auto family) {
     using Family = decltype(family);
+    if constexpr (Family::kKernels == FpaKernels::wgmma) add_tensor_maps(p, s);
     if (s.d == 64) return forward<Family, 64>(opt, p, stream);
     forward<Family, 128>(opt, p, stream);
   });
@@ -727,6 +797,7 @@ void kinterval_backward(const KIntervalOptions& opt, const AttentionShape& s, co
   p.delta = ws.delta, p.dm = ws.dm, p.dl = ws.dl, p.lse = ws.lse;
   with_family(kernels, [&](auto family) {
     using Family = decltype(family);
+    if constexpr (Family::kKernels == FpaKernels::wgmma) add_tensor_maps(p, s);
     if (s.d == 64) return backward<Family, 64>(opt, s, p, o, ws, stream);
     backward<Family, 128>(opt, s, p, o, ws, stream);
   });

@@ -12,10 +12,8 @@ namespace qattn::cuda::flash {
 // Steps [first, last) with two shared-memory stages: step i + 1 loads
 // (load(i + 1, stage)) while step i computes (body(i, stage)); step i uses
 // stage (i - first) % 2. Loads issued before the call join the first step's
-// group. A body that returns early still meets both barriers. kAsyncProxyReads:
-// the body's tensor-core reads go through the async proxy (Hopper's wgmma), so
-// each thread fences its landed copies before the barrier.
-template <bool kAsyncProxyReads = false, class Load, class Body>
+// group. A body that returns early still meets both barriers.
+template <class Load, class Body>
 __device__ __forceinline__ void pipelined(int first, int last, Load&& load, Body&& body) {
   load(first, 0);
   cp_async_commit();
@@ -28,7 +26,6 @@ __device__ __forceinline__ void pipelined(int first, int last, Load&& load, Body
     } else {
       cp_async_wait<0>();
     }
-    if constexpr (kAsyncProxyReads) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
     __syncthreads();
     body(i, s);
     __syncthreads();  // the stage just read is refilled by the next load

@@ -14,7 +14,7 @@
 //   - indexes accumulator elements from warp_first_row();
 //   - reads the group's rows of a resident tile through A<rows, cols>, loaded
 //     once the tile has landed;
-//   - runs its steps as pipelined<kAsyncProxyReads> (pipeline.cuh);
+//   - gets its tiles through the family's feed (feeds.cuh);
 //   - has a body only where kCompiledHere (wgmma: sm_90a device code).
 // The two products are the two shapes of attention's six (SPEC §3's qk, pv, dp,
 // dv, dk, dq): scores (A Bᵀ, both operands from tiles) and accumulate (W B, W
@@ -30,7 +30,6 @@ struct WarpRows {
   static constexpr int kRowTiles = kRowTiles_;   // 16-row tiles of a warp's accumulators
   static constexpr int kRows = 16 * kRowTiles_;  // rows the group owns
   static constexpr int kThreads = 32;
-  static constexpr bool kAsyncProxyReads = false;
   static constexpr bool kCompiledHere = true;
 
   // First row of the calling thread's group, and of its warp, within the block.
@@ -70,7 +69,6 @@ struct WarpgroupRows {
   static constexpr int kRowTiles = 1;  // a warp's 16 rows
   static constexpr int kRows = sm90::kWarpgroupRows;
   static constexpr int kThreads = 128;
-  static constexpr bool kAsyncProxyReads = true;
   static constexpr bool kCompiledHere = QATTN_SM90A_DEVICE != 0;
 
   __device__ static __forceinline__ int first_row() { return (threadIdx.x / 128) * kRows; }

@@ -25,11 +25,8 @@
 // Ordering. wgmma_fence() before the first MMA of a group (its registers were
 // written by ordinary instructions), commit after the group, wait before any
 // register of the group is read; fence_operands() pins the accumulators so the
-// compiler does not move their reads above the wait. Operand tiles from TMA
-// copies (tma.cuh) are in the async proxy like wgmma itself; tiles filled by
-// cp.async or ordinary stores (the generic proxy) need fence.proxy.async in each
-// writing thread before the barrier that precedes the MMAs (pipelined<true> in
-// pipeline.cuh).
+// compiler does not move their reads above the wait. The operand tiles come
+// from TMA copies (tma.cuh), which like wgmma work in the async proxy.
 #pragma once
 #include <cstdint>
 
