@@ -23,15 +23,16 @@
 // compile-time options; K, the window, detach and the window mask are run-time values.
 // The kernels are bound by instructions per score (docs/kinterval.md, Performance).
 //
-// Each kernel is written once over a row group (row_groups.cuh) and runs in two
-// families, picked at run time as FPA's (FpaKernels): wgmma on Hopper (sm_90a),
-// a warpgroup of 64 rows reading Q, K, V, dO from shared memory; mma.sync
-// elsewhere, a warp of 16 or 32 rows with register fragments.
+// Each kernel is written once over a row group (row_groups.cuh) and a feed
+// (feeds.cuh), and runs in two families, picked at run time as FPA's (FpaKernels):
+// on Hopper (sm_90a) wgmma, a warpgroup of 64 rows reading Q, K, V, dO from
+// shared memory, fed by TMA from a producer warpgroup; elsewhere mma.sync, a warp
+// of 16 or 32 rows with register fragments, fed by cp.async.
 //
-// Tile shapes, wgmma: 2 warpgroups (256 threads), 128 rows per block;
-//   d=64:  forward 64-key steps; dQ 128-key steps; dK/dV 64-query steps (128 spills);
+// Tile shapes, wgmma: 2 consumer warpgroups, 128 rows per block (and the producer);
+//   d=64:  forward 64-key steps; dQ 128-key steps; dK/dV 64-query steps;
 //   d=128: 64-key and 64-query steps (dK/dV holds 192 accumulator registers per
-//          thread and spills 24-52 bytes; 128-key steps would not fit).
+//          thread of the 240 the producer leaves; 128-key steps would not fit).
 // mma.sync: forward d=64 4 warps x 32 rows (FPA's), d=128 8 x 16, 64-key steps;
 // dQ 8 warps x 16 rows, 64-key steps; dK/dV 8 warps x 16 keys, 64-query steps.
 #include <cmath>
