@@ -16,9 +16,12 @@
 // bodies of its own and shares the warp primitives (tile_mma.cuh), the
 // pipeline and launcher (pipeline.cuh) and OnlineSoftmax;
 // K-interval (kinterval.cu) needs a first pass for each row's max and min and
-// extra row terms in the backward, so it shares the pipeline, the K/V stages,
-// the accumulator walk (for_each_acc), the products, the δ pre-pass and, for
-// its probability STE, FPA's dQ kernel as is.
+// extra row terms in the backward, so it writes its kernels once over a row
+// group (row_groups.cuh) and a feed (feeds.cuh) for both tensor-core families,
+// and shares the K/V stage layout, the accumulator walk (for_each_acc), the
+// products, the δ pre-pass and, for its probability STE, FPA's dQ pass.
+// The Hopper kernels of FPA (wgmma, TMA, warp-specialised) are in
+// flash_skeleton_sm90.cuh.
 //
 // Layouts (attention.cuh): q, k, v are rows of the fused activation
 // (B, T, 3, H, d), row stride 3·H·d; o, dout are (B, T, H, d); L and δ are
@@ -147,15 +150,9 @@ struct KvStages {
   __device__ __forceinline__ SmemTile<BN, D> v(int s) const {
     return SmemTile<BN, D>{data + (2 * s + 1) * BN * D};
   }
-  __device__ __forceinline__ void load_k(int j, int s) const {
-    load_tile_async<Tr::kThreads>(k(s), k_src + j * BN * ld, ld, T - j * BN);
-  }
-  __device__ __forceinline__ void load_v(int j, int s) const {
-    load_tile_async<Tr::kThreads>(v(s), v_src + j * BN * ld, ld, T - j * BN);
-  }
   __device__ __forceinline__ void load(int j, int s) const {
-    load_k(j, s);
-    load_v(j, s);
+    load_tile_async<Tr::kThreads>(k(s), k_src + j * BN * ld, ld, T - j * BN);
+    load_tile_async<Tr::kThreads>(v(s), v_src + j * BN * ld, ld, T - j * BN);
   }
 };
 
