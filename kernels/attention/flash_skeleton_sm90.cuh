@@ -6,10 +6,13 @@
 //     around a product (causal skips) is uniform over the warpgroup, as wgmma is
 //     collective. Operands stay in shared memory (read by descriptor); only P and
 //     dS go from accumulators to registers.
-//   - Warp specialisation: a producer warp streams the tiles with TMA into
-//     rings of stages guarded by mbarriers (tma.cuh); the consumer warpgroups
-//     never meet at a block-wide barrier inside the loop, so one can compute
-//     its softmax while the other's products run on the tensor cores.
+//   - Warp specialisation: a producer warpgroup (one thread issuing TMA copies,
+//     in the backward one more warp staging L and δ) fills rings of stages
+//     guarded by mbarriers (tma.cuh); the consumer warpgroups never meet at a
+//     block-wide barrier inside the loop, so one can compute its softmax while
+//     the other's products run on the tensor cores. feeds.cuh generalises this
+//     for kernels written once for both families (K-interval); FPA's forward
+//     keeps separate K and V rings so that S = Q Kᵀ starts before V lands.
 // The accumulator layout per warp is the mma.sync one, so the Softmax policy
 // (online_softmax.cuh) and the element walks (for_each_acc) are shared as is.
 // Products are bf16 x bf16 -> fp32 (FPA's precision); the backward is the
