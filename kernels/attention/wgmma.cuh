@@ -70,12 +70,15 @@ template <int kPending>
 __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
 }
-template <int kNTiles>
-__device__ __forceinline__ void fence_operands(float (&acc)[1][kNTiles][4]) {
+// Pins registers of an in-flight group: accumulators (fp32) or A fragments (bf16 pairs).
+__device__ __forceinline__ void pin(float& x) { asm volatile("" : "+f"(x)::"memory"); }
+__device__ __forceinline__ void pin(uint32_t& x) { asm volatile("" : "+r"(x)::"memory"); }
+template <class T, int kNTiles>
+__device__ __forceinline__ void fence_operands(T (&regs)[1][kNTiles][4]) {
 #pragma unroll
   for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(acc[0][nt][e])::"memory");
+    for (int e = 0; e < 4; ++e) pin(regs[0][nt][e]);
 }
 
 // The accumulator operand lists of the asm statements below.
@@ -158,14 +161,6 @@ __device__ __forceinline__ void mma_rs(float (&acc)[1][kNTiles][4], const uint32
 // maths on another accumulator) overlaps it; wait_for<n>(acc) then waits until
 // at most n of the groups issued after acc's are in flight. product_* issue and
 // wait at once.
-
-template <int kNTiles>
-__device__ __forceinline__ void fence_operands(uint32_t (&a)[1][kNTiles][4]) {
-#pragma unroll
-  for (int nt = 0; nt < kNTiles; ++nt)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(a[0][nt][e])::"memory");
-}
 
 template <int kPending, class... Acc>
 __device__ __forceinline__ void wait_for(Acc&... acc) {
