@@ -49,7 +49,7 @@ struct Bf16Operands {
     accumulate(acc, w, k);
   }
 
- private:
+  // acc += w b: the weights rounded to bf16 as A fragments, b (k, N) with N contiguous.
   template <int kRT, int kDT, int kNT, int kR, int kC>
   __device__ static __forceinline__ void accumulate(float (&acc)[kRT][kDT][4],
                                                     const float (&w)[kRT][kNT][4],

@@ -15,6 +15,7 @@
 //   Feed feed(barriers);                     // shared memory after the kernel's own
 //   if (feed.producer()) { feed.produce(...); return; }   // TmaFeed's producer only
 //   feed.consumer_start();
+//   feed.resident(resident);                 // copied (cp.async) or waited for (TMA)
 //   feed.consume(first, last, step, body);   // body(i, stage), once per step
 //   feed.sync();                             // the consumers meet (epilogues)
 #pragma once
@@ -125,7 +126,6 @@ struct TmaFeed {
   uint64_t* resident_full;
   sm90::Ring<kStages> ring;
   int step_ = 0;  // steps fed or consumed so far: the ring position across consume calls
-  bool resident_landed = false;
 
   __device__ explicit TmaFeed(unsigned char* barriers)
       : resident_full(reinterpret_cast<uint64_t*>(barriers)),
@@ -174,14 +174,13 @@ struct TmaFeed {
   }
 
   __device__ void consumer_start() { sm90::consumer_registers(); }
+  // The producer copies them; the consumers wait until they have landed.
   template <class Resident>
-  __device__ void resident(Resident&&) {}  // the producer copies them
+  __device__ void resident(Resident&&) {
+    sm90::barrier_wait(resident_full, 0);
+  }
   template <class Step, class Body>
   __device__ void consume(int first, int last, Step&&, Body&& body) {
-    if (!resident_landed) {
-      sm90::barrier_wait(resident_full, 0);
-      resident_landed = true;
-    }
     for (int i = first; i < last; ++i, ++step_) {
       ring.wait_full(step_);
       body(i, sm90::Ring<kStages>::stage(step_));

@@ -288,8 +288,8 @@ __device__ __forceinline__ void forward_block(const Params& p, unsigned char* sm
       const int row = row_first + acc_row(mt, 2 * half);
       if (threadIdx.x % 4 == 0 && row < p.T) stats[row] = st[mt][half];
     }
-  feed.sync();  // every group is done reading the Q tile
-  store_acc(q_tile, o_acc, warp_row0, 1.0f);  // the Q tile is free: stage O there
+  // Stage O in the Q tile: a warp writes only rows its own group read.
+  store_acc(q_tile, o_acc, warp_row0, 1.0f);
   feed.sync();
   store_tile<Feed::kConsumerThreads>(q_tile, p.o + head_offset(b, q0, h, p.T, p.H, D),
                                      static_cast<size_t>(p.H) * D, p.T - q0);
@@ -440,8 +440,8 @@ __device__ __forceinline__ void dq_block(const Params& p, unsigned char* smem) {
       }
     }
 
-  feed.sync();  // every group is done reading the Q tile
-  store_acc(q_tile, dq_acc, warp_row0, p.scale);  // the Q tile is free: stage dQ (times c) there
+  // Stage dQ (times c) in the Q tile: a warp writes only rows its own group read.
+  store_acc(q_tile, dq_acc, warp_row0, p.scale);
   feed.sync();
   store_tile<Feed::kConsumerThreads>(q_tile, p.dqkv + qkv_offset(b, q0, 0, h, p.T, p.H, D), ld,
                                      p.T - q0);
@@ -578,8 +578,8 @@ __device__ __forceinline__ void dkdv_block(const Params& p, unsigned char* smem)
     Rows::accumulate(dk_acc, dp, q_stage(s));  // dK += dSᵀ Q
   });
 
-  // K and V tiles are free once every group is done: stage dK (times c) and dV there.
-  feed.sync();
+  // Stage dK (times c) and dV in the K and V tiles: a warp writes only rows its
+  // own group read.
   store_acc(k_tile, dk_acc, warp_row0, p.scale);
   store_acc(v_tile, dv_acc, warp_row0, 1.0f);
   feed.sync();

@@ -20,6 +20,7 @@
 // dv, dk, dq): scores (A Bᵀ, both operands from tiles) and accumulate (W B, W
 // the previous product's fp32 accumulators rounded to bf16).
 #pragma once
+#include "bf16_operands.cuh"
 #include "flash_skeleton.cuh"
 #include "flash_skeleton_sm90.cuh"
 
@@ -59,9 +60,7 @@ struct WarpRows {
   __device__ static __forceinline__ void accumulate(float (&acc)[kRowTiles][kNTiles][4],
                                                     const float (&w)[kRowTiles][kWTiles][4],
                                                     SmemTile<kRowsB, kCols> b) {
-    uint32_t a[kRowTiles][kWTiles / 2][4];
-    acc_to_a(a, w);
-    mma_b_kn(acc, a, b);
+    Bf16Operands::accumulate(acc, w, b);
   }
 };
 
