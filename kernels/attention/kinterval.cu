@@ -599,15 +599,18 @@ __global__ void __launch_bounds__(Feed::kThreads, 1) dkdv_kernel(const __grid_co
 // Launchers.
 
 // The two kernel families: the row group and the feed of each kernel, and the
-// tiles per head dim.
+// tiles per head dim. At d = 128 both use 8 warps x 16 rows (two warpgroups),
+// 64-key and 64-query steps.
+using Tiles128 =
+    KernelTiles<ForwardTraits<128, 8, 1, 64>, DkDvTraits<128, 8, 1, 64>, DqTraits<128, 8, 1, 64>>;
+
 struct MmaSyncFamily {
   static constexpr FpaKernels kKernels = FpaKernels::mma_sync;
   template <int D>
   using Tiles = std::conditional_t<
       D == 64,
       KernelTiles<ForwardTraits<64, 4, 2, 64>, DkDvTraits<64, 8, 1, 64>, DqTraits<64, 8, 1, 64>>,
-      KernelTiles<ForwardTraits<128, 8, 1, 64>, DkDvTraits<128, 8, 1, 64>,
-                  DqTraits<128, 8, 1, 64>>>;
+      Tiles128>;
   template <class Tr>
   using Rows = WarpRows<Tr::kRowTiles>;
   template <class Tr, bool kRowValues>
@@ -623,8 +626,7 @@ struct WgmmaFamily {
   using Tiles = std::conditional_t<
       D == 64,
       KernelTiles<ForwardTraits<64, 8, 1, 64>, DkDvTraits<64, 8, 1, 64>, DqTraits<64, 8, 1, 128>>,
-      KernelTiles<ForwardTraits<128, 8, 1, 64>, DkDvTraits<128, 8, 1, 64>,
-                  DqTraits<128, 8, 1, 64>>>;
+      Tiles128>;
   template <class Tr>
   using Rows = WarpgroupRows;
   template <class Tr, bool kRowValues>
