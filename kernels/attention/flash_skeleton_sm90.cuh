@@ -20,7 +20,7 @@
 //
 // Kernels compiled for another target (sm_80) keep an empty body: the
 // launchers pick these only on a device of compute capability 9.x
-// (sm90_kernels_available), for which the build carries sm_90a code.
+// (fpa_wgmma_available), for which the build carries sm_90a code.
 #pragma once
 #include "flash_skeleton.cuh"
 #include "tma.cuh"

@@ -111,7 +111,16 @@ void backward_dq(const AttentionShape& s, const BackwardParams& p, FpaKernels ke
 
 }  // namespace
 
-bool fpa_wgmma_available() { return sm90_kernels_available(); }
+bool fpa_wgmma_available() {
+#ifdef QATTN_SM90A_BUILD  // QATTN_CUDA_ARCHS has 90a
+  int device = 0, major = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  return major == 9;
+#else
+  return false;
+#endif
+}
 
 FpaKernels resolve_kernels(FpaKernels requested, const char* kind) {
   if (requested != FpaKernels::automatic) {

@@ -32,19 +32,6 @@ __device__ __forceinline__ void pipelined(int first, int last, Load&& load, Body
   }
 }
 
-// Whether the current device runs the Hopper (sm_90a, wgmma) kernels: a
-// compute capability 9.x device, and a build whose QATTN_CUDA_ARCHS has 90a.
-inline bool sm90_kernels_available() {
-#ifdef QATTN_SM90A_BUILD
-  int device = 0, major = 0;
-  CUDA_CHECK(cudaGetDevice(&device));
-  CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  return major == 9;
-#else
-  return false;
-#endif
-}
-
 // Raises the kernel's dynamic shared-memory limit (above 48 KB needs it) and launches it.
 template <class Params>
 void launch(void (*kernel)(Params), dim3 grid, int threads, int smem_bytes, cudaStream_t stream,
