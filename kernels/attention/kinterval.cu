@@ -30,9 +30,9 @@
 // of 16 or 32 rows with register fragments, fed by cp.async.
 //
 // Tile shapes, wgmma: 2 consumer warpgroups, 128 rows per block (and the producer);
-//   d=64:  forward 64-key steps; dQ 128-key steps; dK/dV 64-query steps;
-//   d=128: 64-key and 64-query steps (dK/dV holds 192 accumulator registers per
-//          thread of the 240 the producer leaves; 128-key steps would not fit).
+//   forward 128-key steps; dK/dV 64-query steps; dQ 128-key steps at d=64, 64 at
+//   d=128 (a 128-key dQ step would hold 192 accumulator registers per thread
+//   there, as dK/dV's 64-query step does, of the 240 the producer leaves).
 // mma.sync: forward d=64 4 warps x 32 rows (FPA's), d=128 8 x 16, 64-key steps;
 // dQ 8 warps x 16 rows, 64-key steps; dK/dV 8 warps x 16 keys, 64-query steps.
 #include <cmath>
@@ -89,24 +89,29 @@ __device__ __forceinline__ TileSource dout_source(const Params& p, int b, int t0
   return {p.dout, &p.dout_map, p.H * d, b * p.T + t0, h * d, p.T - t0};
 }
 
-// kRows RowStats into shared memory (two 16-byte chunks each), this thread's
-// share of `threads`; rows past rows_valid read as 0.
+// The dK/dV pass stages each query's RowStats as two arrays of 16-byte halves:
+// a quad's four threads read columns two apart, which as 32-byte structs would
+// put two of them on the same banks.
+struct StagedStats {
+  float4* lo;  // (rows) g0, u_scale, step, ratio
+  float4* hi;  // (rows) w_base, inv_z, argmax, argmin
+  __device__ RowStats load(int i) const {
+    const float4 a = lo[i], b = hi[i];
+    return {a.x, a.y, a.z, a.w, b.x, b.y, __float_as_int(b.z), __float_as_int(b.w)};
+  }
+};
+
+// kRows RowStats into a StagedStats, this thread's share of `threads`; rows
+// past rows_valid read as 0.
 template <int kRows, class Copier>
-__device__ __forceinline__ void copy_row_stats(RowStats* dst, const RowStats* src, int rows_valid,
+__device__ __forceinline__ void copy_row_stats(StagedStats dst, const RowStats* src, int rows_valid,
                                                int thread, int threads, Copier) {
   for (int c = thread; c < 2 * kRows; c += threads) {
-    const int r = c / 2;
+    const int r = c % kRows, half = c / kRows;
     const bool valid = r < rows_valid;
-    Copier::copy16(reinterpret_cast<float4*>(dst) + c,
-                   reinterpret_cast<const float4*>(src + (valid ? r : 0)) + c % 2, valid);
+    Copier::copy16((half ? dst.hi : dst.lo) + r,
+                   reinterpret_cast<const float4*>(src + (valid ? r : 0)) + half, valid);
   }
-}
-
-// A RowStats from shared memory in two 16-byte loads.
-__device__ __forceinline__ RowStats load_row_stats(const RowStats* src) {
-  const float4 lo = reinterpret_cast<const float4*>(src)[0];
-  const float4 hi = reinterpret_cast<const float4*>(src)[1];
-  return {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, __float_as_int(hi.z), __float_as_int(hi.w)};
 }
 
 // What a query row brings to the dK/dV pass besides its RowStats, 16 bytes in
@@ -372,10 +377,11 @@ __device__ __forceinline__ void dq_block(const Params& p, unsigned char* smem) {
     }
     const int k0 = j * BN;
     if (k0 > group_row_last) return;
-    float w[RT][BN / 8][4];  // (16 RT queries, BN keys): raw S, then dS_direct
-    Rows::scores(w, q_a, kv.k(s));
+    float w[RT][BN / 8][4];   // (16 RT queries, BN keys): raw S, then dS_direct
     float dp[RT][BN / 8][4];  // (16 RT queries, BN keys): dP = dO Vᵀ
-    Rows::scores(dp, do_a, kv.v(s));
+    Rows::issue_scores(w, q_a, kv.k(s));
+    Rows::issue_scores(dp, do_a, kv.v(s));  // back to back on the tensor cores
+    Rows::template wait<0>(w, dp);
     // Future keys: g = ḡ gives dL/dŵ = 0 and a raw score of −inf gives w = 0, so
     // they add nothing below (and no inf · 0).
     hide_future_keys<RT, BN / 8>(k0, row_first, [&](int mt, int nt, int e) {
@@ -474,8 +480,8 @@ __device__ __forceinline__ void dkdv_block(const Params& p, unsigned char* smem)
   const SmemTile<BN, D> k_tile{reinterpret_cast<bf16*>(smem)};  // (BN, d)
   const SmemTile<BN, D> v_tile{k_tile.data + BN * D};           // (BN, d)
   bf16* q_stages = v_tile.data + BN * D;                        // 2 x [(BM, d) Q, (BM, d) dO]
-  RowStats* stat_stages = reinterpret_cast<RowStats*>(q_stages + 4 * BM * D);        // 2 x (BM)
-  QueryValues* value_stages = reinterpret_cast<QueryValues*>(stat_stages + 2 * BM);  // 2 x (BM)
+  float4* stat_stages = reinterpret_cast<float4*>(q_stages + 4 * BM * D);  // 2 x [(BM) lo, (BM) hi]
+  QueryValues* value_stages = reinterpret_cast<QueryValues*>(stat_stages + 4 * BM);  // 2 x (BM)
 
   const int k_block = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int k0 = k_block * BN;
@@ -489,6 +495,9 @@ __device__ __forceinline__ void dkdv_block(const Params& p, unsigned char* smem)
   const float* l_grad = kRule == Rule::prob_ste ? nullptr : p.dl + stat0;
   auto q_stage = [&](int s) { return SmemTile<BM, D>{q_stages + (2 * s) * BM * D}; };
   auto do_stage = [&](int s) { return SmemTile<BM, D>{q_stages + (2 * s + 1) * BM * D}; };
+  auto stat_stage = [&](int s) {
+    return StagedStats{stat_stages + 2 * s * BM, stat_stages + (2 * s + 1) * BM};
+  };
   auto resident = [&](auto& to) {
     to.tile(k_tile, qkv_source(p, b, k0, 1, h, D));
     to.tile(v_tile, qkv_source(p, b, k0, 2, h, D));
@@ -498,8 +507,7 @@ __device__ __forceinline__ void dkdv_block(const Params& p, unsigned char* smem)
     to.tile(q_stage(s), qkv_source(p, b, q0, 0, h, D));
     to.tile(do_stage(s), dout_source(p, b, q0, h, D));
     to.rows([&](int thread, int threads, auto copier) {
-      copy_row_stats<BM>(stat_stages + s * BM, p.stats + stat0 + q0, p.T - q0, thread, threads,
-                         copier);
+      copy_row_stats<BM>(stat_stage(s), p.stats + stat0 + q0, p.T - q0, thread, threads, copier);
       copy_query_values<BM>(value_stages + s * BM, p.delta + stat0 + q0, second + q0,
                             l_grad ? l_grad + q0 : nullptr, p.T - q0, thread, threads, copier);
     });
@@ -522,59 +530,83 @@ __device__ __forceinline__ void dkdv_block(const Params& p, unsigned char* smem)
     const int q0 = i * BM;
     // Skip when every key of the group is after every query of the block, or past T.
     if (group_key0 > q0 + BM - 1 || group_key0 >= p.T) return;
-    const RowStats* stats = stat_stages + s * BM;
+    const StagedStats stats = stat_stage(s);
     const QueryValues* values = value_stages + s * BM;
-    typename Rows::template A<BN, D> k_a;  // the group's rows of K (mma.sync: loaded per step,
-    k_a.load(k_tile);                      // fewer live registers)
-    float w[RT][BM / 8][4];  // (16 RT keys, BM queries): raw Sᵀ = K Qᵀ, then p̂ᵀ
-    Rows::scores(w, k_a, q_stage(s));
-    typename Rows::template A<BN, D> v_a;
+    typename Rows::template A<BN, D> k_a, v_a;  // the group's rows of K and V (mma.sync: loaded
+    k_a.load(k_tile);                           // per step, fewer live registers)
     v_a.load(v_tile);
+    float w[RT][BM / 8][4];   // (16 RT keys, BM queries): raw Sᵀ = K Qᵀ, then dSᵀ / (dPᵀ − ḡ)
     float dp[RT][BM / 8][4];  // (16 RT keys, BM queries): dPᵀ = V dOᵀ, then dSᵀ
-    Rows::scores(dp, v_a, do_stage(s));
-    for_each_acc<RT, BM / 8>([&](int mt, int nt, int e) {
-      // Queries past T have zero RowStats and row values; they are hidden below.
+    // dPᵀ runs while p̂ᵀ is computed where the registers allow (d = 64: at d = 128
+    // dK and dV alone hold 128 per thread); else it is issued beside dV's product.
+    constexpr bool kEarlyDp = D == 64;
+    Rows::issue_scores(w, k_a, q_stage(s));
+    if constexpr (kEarlyDp) Rows::issue_scores(dp, v_a, do_stage(s));
+    Rows::template wait<kEarlyDp ? 1 : 0>(w);
+    // Entries whose key is after the query, or whose query is past T, are hidden
+    // (the TMA feed reads the next batch's Q and dO rows there, not zeros). Most
+    // steps have none: every key of the warp precedes every query, all before T.
+    const bool all_visible = warp_key0 + 16 * RT - 1 <= q0 && q0 + BM <= p.T;
+    auto hidden = [&](int mt, int nt, int e) {
       const int qi = acc_col(nt, e);
-      const RowStats r = load_row_stats(stats + qi);
-      const QueryValues q = values[qi];
-      const float raw = w[mt][nt][e];
-      const float u = grid_position(r, raw);  // future keys (u past the grid) are hidden below
-      const float g = dp[mt][nt][e] - q.delta;
-      // Below the fwm window ŵ is 0, and so is lerp's gradient: 1/Ẑ is replaced by 0.
-      const bool below = kFwm && u < 0.0f;
-      const float inv_z = below ? 0.0f : r.inv_z;
-      float ds;
-      if constexpr (kRule == Rule::lerp) {
-        // One cell for p̂ and dS.
-        const LerpPoint c = lerp_point(fmaxf(u, 0.0f), r, p.grid);
-        w[mt][nt][e] = c.weight() * inv_z;                  // p̂ᵀ
-        ds = g * c.dv * (inv_z * (r.u_scale * inv_scale));  // dL/dŵ dv / Δ
-      } else {
-        w[mt][nt][e] = grid_value(nearest_point(u), r, p.grid) * inv_z;  // p̂ᵀ
-        if constexpr (kRule == Rule::weight_ste) {
-          const float h = g * (kFwm && u < p.mask_below ? 0.0f : r.inv_z);  // dL/dŵ
-          ds = fast_exp2(fmaf(raw, p.scale_log2, -r.w_base)) * h;
-        } else {  // exact P = exp(c r − L)
-          ds = fast_exp2(fmaf(raw, p.scale_log2, -q.second * kLog2e)) * g;
+      return warp_key0 + acc_row(mt, e) > q0 + qi || q0 + qi >= p.T;
+    };
+    uint32_t p_a[RT][BM / 16][4];  // p̂ᵀ rounded to bf16: the A operand of dV += p̂ᵀ dO
+    // From Sᵀ alone: p̂ᵀ, and the factor f with dSᵀ_direct = f (dPᵀ − ḡ), kept in w.
+    with_mask(all_visible, [&](auto unmasked) {
+#pragma unroll
+      for (int mt = 0; mt < RT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < BM / 8; ++nt) {
+          float pw[4];
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const RowStats r = stats.load(acc_col(nt, e));
+            const float raw = w[mt][nt][e];
+            const float u = grid_position(r, raw);  // future keys (u past the grid) are hidden below
+            // Below the fwm window ŵ is 0, and so is lerp's gradient: 1/Ẑ is replaced by 0.
+            const float inv_z = kFwm && u < 0.0f ? 0.0f : r.inv_z;
+            float f;
+            if constexpr (kRule == Rule::lerp) {
+              const LerpPoint c = lerp_point(fmaxf(u, 0.0f), r, p.grid);  // one cell for p̂ and dS
+              pw[e] = c.weight() * inv_z;
+              f = c.dv * (inv_z * (r.u_scale * inv_scale));  // dL/dŵ = (g − ḡ) / Ẑ, times dv / Δ
+            } else {
+              pw[e] = grid_value(nearest_point(u), r, p.grid) * inv_z;
+              if constexpr (kRule == Rule::weight_ste) {  // w = exp(s − m) in place of ŵ
+                const float h = kFwm && u < p.mask_below ? 0.0f : r.inv_z;
+                f = fast_exp2(fmaf(raw, p.scale_log2, -r.w_base)) * h;
+              } else {  // exact P = exp(c r − L)
+                f = fast_exp2(fmaf(raw, p.scale_log2, -values[acc_col(nt, e)].second * kLog2e));
+              }
+            }
+            if (!decltype(unmasked)::value && hidden(mt, nt, e)) pw[e] = f = 0.0f;
+            w[mt][nt][e] = f;
+          }
+          // The accumulator pairs of acc_to_a (tile_mma.cuh).
+          p_a[mt][nt / 2][2 * (nt % 2)] = pack_bf16x2(pw[0], pw[1]);
+          p_a[mt][nt / 2][2 * (nt % 2) + 1] = pack_bf16x2(pw[2], pw[3]);
         }
-      }
-      // The calibration terms, on the key that is the row's argmax (argmin; dL/dℓ
-      // is 0 but for lerp minmax); detached, dL/dm = dL/dℓ = 0.
-      if constexpr (kRule != Rule::prob_ste) {
-        const int key = warp_key0 + acc_row(mt, e);
-        if (key == r.argmax) ds += q.second;
-        if (kLerpMinmax && key == r.argmin) ds += q.l_grad;
-      }
-      // The causal mask (keys after the query), here rather than in a loop of its
-      // own over the tiles that cross the diagonal: p̂ᵀ and dSᵀ can then be
-      // rounded to bf16 as they come, which frees registers (fewer spills at d = 128).
-      // Queries past T are hidden too: the TMA feed reads the next batch's Q and dO
-      // rows there (not zeros), whose dS would otherwise reach dK.
-      const bool hidden = warp_key0 + acc_row(mt, e) > q0 + qi || q0 + qi >= p.T;
-      if (hidden) w[mt][nt][e] = 0.0f;
-      dp[mt][nt][e] = hidden ? 0.0f : ds;
     });
-    Rows::accumulate(dv_acc, w, do_stage(s));  // dV += p̂ᵀ dO
+    if constexpr (!kEarlyDp) Rows::issue_scores(dp, v_a, do_stage(s));
+    Rows::accumulate(dv_acc, p_a, do_stage(s));  // dV += p̂ᵀ dO; its wait covers dPᵀ's group too
+    Rows::template wait<0>(dp);
+    // dSᵀ = f (dPᵀ − ḡ), plus the calibration terms on the key that is the row's
+    // argmax (argmin; dL/dℓ is 0 but for lerp minmax); detached, dL/dm = dL/dℓ = 0.
+    // Hidden entries have f = 0, and their key is never the argmax or argmin
+    // (a visible key; a query past T has zero values).
+    for_each_acc<RT, BM / 8>([&](int mt, int nt, int e) {
+      const int qi = acc_col(nt, e);
+      const QueryValues q = values[qi];
+      float ds = (dp[mt][nt][e] - q.delta) * w[mt][nt][e];
+      if constexpr (kRule != Rule::prob_ste) {
+        const float4 r = stats.hi[qi];
+        const int key = warp_key0 + acc_row(mt, e);
+        if (key == __float_as_int(r.z)) ds += q.second;
+        if (kLerpMinmax && key == __float_as_int(r.w)) ds += q.l_grad;
+      }
+      dp[mt][nt][e] = ds;
+    });
     Rows::accumulate(dk_acc, dp, q_stage(s));  // dK += dSᵀ Q
   });
 
@@ -599,10 +631,10 @@ __global__ void __launch_bounds__(Feed::kThreads, 1) dkdv_kernel(const __grid_co
 // Launchers.
 
 // The two kernel families: the row group and the feed of each kernel, and the
-// tiles per head dim. At d = 128 both use 8 warps x 16 rows (two warpgroups),
-// 64-key and 64-query steps.
-using Tiles128 =
-    KernelTiles<ForwardTraits<128, 8, 1, 64>, DkDvTraits<128, 8, 1, 64>, DqTraits<128, 8, 1, 64>>;
+// tiles per head dim. At d = 128 the backward of both uses 8 warps x 16 rows
+// (two warpgroups), 64-query dK/dV and 64-key dQ steps.
+using DkDv128 = DkDvTraits<128, 8, 1, 64>;
+using Dq128 = DqTraits<128, 8, 1, 64>;
 
 struct MmaSyncFamily {
   static constexpr FpaKernels kKernels = FpaKernels::mma_sync;
@@ -610,7 +642,7 @@ struct MmaSyncFamily {
   using Tiles = std::conditional_t<
       D == 64,
       KernelTiles<ForwardTraits<64, 4, 2, 64>, DkDvTraits<64, 8, 1, 64>, DqTraits<64, 8, 1, 64>>,
-      Tiles128>;
+      KernelTiles<ForwardTraits<128, 8, 1, 64>, DkDv128, Dq128>>;
   template <class Tr>
   using Rows = WarpRows<Tr::kRowTiles>;
   template <class Tr, bool kRowValues>
@@ -623,10 +655,8 @@ struct WgmmaFamily {
   // stage layout and shared-memory sizes the kernels share with the mma.sync
   // family), fed by TMA from a producer warpgroup.
   template <int D>
-  using Tiles = std::conditional_t<
-      D == 64,
-      KernelTiles<ForwardTraits<64, 8, 1, 64>, DkDvTraits<64, 8, 1, 64>, DqTraits<64, 8, 1, 128>>,
-      Tiles128>;
+  using Tiles = KernelTiles<ForwardTraits<D, 8, 1, 128>, DkDvTraits<D, 8, 1, 64>,
+                            std::conditional_t<D == 64, DqTraits<64, 8, 1, 128>, Dq128>>;
   template <class Tr>
   using Rows = WarpgroupRows;
   template <class Tr, bool kRowValues>

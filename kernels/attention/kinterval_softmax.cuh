@@ -13,7 +13,8 @@
 //
 // Cost per score (the kernels are bound by instructions per score, not by
 // the products): u is one FMA and a clamp; a grid value is one FMA and one
-// ex2; lerp's v_{a+1} = v_a e^Δ is one FMA more; nearest rounds with three adds.
+// ex2; lerp's v_{a+1} = v_a e^Δ is one FMA more; nearest rounds with three adds
+// and lerp floors with two (no conversion-pipe instruction beside the ex2).
 #pragma once
 #include <cuda_runtime.h>
 
@@ -84,9 +85,18 @@ __device__ __forceinline__ float grid_value(float a, const RowStats& r, const Gr
   return fast_exp2(fmaf(a, r.step, -g.K * r.step));  // K·step is common to the row's scores
 }
 
+// floor(u) for 0 <= u < 2^23 with two full-rate adds: u + 2^23 rounded down has
+// no fraction bits. floorf is a conversion-pipe instruction, which runs at a
+// quarter of the rate and shares its pipe with ex2, the one MUFU op per score.
+// Larger u (future keys, hidden afterwards) come out >= K − 1 and are clamped.
+__device__ __forceinline__ float floor_nonnegative(float u) {
+  constexpr float kTwo23 = 8388608.0f;
+  return __fsub_rn(__fadd_rd(u, kTwo23), kTwo23);
+}
+
 // The lerp cell of u >= 0: a and t.
 __device__ __forceinline__ void lerp_cell(float u, float K, float& a, float& t) {
-  a = fminf(floorf(u), K - 1.0f);
+  a = fminf(floor_nonnegative(u), K - 1.0f);
   t = u - a;
 }
 

@@ -18,7 +18,11 @@
 //   - has a body only where kCompiledHere (wgmma: sm_90a device code).
 // The two products are the two shapes of attention's six (SPEC §3's qk, pv, dp,
 // dv, dk, dq): scores (A Bᵀ, both operands from tiles) and accumulate (W B, W
-// the previous product's fp32 accumulators rounded to bf16).
+// the previous product's fp32 accumulators rounded to bf16, or bf16 A
+// fragments the kernel packed itself). issue_scores starts a scores product
+// and wait<n>(acc) waits until at most n started later are in flight, so that a
+// kernel overlaps element-wise work with the next product (wgmma runs
+// asynchronously; mma.sync computes at issue and waits for nothing).
 #pragma once
 #include "bf16_operands.cuh"
 #include "flash_skeleton.cuh"
@@ -54,6 +58,14 @@ struct WarpRows {
     zero(acc);
     mma_b_nk(acc, a.frag, b);
   }
+  template <int kNTiles, int kTileRows, int kCols, int kRowsB>
+  __device__ static __forceinline__ void issue_scores(float (&acc)[kRowTiles][kNTiles][4],
+                                                      const A<kTileRows, kCols>& a,
+                                                      SmemTile<kRowsB, kCols> b) {
+    scores(acc, a, b);
+  }
+  template <int kPending, class... Acc>
+  __device__ static __forceinline__ void wait(Acc&...) {}
 
   // acc += w b, b (k, N) with N contiguous (O += ŵ V, dQ += dS K, dV += p̂ᵀ dO, dK += dSᵀ Q).
   template <int kNTiles, int kWTiles, int kRowsB, int kCols>
@@ -61,6 +73,13 @@ struct WarpRows {
                                                     const float (&w)[kRowTiles][kWTiles][4],
                                                     SmemTile<kRowsB, kCols> b) {
     Bf16Operands::accumulate(acc, w, b);
+  }
+  // acc += a b with a (16 kRowTiles, 16 kKSteps) bf16 A fragments.
+  template <int kNTiles, int kKSteps, int kRowsB, int kCols>
+  __device__ static __forceinline__ void accumulate(float (&acc)[kRowTiles][kNTiles][4],
+                                                    uint32_t (&a)[kRowTiles][kKSteps][4],
+                                                    SmemTile<kRowsB, kCols> b) {
+    mma_b_kn(acc, a, b);
   }
 };
 
@@ -86,12 +105,29 @@ struct WarpgroupRows {
                                                 SmemTile<kRowsB, kCols> b) {
     sm90::product_ss(acc, a.tile, first_row(), b);
   }
+  template <int kNTiles, int kTileRows, int kCols, int kRowsB>
+  __device__ static __forceinline__ void issue_scores(float (&acc)[1][kNTiles][4],
+                                                      const A<kTileRows, kCols>& a,
+                                                      SmemTile<kRowsB, kCols> b) {
+    sm90::issue_ss(acc, a.tile, first_row(), b);
+  }
+  template <int kPending, class... Acc>
+  __device__ static __forceinline__ void wait(Acc&... acc) {
+    sm90::wait_for<kPending>(acc...);
+  }
 
   template <int kNTiles, int kWTiles, int kRowsB, int kCols>
   __device__ static __forceinline__ void accumulate(float (&acc)[1][kNTiles][4],
                                                     const float (&w)[1][kWTiles][4],
                                                     SmemTile<kRowsB, kCols> b) {
     sm90::product_rs(acc, w, b);
+  }
+  template <int kNTiles, int kKSteps, int kRowsB, int kCols>
+  __device__ static __forceinline__ void accumulate(float (&acc)[1][kNTiles][4],
+                                                    uint32_t (&a)[1][kKSteps][4],
+                                                    SmemTile<kRowsB, kCols> b) {
+    sm90::issue_rs(acc, a, b);
+    sm90::wait_for<0>(acc, a);
   }
 };
 

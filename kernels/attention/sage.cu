@@ -205,16 +205,6 @@ __device__ __forceinline__ void store_rows(SmemTile<kRows, D> tile, bf16* base, 
   store_tile<kThreads>(tile, base + static_cast<size_t>(t0) * ld, ld, T - t0);
 }
 
-// Runs body(std::true_type) when every entry of the warp's tile is visible
-// (warp-uniform), so that no per-entry mask is evaluated, else body(std::false_type).
-template <class Body>
-__device__ __forceinline__ void with_mask(bool all_visible, Body&& body) {
-  if (all_visible)
-    body(std::true_type{});
-  else
-    body(std::false_type{});
-}
-
 // ---------------------------------------------------------------------------
 // Forward. Grid (query tiles, B·H); the heaviest (last) query tiles start first.
 template <class Tr, class Softmax>

@@ -15,6 +15,7 @@
 #include <cuda_bf16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "common.cuh"
 
@@ -263,6 +264,17 @@ __device__ __forceinline__ void store_acc(SmemTile<kRows, kCols> tile,
         *reinterpret_cast<uint32_t*>(tile.at(row, col)) =
             pack_bf16x2(acc[mt][nt][2 * half] * scale, acc[mt][nt][2 * half + 1] * scale);
       }
+}
+
+// Runs body(std::true_type) when every entry of the caller's tile is visible
+// (uniform over the threads that share a product), so that no per-entry mask is
+// evaluated, else body(std::false_type).
+template <class Body>
+__device__ __forceinline__ void with_mask(bool all_visible, Body&& body) {
+  if (all_visible)
+    body(std::true_type{});
+  else
+    body(std::false_type{});
 }
 
 }  // namespace qattn::cuda::flash
