@@ -75,6 +75,10 @@ struct DqTraits {
   static constexpr int kSmemBytes = kTileBytes + (1 + 2 * kStages) * 8;
 };
 
+// FPA's tiles on Hopper (fpa.cu; K-interval's probability STE runs FPA's dQ blocks).
+template <int D>
+using FpaTiles = KernelTiles<ForwardTraits<D, 2, 128>, DkDvTraits<D, 2, 64>, DqTraits<D, 2, 64>>;
+
 // Kernel parameters: the skeleton's, and the activations as TMA tensor maps
 // (qkv: (B T, 3 H d); dout: (B T, H d)). __grid_constant__ keeps the maps in
 // parameter memory, where the copy engine reads them.

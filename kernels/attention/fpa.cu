@@ -38,8 +38,7 @@ using FpaTiles = std::conditional_t<
     KernelTiles<ForwardTraits<128, 8, 1, 128>, DkDvTraits<128, 8, 1, 64>, DqTraits<128, 8, 1, 64>>>;
 
 template <int D>
-using FpaTilesSm90 = KernelTiles<sm90::ForwardTraits<D, 2, 128>, sm90::DkDvTraits<D, 2, 64>,
-                                 sm90::DqTraits<D, 2, 64>>;
+using FpaTilesSm90 = sm90::FpaTiles<D>;
 
 template <class Tiles, class Params>
 void launch_forward(const AttentionShape& s, const Params& p, void (*kernel)(Params),

@@ -123,8 +123,9 @@ struct alignas(16) QueryValues {
   float unused;
 };
 
-// kRows QueryValues into shared memory from three (T) row values (l_grad may be
-// null: zeros), this thread's share of `threads`; rows past rows_valid read as 0.
+// kRows QueryValues into shared memory from three (T) row values (second and
+// l_grad may be null: zeros), this thread's share of `threads`; rows past
+// rows_valid read as 0.
 template <int kRows, class Copier>
 __device__ __forceinline__ void copy_query_values(QueryValues* dst, const float* delta,
                                                   const float* second, const float* l_grad,
@@ -312,7 +313,7 @@ __global__ void __launch_bounds__(Feed::kThreads, 1)
 // ---------------------------------------------------------------------------
 // dQ for the lerp and weight-STE rules. Grid (ceil(T / kBlockM), H, B).
 template <class Rows, class Feed, class Tr, Rule kRule, Calibration kCalibration>
-__device__ __forceinline__ void dq_block(const Params& p, unsigned char* smem) {
+__device__ __forceinline__ void dq_block(const Params& p, int q_block, unsigned char* smem) {
   static_assert(kRule != Rule::prob_ste, "the probability STE uses FPA's dQ pass");
   check_row_group<Rows, Feed, Tr::kBlockM>();
   constexpr int D = Tr::kHeadDim, BM = Tr::kBlockM, BN = Tr::kBlockN, RT = Rows::kRowTiles;
@@ -321,7 +322,7 @@ __device__ __forceinline__ void dq_block(const Params& p, unsigned char* smem) {
   const SmemTile<BM, D> do_tile{q_tile.data + BM * D};          // (BM, d)
   bf16* kv_stages = do_tile.data + BM * D;                      // 2 x [(BN, d) K, (BN, d) V]
 
-  const int q_block = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int h = blockIdx.y, b = blockIdx.z;
   const int q0 = q_block * BM;
   const int warp_row0 = Rows::warp_first_row();
   const int row_first = q0 + warp_row0;
@@ -456,7 +457,8 @@ __device__ __forceinline__ void dq_block(const Params& p, unsigned char* smem) {
 template <class Rows, class Feed, class Tr, Rule kRule, Calibration kCalibration>
 __global__ void __launch_bounds__(Feed::kThreads, 1) dq_kernel(const __grid_constant__ Params p) {
   extern __shared__ __align__(1024) unsigned char smem[];
-  if constexpr (Rows::kCompiledHere) dq_block<Rows, Feed, Tr, kRule, kCalibration>(p, smem);
+  if constexpr (Rows::kCompiledHere)
+    dq_block<Rows, Feed, Tr, kRule, kCalibration>(p, gridDim.x - 1 - blockIdx.x, smem);
 }
 
 // ---------------------------------------------------------------------------
@@ -472,7 +474,7 @@ constexpr int dkdv_smem_bytes() {
 }
 
 template <class Rows, class Feed, class Tr, Rule kRule, Calibration kCalibration>
-__device__ __forceinline__ void dkdv_block(const Params& p, unsigned char* smem) {
+__device__ __forceinline__ void dkdv_block(const Params& p, int k_block, unsigned char* smem) {
   check_row_group<Rows, Feed, Tr::kBlockN>();
   constexpr int D = Tr::kHeadDim, BM = Tr::kBlockM, BN = Tr::kBlockN, RT = Rows::kRowTiles;
   constexpr bool kFwm = kCalibration == Calibration::fwm;
@@ -483,7 +485,7 @@ __device__ __forceinline__ void dkdv_block(const Params& p, unsigned char* smem)
   float4* stat_stages = reinterpret_cast<float4*>(q_stages + 4 * BM * D);  // 2 x [(BM) lo, (BM) hi]
   QueryValues* value_stages = reinterpret_cast<QueryValues*>(stat_stages + 4 * BM);  // 2 x (BM)
 
-  const int k_block = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int h = blockIdx.y, b = blockIdx.z;
   const int k0 = k_block * BN;
   const int warp_row0 = Rows::warp_first_row();  // first key of the warp, within the block
   const int warp_key0 = k0 + warp_row0;
@@ -491,8 +493,10 @@ __device__ __forceinline__ void dkdv_block(const Params& p, unsigned char* smem)
   const size_t ld = static_cast<size_t>(3) * p.H * D;
   const size_t stat0 = (static_cast<size_t>(b) * p.H + h) * p.T;
   // The row values besides δ: dL/dm and dL/dℓ, or for the probability STE the exact L.
-  const float* second = (kRule == Rule::prob_ste ? p.lse : p.dm) + stat0;
-  const float* l_grad = kRule == Rule::prob_ste ? nullptr : p.dl + stat0;
+  // Detached, dL/dm = dL/dℓ = 0 are not read (zeros): dK/dV may run beside the dQ pass.
+  const bool routes = kRule != Rule::prob_ste && !p.detach;
+  const float* second = kRule == Rule::prob_ste ? p.lse + stat0 : routes ? p.dm + stat0 : nullptr;
+  const float* l_grad = routes ? p.dl + stat0 : nullptr;
   auto q_stage = [&](int s) { return SmemTile<BM, D>{q_stages + (2 * s) * BM * D}; };
   auto do_stage = [&](int s) { return SmemTile<BM, D>{q_stages + (2 * s + 1) * BM * D}; };
   auto stat_stage = [&](int s) {
@@ -508,8 +512,9 @@ __device__ __forceinline__ void dkdv_block(const Params& p, unsigned char* smem)
     to.tile(do_stage(s), dout_source(p, b, q0, h, D));
     to.rows([&](int thread, int threads, auto copier) {
       copy_row_stats<BM>(stat_stage(s), p.stats + stat0 + q0, p.T - q0, thread, threads, copier);
-      copy_query_values<BM>(value_stages + s * BM, p.delta + stat0 + q0, second + q0,
-                            l_grad ? l_grad + q0 : nullptr, p.T - q0, thread, threads, copier);
+      copy_query_values<BM>(value_stages + s * BM, p.delta + stat0 + q0,
+                            second ? second + q0 : nullptr, l_grad ? l_grad + q0 : nullptr,
+                            p.T - q0, thread, threads, copier);
     });
   };
   // Causal: queries before the block's first key see none of it.
@@ -624,7 +629,48 @@ __device__ __forceinline__ void dkdv_block(const Params& p, unsigned char* smem)
 template <class Rows, class Feed, class Tr, Rule kRule, Calibration kCalibration>
 __global__ void __launch_bounds__(Feed::kThreads, 1) dkdv_kernel(const __grid_constant__ Params p) {
   extern __shared__ __align__(1024) unsigned char smem[];
-  if constexpr (Rows::kCompiledHere) dkdv_block<Rows, Feed, Tr, kRule, kCalibration>(p, smem);
+  if constexpr (Rows::kCompiledHere)
+    dkdv_block<Rows, Feed, Tr, kRule, kCalibration>(p, blockIdx.x, smem);
+}
+
+// The dQ half of a combined launch (below): K-interval's dQ blocks, or FPA's
+// (Hopper) for the probability STE. kSmemBytes includes the feed's barriers.
+template <class Rows, class Feed, class Tr, Rule kRule, Calibration kCalibration>
+struct KIntervalDq {
+  static constexpr int kBlockM = Tr::kBlockM, kThreads = Feed::kThreads;
+  static constexpr int kSmemBytes = Tr::kSmemBytes + Feed::kBarrierBytes;
+  __device__ static void run(const Params& p, const sm90::BackwardTmaParams&, int q_block,
+                             unsigned char* smem) {
+    dq_block<Rows, Feed, Tr, kRule, kCalibration>(p, q_block, smem);
+  }
+};
+template <class Tr>
+struct FpaDq {
+  static constexpr int kBlockM = Tr::kBlockM, kThreads = Tr::kThreads;
+  static constexpr int kSmemBytes = Tr::kSmemBytes;
+  __device__ static void run(const Params&, const sm90::BackwardTmaParams& fpa, int q_block,
+                             unsigned char* smem) {
+    sm90::backward_dq_block<Tr, OnlineSoftmax<1>>(fpa, q_block, smem);
+  }
+};
+
+// dK/dV and dQ blocks in one launch where dK/dV needs nothing from the dQ pass
+// (extrema detached, or the probability STE): FPA's backward order, dK/dV blocks
+// first (key block 0, which sees every query, leading), then dQ blocks (the last
+// query block leading), so that the dQ blocks fill the tail of the dK/dV waves.
+template <class Rows, class Feed, class Tr, class Dq, Rule kRule, Calibration kCalibration>
+__global__ void __launch_bounds__(Feed::kThreads, 1)
+    dkdv_dq_kernel(const __grid_constant__ Params p,
+                   const __grid_constant__ sm90::BackwardTmaParams fpa) {
+  static_assert(Dq::kThreads == Feed::kThreads, "both halves of the launch share its block size");
+  extern __shared__ __align__(1024) unsigned char smem[];
+  if constexpr (Rows::kCompiledHere) {
+    const int n_kv_blocks = (p.T + Tr::kBlockN - 1) / Tr::kBlockN;
+    if (static_cast<int>(blockIdx.x) < n_kv_blocks)
+      dkdv_block<Rows, Feed, Tr, kRule, kCalibration>(p, blockIdx.x, smem);
+    else
+      Dq::run(p, fpa, gridDim.x - 1 - blockIdx.x, smem);
+  }
 }
 
 // ---------------------------------------------------------------------------
@@ -760,14 +806,31 @@ void launch_dkdv(const Params& p, cudaStream_t stream) {
          stream, p);
 }
 
+// K-interval's dQ half of a one-launch backward (wgmma family).
+template <int D, Rule kRule, Calibration kCal>
+using WgmmaDq = KIntervalDq<WgmmaFamily::Rows<typename WgmmaFamily::Tiles<D>::Dq>,
+                            WgmmaFamily::Feed<typename WgmmaFamily::Tiles<D>::Dq, false>,
+                            typename WgmmaFamily::Tiles<D>::Dq, kRule, kCal>;
+
 template <class Family, int D, Rule kRule, Calibration kCal>
-void launch_dq_dkdv(const Params& p, cudaStream_t stream) {
-  using Tr = typename Family::template Tiles<D>::Dq;
-  using Rows = typename Family::template Rows<Tr>;
-  using Feed = typename Family::template Feed<Tr, false>;
-  launch(dq_kernel<Rows, Feed, Tr, kRule, kCal>, dim3(ceil_div(p.T, Tr::kBlockM), p.H, p.B),
-         Feed::kThreads, Tr::kSmemBytes + Feed::kBarrierBytes, stream, p);
-  launch_dkdv<Family, D, kRule, kCal>(p, stream);
+void launch_dq(const Params& p, cudaStream_t stream) {
+  using Dq = typename Family::template Tiles<D>::Dq;
+  using Rows = typename Family::template Rows<Dq>;
+  using Feed = typename Family::template Feed<Dq, false>;
+  launch(dq_kernel<Rows, Feed, Dq, kRule, kCal>, dim3(ceil_div(p.T, Dq::kBlockM), p.H, p.B),
+         Feed::kThreads, Dq::kSmemBytes + Feed::kBarrierBytes, stream, p);
+}
+
+// dK/dV beside a dQ half (KIntervalDq or FpaDq) in one launch (wgmma family).
+template <int D, class Dq, Rule kRule, Calibration kCal>
+void launch_dkdv_dq(const Params& p, const sm90::BackwardTmaParams& fpa, cudaStream_t stream) {
+  using Tr = typename WgmmaFamily::Tiles<D>::DkDv;
+  using Rows = WgmmaFamily::Rows<Tr>;
+  using Feed = WgmmaFamily::Feed<Tr, true>;
+  const int dkdv_bytes = dkdv_smem_bytes<D, Tr::kBlockN, Tr::kBlockM>() + Feed::kBarrierBytes;
+  launch(dkdv_dq_kernel<Rows, Feed, Tr, Dq, kRule, kCal>,
+         dim3(ceil_div(p.T, Tr::kBlockN) + ceil_div(p.T, Dq::kBlockM), p.H, p.B), Feed::kThreads,
+         std::max(dkdv_bytes, Dq::kSmemBytes), stream, p, fpa);
 }
 
 template <class Family, int D>
@@ -783,17 +846,35 @@ void backward(const KIntervalOptions& opt, const AttentionShape& s, const Params
     fb.o = ws.o_exact;
   }
   attention_delta(fb, D, stream);
-  if (rule == Rule::prob_ste)
-    fpa_backward_dq(s, p.qkv, p.dout, ws.lse, ws.delta, p.dqkv, stream, Family::kKernels);
+  // dK/dV needs the dQ pass's dL/dm and dL/dℓ unless the extrema are detached or
+  // the rule is the probability STE; else the wgmma family runs both in one launch.
+  const bool one_launch = Family::kKernels == FpaKernels::wgmma &&
+                          (rule == Rule::prob_ste || opt.detach_extrema);
   with_calibration(opt.calibration, [&](auto calibration) {
     constexpr Calibration kCal = decltype(calibration)::value;
+    auto run = [&](auto rule_constant) {
+      constexpr Rule kRule = decltype(rule_constant)::value;
+      if (one_launch) {
+        if constexpr (kRule == Rule::prob_ste)
+          return launch_dkdv_dq<D, FpaDq<typename sm90::FpaTiles<D>::Dq>, kRule, kCal>(
+              p, sm90::tma_params(fb, D), stream);
+        else
+          return launch_dkdv_dq<D, WgmmaDq<D, kRule, kCal>, kRule, kCal>(
+              p, sm90::BackwardTmaParams{}, stream);
+      }
+      if constexpr (kRule == Rule::prob_ste)
+        fpa_backward_dq(s, p.qkv, p.dout, ws.lse, ws.delta, p.dqkv, stream, Family::kKernels);
+      else
+        launch_dq<Family, D, kRule, kCal>(p, stream);
+      launch_dkdv<Family, D, kRule, kCal>(p, stream);
+    };
     switch (rule) {
       case Rule::lerp:
-        return launch_dq_dkdv<Family, D, Rule::lerp, kCal>(p, stream);
+        return run(std::integral_constant<Rule, Rule::lerp>{});
       case Rule::weight_ste:
-        return launch_dq_dkdv<Family, D, Rule::weight_ste, kCal>(p, stream);
+        return run(std::integral_constant<Rule, Rule::weight_ste>{});
       case Rule::prob_ste:
-        return launch_dkdv<Family, D, Rule::prob_ste, kCal>(p, stream);
+        return run(std::integral_constant<Rule, Rule::prob_ste>{});
     }
   });
 }

@@ -33,11 +33,11 @@ __device__ __forceinline__ void pipelined(int first, int last, Load&& load, Body
 }
 
 // Raises the kernel's dynamic shared-memory limit (above 48 KB needs it) and launches it.
-template <class Params>
-void launch(void (*kernel)(Params), dim3 grid, int threads, int smem_bytes, cudaStream_t stream,
-            const Params& params) {
+template <class... Params>
+void launch(void (*kernel)(Params...), dim3 grid, int threads, int smem_bytes, cudaStream_t stream,
+            const Params&... params) {
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
-  kernel<<<grid, threads, smem_bytes, stream>>>(params);
+  kernel<<<grid, threads, smem_bytes, stream>>>(params...);
   CUDA_CHECK_LAUNCH();
 }
 
