@@ -93,7 +93,7 @@ __device__ __forceinline__ TileSource dout_source(const Params& p, int b, int t0
 // a quad's four threads read columns two apart, which as 32-byte structs would
 // put two of them on the same banks.
 struct StagedStats {
-  float4* lo;  // (rows) g0, u_scale, step, ratio
+  float4* lo;  // (rows) g0, u_scale, step, rho
   float4* hi;  // (rows) w_base, inv_z, argmax, argmin
   __device__ RowStats load(int i) const {
     const float4 a = lo[i], b = hi[i];
@@ -353,17 +353,25 @@ __device__ __forceinline__ void dq_block(const Params& p, int q_block, unsigned 
   // thread's columns: Σ ds (every rule) and, for lerp minmax, Σ lerp_m_bracket; then
   //   lerp with fwm, and the weight STE: dL/dm = −Σ ds, dL/dℓ = 0;
   //   lerp minmax: dL/dm = −Σ bracket / K, dL/dℓ = −Σ ds − dL/dm.
+  // 1/Ẑ is folded into the weights' exponents: v_a / Ẑ = 2^(a step + v_offset) and
+  // w / Ẑ = 2^(r c log2(e) + w_offset), so that h = (g − ḡ) / Ẑ is never formed.
   RowStats st[RT][2];
-  float delta[RT][2], inv_delta[RT][2];  // ḡ; 1/Δ
+  float delta[RT][2];  // ḡ
+  float v_offset[RT][2], w_offset[RT][2];
+  LerpSlopes slopes[RT][2];
   float ds_sum[RT][2], bracket_sum[RT][2];
 #pragma unroll
   for (int mt = 0; mt < RT; ++mt)
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int row = row_first + acc_row(mt, 2 * half);
-      st[mt][half] = row < p.T ? p.stats[stat0 + row] : RowStats{};
+      const RowStats r = row < p.T ? p.stats[stat0 + row] : RowStats{};
+      st[mt][half] = r;
       delta[mt][half] = row < p.T ? p.delta[stat0 + row] : 0.0f;
-      inv_delta[mt][half] = st[mt][half].u_scale / p.scale;
+      const float log2_inv_z = log2f(r.inv_z);  // rows past T: −inf, weights 0
+      v_offset[mt][half] = fmaf(-p.grid.K, r.step, log2_inv_z);
+      w_offset[mt][half] = log2_inv_z - r.w_base;
+      slopes[mt][half] = lerp_slopes(r, r.u_scale / p.scale);
       ds_sum[mt][half] = bracket_sum[mt][half] = 0.0f;
     }
   constexpr bool kLerpMinmax = kRule == Rule::lerp && !kFwm;
@@ -394,19 +402,22 @@ __device__ __forceinline__ void dq_block(const Params& p, int q_block, unsigned 
       const RowStats& r = st[mt][half];
       const float raw = w[mt][nt][e];  // future keys: −inf
       const float u = grid_position(r, raw);
-      const float hgrad = (dp[mt][nt][e] - delta[mt][half]) * r.inv_z;  // dL/dŵ
+      const float g = dp[mt][nt][e] - delta[mt][half];  // dL/dŵ = g / Ẑ
       float ds;
       if constexpr (kRule == Rule::lerp) {
         // Below the fwm window ŵ is the constant 0: the cell is taken at max(u, 0)
         // (also future keys, and a flat row's NaN) and the entry's gradient zeroed.
         const float uc = fmaxf(u, 0.0f);
-        const LerpPoint c = lerp_point(uc, r, p.grid);
-        const float h = kFwm && u < 0.0f ? 0.0f : hgrad;
-        ds = h * c.dv * inv_delta[mt][half];
-        if constexpr (kLerpMinmax) bracket_sum[mt][half] += lerp_m_bracket(c, uc, h, ds);
+        float a, t;
+        lerp_cell(uc, p.grid.K, a, t);
+        const float hv_z = g * fast_exp2(fmaf(a, r.step, v_offset[mt][half]));  // h v_a
+        const float hv = kFwm && u < 0.0f ? 0.0f : hv_z;
+        ds = hv * slopes[mt][half].lambda;
+        if constexpr (kLerpMinmax)
+          bracket_sum[mt][half] += lerp_m_bracket(a, t, uc, hv, slopes[mt][half]);
       } else {  // weight STE: w = exp(s − m) in place of ŵ
-        const float h = kFwm && u < p.mask_below ? 0.0f : hgrad;
-        ds = fast_exp2(fmaf(raw, p.scale_log2, -r.w_base)) * h;
+        const float ds_w = g * fast_exp2(fmaf(raw, p.scale_log2, w_offset[mt][half]));
+        ds = kFwm && u < p.mask_below ? 0.0f : ds_w;
       }
       ds_sum[mt][half] += ds;
       w[mt][nt][e] = ds;

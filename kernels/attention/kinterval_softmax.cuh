@@ -13,7 +13,7 @@
 //
 // Cost per score (the kernels are bound by instructions per score, not by
 // the products): u is one FMA and a clamp; a grid value is one FMA and one
-// ex2; lerp's v_{a+1} = v_a e^Δ is one FMA more; nearest rounds with three adds
+// ex2; lerp's v_{a+1} − v_a = v_a (e^Δ − 1) is one multiply more; nearest rounds with three adds
 // and lerp floors with two (no conversion-pipe instruction beside the ex2).
 #pragma once
 #include <cuda_runtime.h>
@@ -42,7 +42,7 @@ struct alignas(16) RowStats {
   float g0;       // raw score of the grid's first point g_0 (minmax: ℓ / c; fwm: (m − W) / c)
   float u_scale;  // c / Δ; 0 for a flat row
   float step;     // Δ · log2(e); 0 for a flat row
-  float ratio;    // v_{a+1} / v_a = e^Δ
+  float rho;      // v_{a+1} / v_a − 1 = e^Δ − 1 (expm1: exact for a small Δ)
   float w_base;   // raw max · c · log2(e): the weight STE's w = 2^(r c log2(e) − w_base)
   float inv_z;    // 1 / Σ_j ŵ_j (Σ ≥ 1: the max has ŵ = 1)
   int argmax;     // visible key with the largest score, the lowest index on ties
@@ -104,14 +104,14 @@ __device__ __forceinline__ void lerp_cell(float u, float K, float& a, float& t) 
 struct LerpPoint {
   float a, t;
   float va;  // v_a
-  float dv;  // v_{a+1} − v_a = v_a (e^Δ − 1)
+  float dv;  // v_{a+1} − v_a = v_a ρ
   __device__ __forceinline__ float weight() const { return fmaf(t, dv, va); }
 };
 __device__ __forceinline__ LerpPoint lerp_point(float u, const RowStats& r, const GridOptions& g) {
   LerpPoint c;
   lerp_cell(u, g.K, c.a, c.t);
   c.va = grid_value(c.a, r, g);
-  c.dv = fmaf(c.va, r.ratio, -c.va);
+  c.dv = c.va * r.rho;
   return c;
 }
 
@@ -136,16 +136,30 @@ __device__ __forceinline__ float quantised_weight(float u, const RowStats& r,
   return u < 0.0f ? 0.0f : w;
 }
 
+// Lerp's derivative constants of a row, given 1/Δ: with v_{a+1} − v_a = v_a ρ,
+// an entry's direct part is ds = h dv / Δ = h v_a λ.
+struct LerpSlopes {
+  float rho;     // e^Δ − 1
+  float lambda;  // ρ / Δ
+  float kappa;   // λ − 1
+};
+__device__ __forceinline__ LerpSlopes lerp_slopes(const RowStats& r, float inv_delta) {
+  const float lambda = r.rho * inv_delta;
+  return {r.rho, lambda, lambda - 1.0f};
+}
+
 // Lerp's derivative through m at one entry of the minmax grid: with C = m − ℓ = KΔ,
 // v_a = exp(−(K − a) C / K) gives ∂ŵ/∂C = −((K − a) ŵ − t v_{a+1}) / K, and
 // u = K (s − ℓ) / C gives ∂u/∂m = −u / C, so the entry's share of dL/dm is
 //   h (−(u/C) dv + ∂ŵ/∂C) = −(u ds − h (a ŵ + t v_{a+1})) / K − h ŵ
 // (a ŵ + t v_{a+1} = u v_a + (a + 1) t dv), and of dL/dℓ: −ds − that (ŵ depends
 // on s − ℓ and m − ℓ only). Over a row, Σ_j h_j ŵ_j = Σ_j p̂_j (g_j − ḡ) = 0, so
-// the dQ pass sums only the bracket u ds − h (u v_a + (a + 1) t dv), returned
-// here, and multiplies by −1/K once.
-__device__ __forceinline__ float lerp_m_bracket(const LerpPoint& c, float u, float h, float ds) {
-  return fmaf(u, ds, -h * fmaf((c.a + 1.0f) * c.t, c.dv, u * c.va));
+// the dQ pass sums only the bracket u ds − h (u v_a + (a + 1) t dv)
+// = h v_a (u κ − (a + 1) t ρ), returned here from hv = h v_a, and multiplies by
+// −1/K once.
+__device__ __forceinline__ float lerp_m_bracket(float a, float t, float u, float hv,
+                                                const LerpSlopes& s) {
+  return hv * fmaf(-fmaf(a, t, t), s.rho, u * s.kappa);
 }
 
 // Lerp's exact derivative at one entry, given h = dL/dŵ_j = (g_j − ḡ) / Ẑ:
@@ -158,9 +172,11 @@ __device__ __forceinline__ LerpGrad lerp_grad(float u, float h, const RowStats& 
                                               const GridOptions& g, bool fwm) {
   if (u < 0.0f) return {0.0f, 0.0f, 0.0f};  // below the fwm window: ŵ is the constant 0
   const LerpPoint c = lerp_point(u, r, g);
-  const float ds = h * c.dv * inv_delta;
+  const LerpSlopes slopes = lerp_slopes(r, inv_delta);
+  const float hv = h * c.va;
+  const float ds = hv * slopes.lambda;
   if (fwm) return {ds, -ds, 0.0f};
-  const float dm = -g.inv_K * lerp_m_bracket(c, u, h, ds) - h * c.weight();
+  const float dm = -g.inv_K * lerp_m_bracket(c.a, c.t, u, hv, slopes) - h * c.weight();
   return {ds, dm, -ds - dm};
 }
 
@@ -208,14 +224,14 @@ __device__ __forceinline__ RowStats make_row_stats(const Extremum& hi, const Ext
     if (range < 1e-6f) {  // flat: every grid value, hence every weight, is 1
       r.u_scale = 0.0f;
       r.step = 0.0f;
-      r.ratio = 1.0f;
+      r.rho = 0.0f;
       return r;
     }
     delta = range / g.K;
     r.u_scale = g.K / (hi.value - lo.value);
   }
   r.step = delta * flash::kLog2e;
-  r.ratio = expf(delta);
+  r.rho = expm1f(delta);
   return r;
 }
 
