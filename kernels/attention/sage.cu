@@ -45,6 +45,7 @@
 #include "attention/pipeline.cuh"
 #include "attention/quant.cuh"
 #include "attention/sage.cuh"
+#include "attention/sage_forward_sm90.cuh"
 #include "attention/sage_softmax.cuh"
 #include "attention/tile_mma.cuh"
 
@@ -249,19 +250,7 @@ __global__ void __launch_bounds__(Tr::kThreads) sage_forward_kernel(const SagePa
   // s (16, 64) = the scores of key block j, masked entries −inf.
   auto scores = [&](float (&s)[1][kTileN][4], int j, int stage) {
     product_over_d<D, Tr::kRows>(s, p.qk8, q_slot, row0, k_slot(stage), scale_q * scale_k[j]);
-    if (bias) {
-#pragma unroll
-      for (int nt = 0; nt < kTileN; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[0][nt][e] += bias[j * kTile + frag_col(nt, e)];
-    }
-    if ((j + 1) * kTile > first_query) {  // some key past the warp's first row
-#pragma unroll
-      for (int nt = 0; nt < kTileN; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-          if (j * kTile + frag_col(nt, e) > first_query + frag_row(e)) s[0][nt][e] = -INFINITY;
-    }
+    bias_and_mask(s, bias, j * kTile, first_query);
   };
 
   float o_acc[1][D / 8][4];  // (16, d) rows of O owned by this warp
@@ -592,8 +581,40 @@ dim3 grid_of(const SageParams& p) {
   return dim3(ceil_div(p.ws.blocks, Tr::kBlocks), p.B * p.H);
 }
 
+// Whether the forward runs on wgmma (SageTiles::forward_kernels, sage.cuh).
+bool forward_on_wgmma(const SageParams& p, const SageTiles& tiles) {
+  const bool int8_products = p.qk8 && p.pv8;
+  if (tiles.forward_kernels == FpaKernels::wgmma && !int8_products)
+    throw std::invalid_argument(
+        "CUDA attention kind sage: SageTiles.forward_kernels = wgmma runs attention.sage.precision.qk = pv "
+        "= int8 only (got qk = " + std::string(p.qk8 ? "int8" : "bf16") + ", pv = " + (p.pv8 ? "int8" : "bf16") +
+        ")");
+  if (!int8_products) return false;
+  return resolve_kernels(tiles.forward_kernels, "CUDA attention kind sage") == FpaKernels::wgmma;
+}
+
+// The wgmma forward: tensor maps over the pre-pass's int8 copies.
+template <int D, class Softmax>
+void forward_sm90(const SageParams& p, cudaStream_t stream) {
+  const SageWorkspace& ws = p.ws;
+  const uint64_t heads = static_cast<uint64_t>(p.B) * p.H;
+  SageForwardSm90Params f{};
+  f.ws = ws;
+  f.stats = p.stats_out;
+  f.o = p.o;
+  f.softmax = p.softmax;
+  f.B = p.B, f.H = p.H, f.T = p.T;
+  f.smooth_q = p.smooth_q;
+  f.q = sm90::make_int8_tensor_map(ws.q.i8, heads * ws.Tp, D, D, D);
+  f.k = sm90::make_int8_tensor_map(ws.k.i8, heads * ws.Tp, D, D, D);
+  f.vt = sm90::make_int8_tensor_map(ws.v.i8t, heads * D, ws.Tp, ws.Tp, kTile);
+  launch(sage_forward_sm90_kernel<D, Softmax>, dim3(ceil_div(ws.blocks, kSm90Rows / kTile), p.B * p.H),
+         sm90::block_threads<2>(), SageForwardSm90Layout<D>::kBytes, stream, f);
+}
+
 template <int D, class Softmax>
 void forward(const SageParams& p, const SageTiles& tiles, cudaStream_t stream) {
+  if (forward_on_wgmma(p, tiles)) return forward_sm90<D, Softmax>(p, stream);
   with_warps(tiles.forward, [&](auto warps) {
     using Tr = SageTraits<D, decltype(warps)::value>;
     launch(sage_forward_kernel<Tr, Softmax>, grid_of<Tr>(p), Tr::kThreads, smem_bytes<Tr, 1>(forward_plan<Tr>(p)),

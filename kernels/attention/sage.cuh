@@ -5,6 +5,7 @@
 #include <cstddef>
 
 #include "attention/attention.cuh"
+#include "attention/fpa.cuh"  // FpaKernels: the tensor-core family of a kernel
 #include "attention/quant.cuh"
 #include "common.cuh"
 
@@ -18,12 +19,20 @@ void sage_check_options(const SageOptions& opt);
 // scores), or with the softmax block the row's K-interval grid (kinterval_softmax.cuh, RowStats).
 int sage_row_stats(const SageOptions& opt);
 
-// Warps per CTA of each kernel: 4 (64 resident rows: queries, or keys for
-// dK/dV) or 8 (128 rows). Every shape computes the same outputs bit for bit;
+// Warps per CTA of each mma.sync kernel: 4 (64 resident rows: queries, or keys
+// for dK/dV) or 8 (128 rows). Every shape computes the same outputs bit for bit;
 // sage_default_tiles is the one expected fastest per head dim, the others are
 // there to be timed against it (tools/sage_tiles.cu) and are tested alike.
+//
+// The forward's family is chosen at run time: with qk = pv = int8 (the default)
+// on a device and build with sm_90a it runs on wgmma (sage_forward_sm90.cuh: two
+// 64-row warpgroups and a TMA producer; `forward` is not used), else on
+// mma.sync (sage.cu). forward_kernels = mma_sync forces the latter; wgmma
+// forces the former and throws where it cannot run (no sm_90a, other flags).
+// The backward runs on mma.sync.
 struct SageTiles {
   int forward, dq, dkdv;
+  FpaKernels forward_kernels = FpaKernels::automatic;
 };
 SageTiles sage_default_tiles(int d);
 

@@ -33,6 +33,27 @@ using flash::row_sum4;
 __device__ __forceinline__ int frag_row(int e) { return (threadIdx.x % 32) / 4 + (e / 2) * 8; }
 __device__ __forceinline__ int frag_col(int nt, int e) { return nt * 8 + 2 * (threadIdx.x % 4) + e % 2; }
 
+// The scores s (16 rows from first_query, the keys k0 .. k0 + 8 kNTiles − 1) of
+// a warp as the policies take them, in both families' forward: plus smooth_q's
+// bias of each key (bias null: none), keys after the row's query −inf (causal).
+template <int kNTiles>
+__device__ __forceinline__ void bias_and_mask(float (&s)[1][kNTiles][4], const float* bias, int k0,
+                                              int first_query) {
+  if (bias) {
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[0][nt][e] += bias[k0 + frag_col(nt, e)];
+  }
+  if (k0 + 8 * kNTiles > first_query) {  // some key past the warp's first row
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        if (k0 + frag_col(nt, e) > first_query + frag_row(e)) s[0][nt][e] = -INFINITY;
+  }
+}
+
 // The softmax block's options as the kernels use them (unused by ExactSoftmax).
 struct SoftmaxOptions {
   kinterval::GridOptions grid;
