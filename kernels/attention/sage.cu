@@ -613,8 +613,8 @@ void forward_sm90(const SageParams& p, cudaStream_t stream) {
 }
 
 template <int D, class Softmax>
-void forward(const SageParams& p, const SageTiles& tiles, cudaStream_t stream) {
-  if (forward_on_wgmma(p, tiles)) return forward_sm90<D, Softmax>(p, stream);
+void forward(const SageParams& p, const SageTiles& tiles, bool on_wgmma, cudaStream_t stream) {
+  if (on_wgmma) return forward_sm90<D, Softmax>(p, stream);
   with_warps(tiles.forward, [&](auto warps) {
     using Tr = SageTraits<D, decltype(warps)::value>;
     launch(sage_forward_kernel<Tr, Softmax>, grid_of<Tr>(p), Tr::kThreads, smem_bytes<Tr, 1>(forward_plan<Tr>(p)),
@@ -687,9 +687,10 @@ void sage_forward(const SageOptions& opt, const AttentionShape& s, const bf16* q
   SageParams p = make_params(opt, s, workspace);
   p.stats_out = stats;
   p.o = o;
+  const bool on_wgmma = forward_on_wgmma(p, tiles);
   sage_quantise(opt, s, qkv, nullptr, nullptr, p.ws, sage_copies(opt, false), stream);
   dispatch(opt, s, [&](auto d, auto softmax) {
-    forward<decltype(d)::value, typename decltype(softmax)::type>(p, tiles, stream);
+    forward<decltype(d)::value, typename decltype(softmax)::type>(p, tiles, on_wgmma, stream);
   });
 }
 

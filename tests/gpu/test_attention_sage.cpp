@@ -11,9 +11,12 @@
 // - the K-interval softmax block (SPEC §4 composition) against the CPU sage
 //   reference with the same block: every calibration x rounding x ste at
 //   K in {4, 16}, d in {64, 128}, T in {64, 1000}, and the other options once;
-// - every tile shape (SageTiles: 4 or 8 warps per kernel) computes the default
-//   shape's outputs bit for bit, plain sage and with the K-interval block, on
-//   shapes with an odd number of 64-row blocks (a 128-row tile half past T);
+// - both forward families (mma.sync everywhere; wgmma with qk = pv = int8 on
+//   Hopper) in every forward check against the CPU reference, and against each
+//   other: same quantised operands and scales, so they agree to fp32 order;
+// - every mma.sync tile shape (SageTiles: 4 or 8 warps per kernel) computes the
+//   default shape's outputs bit for bit, plain sage and with the K-interval block,
+//   on shapes with an odd number of 64-row blocks (a 128-row tile half past T);
 // - options the kernels cannot run are refused with the option's name.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -24,6 +27,7 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "attention/attention.cuh"
@@ -45,6 +49,7 @@ using qattn::Rounding;
 using qattn::SageOptions;
 using qattn::Ste;
 using qattn::cuda::AttentionShape;
+using qattn::cuda::FpaKernels;
 using qattn::test::DeviceBuffer;
 using bf16 = __nv_bfloat16;
 
@@ -142,11 +147,31 @@ struct AttentionBuffers {
   }
 };
 
-// Forward, then backward twice: the two gradients must agree bit for bit.
+// The forward families that can run sage with these options here: mma.sync,
+// and wgmma with qk = pv = int8 on an sm_90a device and build.
+std::vector<std::pair<FpaKernels, const char*>> forward_families(const SageOptions& opt) {
+  std::vector<std::pair<FpaKernels, const char*>> families = {{FpaKernels::mma_sync, "mma.sync"}};
+  if (opt.precision.qk == Precision::int8 && opt.precision.pv == Precision::int8) {
+    if (qattn::cuda::fpa_wgmma_available())
+      families.push_back({FpaKernels::wgmma, "wgmma"});
+    else
+      std::printf("sage: no sm_90a device or build, the wgmma forward is not checked\n");
+  }
+  return families;
+}
+
+// Forward (sage: on the given family; automatic as attention_forward picks it),
+// then backward twice: the two gradients must agree bit for bit.
 GpuRun run_gpu(const AttentionConfig& cfg, const AttentionShape& s, const std::vector<bf16>& qkv,
-               const std::vector<bf16>& dout) {
+               const std::vector<bf16>& dout, FpaKernels forward_family = FpaKernels::automatic) {
   AttentionBuffers b(cfg, s, qkv, dout);
-  qattn::cuda::attention_forward(cfg, s, b.qkv.get(), b.o.get(), b.stats.get(), b.work.get(), nullptr);
+  if (cfg.kind == AttentionKind::sage) {
+    qattn::cuda::SageTiles tiles = qattn::cuda::sage_default_tiles(s.d);
+    tiles.forward_kernels = forward_family;
+    qattn::cuda::sage_forward(cfg.sage, s, b.qkv.get(), b.o.get(), b.stats.get(), b.work.get(), nullptr, tiles);
+  } else {
+    qattn::cuda::attention_forward(cfg, s, b.qkv.get(), b.o.get(), b.stats.get(), b.work.get(), nullptr);
+  }
   auto backward = [&] {
     b.dqkv.poison();
     qattn::cuda::attention_backward(cfg, s, b.qkv.get(), b.o.get(), b.dout.get(), b.stats.get(), b.dqkv.get(),
@@ -311,31 +336,34 @@ TEST_CASE("sage on the GPU matches the CPU sage reference, forward and backward"
                         {"no smoothing", no_smoothing}};
   // The default on every shape (one tile, tail tiles, two batches); the other
   // option sets on a tail shape per head dim (the fp64 reference is the cost).
-  const std::vector<AttentionShape> all_shapes{{1, 2, 64, 64}, {1, 2, 1000, 64}, {1, 2, 1000, 128}, {2, 1, 1024, 128}};
+  // T = 65 and 1000: tail tiles (neither a multiple of 64 nor of 128).
+  const std::vector<AttentionShape> all_shapes{{1, 2, 64, 64},    {1, 2, 1000, 64},  {1, 3, 65, 128},
+                                               {1, 2, 1000, 128}, {2, 1, 1024, 128}};
   const std::vector<AttentionShape> few_shapes{{1, 2, 1000, 64}, {1, 1, 1000, 128}};
   for (const Case& c : cases)
-    for (const AttentionShape& s : &c == &cases[0] ? all_shapes : few_shapes) {
-      const AttentionConfig cfg = sage_config(c.opt);
-      const std::vector<bf16> qkv = random_qkv(s, 1.0f, 0.3f), dout = random_heads(s);
-      const GpuRun run = run_gpu(cfg, s, qkv, dout);
-      std::vector<qattn::cuda::AttentionErrorSums> per_head(s.B * s.H);
+    for (const AttentionShape& s : &c == &cases[0] ? all_shapes : few_shapes)
+      for (const auto& [family, family_name] : forward_families(c.opt)) {
+        const AttentionConfig cfg = sage_config(c.opt);
+        const std::vector<bf16> qkv = random_qkv(s, 1.0f, 0.3f), dout = random_heads(s);
+        const GpuRun run = run_gpu(cfg, s, qkv, dout, family);
+        std::vector<qattn::cuda::AttentionErrorSums> per_head(s.B * s.H);
 #pragma omp parallel for schedule(dynamic)
-      for (int bh = 0; bh < s.B * s.H; ++bh)
-        per_head[bh] = qattn::cuda::compare_head_with_cpu(cfg, s, bh / s.H, bh % s.H, qkv, dout, run.o,
-                                                          run.dqkv, nullptr);
-      qattn::cuda::AttentionErrorSums sums;
-      for (const auto& e : per_head) sums.add(e);
-      const auto e = qattn::cuda::relative_errors(sums);
-      std::printf("sage vs CPU sage  %-16s B=%d H=%d T=%4d d=%3d  rel L2: o %.2e  dq %.2e  dk %.2e  dv %.2e\n",
-                  c.name, s.B, s.H, s.T, s.d, e.o, e.dq, e.dk, e.dv);
-      INFO(c.name << " B=" << s.B << " H=" << s.H << " T=" << s.T << " d=" << s.d);
-      // bf16 outputs (~3e-3) plus int8 levels that flip where fp32 and fp64
-      // straddle a .5 (measured in three H200 runs: O <= 3.8e-3, dQ/dK/dV <= 5.8e-3).
-      CHECK(e.o < 1e-2);
-      CHECK(e.dq < 2e-2);
-      CHECK(e.dk < 2e-2);
-      CHECK(e.dv < 2e-2);
-    }
+        for (int bh = 0; bh < s.B * s.H; ++bh)
+          per_head[bh] = qattn::cuda::compare_head_with_cpu(cfg, s, bh / s.H, bh % s.H, qkv, dout, run.o,
+                                                            run.dqkv, nullptr);
+        qattn::cuda::AttentionErrorSums sums;
+        for (const auto& e : per_head) sums.add(e);
+        const auto e = qattn::cuda::relative_errors(sums);
+        std::printf("sage vs CPU sage  %-16s %-8s B=%d H=%d T=%4d d=%3d  rel L2: o %.2e  dq %.2e  dk %.2e  dv %.2e\n",
+                    c.name, family_name, s.B, s.H, s.T, s.d, e.o, e.dq, e.dk, e.dv);
+        INFO(c.name << " forward " << family_name << " B=" << s.B << " H=" << s.H << " T=" << s.T << " d=" << s.d);
+        // bf16 outputs (~3e-3) plus int8 levels that flip where fp32 and fp64
+        // straddle a .5 (measured in three H200 runs: O <= 3.8e-3, dQ/dK/dV <= 5.8e-3).
+        CHECK(e.o < 1e-2);
+        CHECK(e.dq < 2e-2);
+        CHECK(e.dk < 2e-2);
+        CHECK(e.dv < 2e-2);
+      }
 }
 
 namespace {
@@ -364,6 +392,8 @@ TEST_CASE("sage with the K-interval softmax block matches the CPU sage reference
   struct Case {
     AttentionConfig cfg;
     AttentionShape s;
+    FpaKernels family = FpaKernels::mma_sync;
+    const char* family_name = "";
     std::vector<bf16> qkv, dout;
     GpuRun run;
     qattn::cuda::AttentionErrors e;
@@ -379,7 +409,7 @@ TEST_CASE("sage with the K-interval softmax block matches the CPU sage reference
           for (const AttentionShape& s : shapes) {
             KIntervalOptions k;
             k.K = K, k.calibration = cal, k.rounding = rounding, k.ste = ste;
-            cases.push_back({composed_config(k), s, {}, {}, {}, {}});
+            cases.push_back({composed_config(k), s});
           }
   // The remaining options once each, on a tail shape; fwm + nearest + weight,
   // where the window mask and the path through m both act.
@@ -399,14 +429,22 @@ TEST_CASE("sage with the K-interval softmax block matches the CPU sage reference
        {composed_config(detach), composed_config(mask), composed_config(fwm_weight, dp_int8),
         composed_config(minmax_lerp, dp_int8), composed_config(fwm_weight, tile), composed_config(minmax_lerp, tile),
         composed_config(minmax_lerp, smooth_q)})
-    cases.push_back({cfg, tail, {}, {}, {}, {}});
+    cases.push_back({cfg, tail});
+  // Each case on every forward family.
+  std::vector<Case> per_family;
+  for (const Case& c : cases)
+    for (const auto& [family, family_name] : forward_families(c.cfg.sage)) {
+      per_family.push_back(c);
+      per_family.back().family = family, per_family.back().family_name = family_name;
+    }
+  cases = std::move(per_family);
 
   // Scores of standard deviation ~2 (Q, K ~ N(0, 1.5²)): fwm's 8-nat window cuts
   // keys off. Grid-exact Q, K, V: both sides quantise them to the same levels.
   for (Case& c : cases) {
     c.qkv = grid_exact_qkv(c.s, 1.5f);
     c.dout = random_heads(c.s);
-    c.run = run_gpu(c.cfg, c.s, c.qkv, c.dout);
+    c.run = run_gpu(c.cfg, c.s, c.qkv, c.dout, c.family);
   }
 #pragma omp parallel for schedule(dynamic)
   for (size_t i = 0; i < cases.size(); ++i) {
@@ -418,9 +456,9 @@ TEST_CASE("sage with the K-interval softmax block matches the CPU sage reference
     c.e = qattn::cuda::relative_errors(sums);
   }
   for (const Case& c : cases) {
-    std::printf("sage+kinterval vs CPU  %-62s rel L2: o %.2e  dq %.2e  dk %.2e  dv %.2e\n",
-                describe(c.cfg, c.s).c_str(), c.e.o, c.e.dq, c.e.dk, c.e.dv);
-    INFO(describe(c.cfg, c.s));
+    std::printf("sage+kinterval vs CPU  %-62s %-8s rel L2: o %.2e  dq %.2e  dk %.2e  dv %.2e\n",
+                describe(c.cfg, c.s).c_str(), c.family_name, c.e.o, c.e.dq, c.e.dk, c.e.dv);
+    INFO(describe(c.cfg, c.s) << " forward " << c.family_name);
     // Grid-exact inputs: Q, K, V quantise to the same levels on both sides, so
     // what is left is bf16 outputs and the P̃ / dS levels (measured <= 2.2e-3 in
     // two H200 runs, 2026-11-29): 1e-2 for all four, tighter than plain sage's
@@ -596,6 +634,85 @@ TEST_CASE("sage causality: how far future tokens move past outputs (SPEC 3 known
 
 namespace {
 
+// The forward alone on one family: O and the saved statistics.
+struct ForwardRun {
+  std::vector<bf16> o;
+  std::vector<float> stats;
+};
+ForwardRun run_forward(const AttentionConfig& cfg, const AttentionShape& s, const std::vector<bf16>& qkv,
+                       FpaKernels family) {
+  AttentionBuffers b(cfg, s, qkv, random_heads(s));
+  qattn::cuda::SageTiles tiles = qattn::cuda::sage_default_tiles(s.d);
+  tiles.forward_kernels = family;
+  qattn::cuda::sage_forward(cfg.sage, s, b.qkv.get(), b.o.get(), b.stats.get(), b.work.get(), nullptr, tiles);
+  return {b.o.download(), b.stats.download()};
+}
+
+}  // namespace
+
+// The two families read the same quantised operands and scales and share the
+// arithmetic after each int8 sum (exact in int32 on both), so their forwards
+// agree to fp32 rounding: a P̃ level that a one-ulp difference moves across a .5
+// changes O by one level of P̂ (~1/127 of one weight). A wrong fragment layout,
+// swizzle or mask would differ by O(1). Tail tiles (65, 1000), an odd number of
+// blocks (192: the second warpgroup of the last tile past T), both head dims,
+// smooth_q and the K-interval block.
+TEST_CASE("sage forward: the wgmma and mma.sync families agree", "[sage][sage-wgmma][sage-kinterval]") {
+  if (!qattn::cuda::fpa_wgmma_available()) {
+    std::printf("sage: no sm_90a device or build, the wgmma forward is not checked\n");
+    return;
+  }
+  SageOptions smooth_q, no_smoothing;
+  smooth_q.smooth_q = true;
+  no_smoothing.smooth_k = false;
+  KIntervalOptions minmax_lerp, fwm_weight;
+  minmax_lerp.K = 4;
+  fwm_weight.K = 16, fwm_weight.calibration = Calibration::fwm, fwm_weight.rounding = Rounding::nearest;
+  fwm_weight.ste = Ste::weight;
+  struct Case {
+    const char* name;
+    AttentionConfig cfg;
+  };
+  const Case cases[] = {{"default", sage_config()},
+                        {"smooth_q", sage_config(smooth_q)},
+                        {"no smoothing", sage_config(no_smoothing)},
+                        {"kinterval minmax lerp", composed_config(minmax_lerp)},
+                        {"kinterval fwm nearest, smooth_q", composed_config(fwm_weight, smooth_q)}};
+  for (const Case& c : cases)
+    for (const AttentionShape& s :
+         {AttentionShape{1, 2, 64, 64}, AttentionShape{1, 3, 65, 64}, AttentionShape{2, 2, 1000, 64},
+          AttentionShape{1, 2, 192, 64}, AttentionShape{1, 3, 65, 128}, AttentionShape{2, 2, 1000, 128},
+          AttentionShape{1, 2, 192, 128}, AttentionShape{1, 2, 4096, 128}}) {
+      const std::vector<bf16> qkv = random_qkv(s, 1.5f, 0.3f);
+      const ForwardRun mma = run_forward(c.cfg, s, qkv, FpaKernels::mma_sync);
+      const ForwardRun wg = run_forward(c.cfg, s, qkv, FpaKernels::wgmma);
+      double err = 0, ref = 0, worst = 0;
+      size_t same_o = 0, same_stats = 0, stats_off = 0;
+      for (size_t i = 0; i < mma.o.size(); ++i) {
+        const double x = __bfloat162float(mma.o[i]), y = __bfloat162float(wg.o[i]);
+        err += (x - y) * (x - y), ref += x * x;
+        worst = std::isnan(y) ? INFINITY : std::max(worst, std::abs(x - y));
+        same_o += std::memcmp(&mma.o[i], &wg.o[i], sizeof(bf16)) == 0;
+      }
+      for (size_t i = 0; i < mma.stats.size(); ++i) {
+        const float x = mma.stats[i], y = wg.stats[i];
+        const bool same = std::memcmp(&x, &y, sizeof(float)) == 0;
+        same_stats += same;
+        stats_off += !same && !(std::abs(x - y) <= 1e-4f * std::max({1.0f, std::abs(x), std::abs(y)}));
+      }
+      std::printf("sage forward wgmma vs mma.sync  %-32s (B,H,T,d)=(%d,%d,%4d,%3d): O %zu/%zu same bits, rel L2 "
+                  "%.1e, max |diff| %.1e; stats %zu/%zu same bits, %zu off by more than 1e-4\n",
+                  c.name, s.B, s.H, s.T, s.d, same_o, mma.o.size(), std::sqrt(err / ref), worst, same_stats,
+                  mma.stats.size(), stats_off);
+      INFO(c.name << " (B,H,T,d)=(" << s.B << "," << s.H << "," << s.T << "," << s.d << ")");
+      CHECK(std::sqrt(err / ref) < 1e-3);
+      CHECK(worst < 2e-2);
+      CHECK(stats_off == 0);
+    }
+}
+
+namespace {
+
 // Forward and backward with the given tile shape; outputs, statistics and
 // workspace poisoned with NaN first.
 struct TileRun {
@@ -605,9 +722,11 @@ struct TileRun {
 TileRun run_tiles(const AttentionConfig& cfg, const AttentionShape& s, const std::vector<bf16>& qkv,
                   const std::vector<bf16>& dout, const qattn::cuda::SageTiles& tiles) {
   AttentionBuffers b(cfg, s, qkv, dout);
-  qattn::cuda::sage_forward(cfg.sage, s, b.qkv.get(), b.o.get(), b.stats.get(), b.work.get(), nullptr, tiles);
+  qattn::cuda::SageTiles mma_sync = tiles;  // the shapes are the mma.sync kernels'
+  mma_sync.forward_kernels = FpaKernels::mma_sync;
+  qattn::cuda::sage_forward(cfg.sage, s, b.qkv.get(), b.o.get(), b.stats.get(), b.work.get(), nullptr, mma_sync);
   qattn::cuda::sage_backward(cfg.sage, s, b.qkv.get(), b.o.get(), b.dout.get(), b.stats.get(), b.dqkv.get(),
-                             b.work.get(), nullptr, tiles);
+                             b.work.get(), nullptr, mma_sync);
   return {b.o.download(), b.dqkv.download(), b.stats.download()};
 }
 
@@ -680,4 +799,10 @@ TEST_CASE("sage kernels refuse what they cannot run, naming the option", "[sage]
   CHECK_THROWS_WITH(qattn::cuda::sage_forward(SageOptions{}, s, nullptr, nullptr, nullptr, nullptr, nullptr,
                                               qattn::cuda::SageTiles{4, 4, 6}),
                     Catch::Contains("SageTiles.dkdv = 6 warps (allowed: 4, 8)"));
+  SageOptions pv_bf16;
+  pv_bf16.precision.pv = Precision::bf16;
+  DeviceBuffer<unsigned char> work(qattn::cuda::sage_workspace_bytes(pv_bf16, s));
+  CHECK_THROWS_WITH(qattn::cuda::sage_forward(pv_bf16, s, nullptr, nullptr, nullptr, work.get(), nullptr,
+                                              qattn::cuda::SageTiles{4, 4, 8, FpaKernels::wgmma}),
+                    Catch::Contains("forward_kernels = wgmma runs attention.sage.precision.qk = pv = int8 only"));
 }
