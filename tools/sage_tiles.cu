@@ -3,8 +3,9 @@
 // quantisation pre-pass, as training runs them) for every SageTiles choice of
 // the mma.sync kernels at the shapes of issue #7, default options, and checks
 // that every choice's outputs equal the default's bit for bit. Then the
-// forward's pre-pass alone, and the forward on each family (wgmma where the
-// device and build have it: the default there), with how far the two O differ.
+// forward's pre-pass alone, and the forward and the backward with the dQ kernel
+// on each family (wgmma where the device and build have it: the default there),
+// with how far the outputs differ from mma.sync's.
 // Random normal inputs, CUDA events, median of 20 runs after 3 warm-ups.
 //
 //   cmake --build build --target sage_tiles && build/sage_tiles
@@ -80,17 +81,23 @@ void sweep(int B, int H, int T, int d) {
   std::printf("  forward pre-pass alone: %7.3f ms\n", prepass);
   std::vector<std::pair<FpaKernels, const char*>> families = {{FpaKernels::mma_sync, "mma.sync"}};
   if (fpa_wgmma_available()) families.push_back({FpaKernels::wgmma, "wgmma"});
+  auto max_difference = [](const std::vector<bf16>& a, const std::vector<bf16>& b) {
+    double worst = 0;
+    for (size_t i = 0; i < a.size(); ++i)
+      worst = std::max(worst, std::abs(double(__bfloat162float(a[i])) - __bfloat162float(b[i])));
+    return worst;
+  };
   for (const auto& [family, name] : families) {
     SageTiles tiles = dflt;
-    tiles.forward_kernels = family;
+    tiles.forward_kernels = tiles.dq_kernels = family;
     const float fwd = median_ms([&] { sage_forward(opt, s, qkv, o, stats, ws, nullptr, tiles); });
     const std::vector<bf16> o_now = download(o, n_o);
-    double worst = 0;
-    for (size_t i = 0; i < n_o; ++i)
-      worst = std::max(worst, std::abs(double(__bfloat162float(o_now[i])) - __bfloat162float(first_o[i])));
-    std::printf("  forward on %-8s %7.3f ms (%5.1f TFLOP/s) with the pre-pass, %7.3f ms without; max |O - O "
-                "mma.sync| %.1e\n",
-                name, fwd, fwd_flops / (fwd * 1e9), fwd - prepass, worst);
+    const float bwd = median_ms([&] { sage_backward(opt, s, qkv, o, dout, stats, dqkv, ws, nullptr, tiles); });
+    const std::vector<bf16> dqkv_now = download(dqkv, n_qkv);
+    std::printf("  %-8s forward %7.3f ms (%5.1f TFLOP/s) with the pre-pass, %7.3f ms without; backward (dQ on "
+                "%s) %7.3f ms; total %7.3f ms; max |diff| from mma.sync O %.1e dQKV %.1e\n",
+                name, fwd, fwd_flops / (fwd * 1e9), fwd - prepass, name, bwd, fwd + bwd,
+                max_difference(o_now, first_o), max_difference(dqkv_now, first_dqkv));
   }
   for (void* p : {(void*)qkv, (void*)dqkv, (void*)o, (void*)dout, (void*)stats, ws}) CUDA_CHECK(cudaFree(p));
 }

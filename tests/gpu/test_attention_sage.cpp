@@ -45,6 +45,7 @@ using qattn::BwdGranularity;
 using qattn::Calibration;
 using qattn::KIntervalOptions;
 using qattn::Precision;
+using qattn::SagePrecision;
 using qattn::Rounding;
 using qattn::SageOptions;
 using qattn::Ste;
@@ -147,35 +148,50 @@ struct AttentionBuffers {
   }
 };
 
-// The forward families that can run sage with these options here: mma.sync,
-// and wgmma with qk = pv = int8 on an sm_90a device and build.
-std::vector<std::pair<FpaKernels, const char*>> forward_families(const SageOptions& opt) {
-  std::vector<std::pair<FpaKernels, const char*>> families = {{FpaKernels::mma_sync, "mma.sync"}};
-  if (opt.precision.qk == Precision::int8 && opt.precision.pv == Precision::int8) {
-    if (qattn::cuda::fpa_wgmma_available())
-      families.push_back({FpaKernels::wgmma, "wgmma"});
-    else
-      std::printf("sage: no sm_90a device or build, the wgmma forward is not checked\n");
+// A choice of kernel families for the forward and the dQ kernel.
+struct Family {
+  const char* name;
+  FpaKernels forward, dq;
+};
+// The families that can run sage with these options here: mma.sync, and wgmma
+// (on an sm_90a device and build) for each kernel whose wgmma version runs the
+// options (sage.cuh: forward qk = pv = int8; dQ qk = dq = int8, dp = bf16, rowcol).
+std::vector<Family> families(const SageOptions& opt) {
+  std::vector<Family> out = {{"mma.sync", FpaKernels::mma_sync, FpaKernels::mma_sync}};
+  const SagePrecision& p = opt.precision;
+  const bool forward = p.qk == Precision::int8 && p.pv == Precision::int8;
+  const bool dq = p.qk == Precision::int8 && p.dq == Precision::int8 && p.dp == Precision::bf16 &&
+                  opt.bwd_granularity == BwdGranularity::rowcol;
+  if (!forward && !dq) return out;
+  if (!qattn::cuda::fpa_wgmma_available()) {
+    std::printf("sage: no sm_90a device or build, the wgmma kernels are not checked\n");
+    return out;
   }
-  return families;
+  out.push_back({forward && dq ? "wgmma" : forward ? "wgmma fwd" : "wgmma dq",
+                 forward ? FpaKernels::wgmma : FpaKernels::mma_sync, dq ? FpaKernels::wgmma : FpaKernels::mma_sync});
+  return out;
 }
 
-// Forward (sage: on the given family; automatic as attention_forward picks it),
-// then backward twice: the two gradients must agree bit for bit.
+// Forward, then backward twice: the two gradients must agree bit for bit. Sage
+// runs on the given families (null: as attention_forward picks them).
 GpuRun run_gpu(const AttentionConfig& cfg, const AttentionShape& s, const std::vector<bf16>& qkv,
-               const std::vector<bf16>& dout, FpaKernels forward_family = FpaKernels::automatic) {
+               const std::vector<bf16>& dout, const Family* family = nullptr) {
   AttentionBuffers b(cfg, s, qkv, dout);
+  qattn::cuda::SageTiles tiles = qattn::cuda::sage_default_tiles(s.d);
+  if (family) tiles.forward_kernels = family->forward, tiles.dq_kernels = family->dq;
   if (cfg.kind == AttentionKind::sage) {
-    qattn::cuda::SageTiles tiles = qattn::cuda::sage_default_tiles(s.d);
-    tiles.forward_kernels = forward_family;
     qattn::cuda::sage_forward(cfg.sage, s, b.qkv.get(), b.o.get(), b.stats.get(), b.work.get(), nullptr, tiles);
   } else {
     qattn::cuda::attention_forward(cfg, s, b.qkv.get(), b.o.get(), b.stats.get(), b.work.get(), nullptr);
   }
   auto backward = [&] {
     b.dqkv.poison();
-    qattn::cuda::attention_backward(cfg, s, b.qkv.get(), b.o.get(), b.dout.get(), b.stats.get(), b.dqkv.get(),
-                                    b.work.get(), nullptr);
+    if (cfg.kind == AttentionKind::sage)
+      qattn::cuda::sage_backward(cfg.sage, s, b.qkv.get(), b.o.get(), b.dout.get(), b.stats.get(), b.dqkv.get(),
+                                 b.work.get(), nullptr, tiles);
+    else
+      qattn::cuda::attention_backward(cfg, s, b.qkv.get(), b.o.get(), b.dout.get(), b.stats.get(), b.dqkv.get(),
+                                      b.work.get(), nullptr);
     return b.dqkv.download();
   };
   GpuRun r{b.o.download(), backward()};
@@ -342,10 +358,10 @@ TEST_CASE("sage on the GPU matches the CPU sage reference, forward and backward"
   const std::vector<AttentionShape> few_shapes{{1, 2, 1000, 64}, {1, 1, 1000, 128}};
   for (const Case& c : cases)
     for (const AttentionShape& s : &c == &cases[0] ? all_shapes : few_shapes)
-      for (const auto& [family, family_name] : forward_families(c.opt)) {
+      for (const Family& family : families(c.opt)) {
         const AttentionConfig cfg = sage_config(c.opt);
         const std::vector<bf16> qkv = random_qkv(s, 1.0f, 0.3f), dout = random_heads(s);
-        const GpuRun run = run_gpu(cfg, s, qkv, dout, family);
+        const GpuRun run = run_gpu(cfg, s, qkv, dout, &family);
         std::vector<qattn::cuda::AttentionErrorSums> per_head(s.B * s.H);
 #pragma omp parallel for schedule(dynamic)
         for (int bh = 0; bh < s.B * s.H; ++bh)
@@ -355,8 +371,8 @@ TEST_CASE("sage on the GPU matches the CPU sage reference, forward and backward"
         for (const auto& e : per_head) sums.add(e);
         const auto e = qattn::cuda::relative_errors(sums);
         std::printf("sage vs CPU sage  %-16s %-8s B=%d H=%d T=%4d d=%3d  rel L2: o %.2e  dq %.2e  dk %.2e  dv %.2e\n",
-                    c.name, family_name, s.B, s.H, s.T, s.d, e.o, e.dq, e.dk, e.dv);
-        INFO(c.name << " forward " << family_name << " B=" << s.B << " H=" << s.H << " T=" << s.T << " d=" << s.d);
+                    c.name, family.name, s.B, s.H, s.T, s.d, e.o, e.dq, e.dk, e.dv);
+        INFO(c.name << " " << family.name << " B=" << s.B << " H=" << s.H << " T=" << s.T << " d=" << s.d);
         // bf16 outputs (~3e-3) plus int8 levels that flip where fp32 and fp64
         // straddle a .5 (measured in three H200 runs: O <= 3.8e-3, dQ/dK/dV <= 5.8e-3).
         CHECK(e.o < 1e-2);
@@ -392,8 +408,7 @@ TEST_CASE("sage with the K-interval softmax block matches the CPU sage reference
   struct Case {
     AttentionConfig cfg;
     AttentionShape s;
-    FpaKernels family = FpaKernels::mma_sync;
-    const char* family_name = "";
+    Family family{"", FpaKernels::mma_sync, FpaKernels::mma_sync};
     std::vector<bf16> qkv, dout;
     GpuRun run;
     qattn::cuda::AttentionErrors e;
@@ -430,12 +445,12 @@ TEST_CASE("sage with the K-interval softmax block matches the CPU sage reference
         composed_config(minmax_lerp, dp_int8), composed_config(fwm_weight, tile), composed_config(minmax_lerp, tile),
         composed_config(minmax_lerp, smooth_q)})
     cases.push_back({cfg, tail});
-  // Each case on every forward family.
+  // Each case on every family.
   std::vector<Case> per_family;
   for (const Case& c : cases)
-    for (const auto& [family, family_name] : forward_families(c.cfg.sage)) {
+    for (const Family& family : families(c.cfg.sage)) {
       per_family.push_back(c);
-      per_family.back().family = family, per_family.back().family_name = family_name;
+      per_family.back().family = family;
     }
   cases = std::move(per_family);
 
@@ -444,7 +459,7 @@ TEST_CASE("sage with the K-interval softmax block matches the CPU sage reference
   for (Case& c : cases) {
     c.qkv = grid_exact_qkv(c.s, 1.5f);
     c.dout = random_heads(c.s);
-    c.run = run_gpu(c.cfg, c.s, c.qkv, c.dout, c.family);
+    c.run = run_gpu(c.cfg, c.s, c.qkv, c.dout, &c.family);
   }
 #pragma omp parallel for schedule(dynamic)
   for (size_t i = 0; i < cases.size(); ++i) {
@@ -457,8 +472,8 @@ TEST_CASE("sage with the K-interval softmax block matches the CPU sage reference
   }
   for (const Case& c : cases) {
     std::printf("sage+kinterval vs CPU  %-62s %-8s rel L2: o %.2e  dq %.2e  dk %.2e  dv %.2e\n",
-                describe(c.cfg, c.s).c_str(), c.family_name, c.e.o, c.e.dq, c.e.dk, c.e.dv);
-    INFO(describe(c.cfg, c.s) << " forward " << c.family_name);
+                describe(c.cfg, c.s).c_str(), c.family.name, c.e.o, c.e.dq, c.e.dk, c.e.dv);
+    INFO(describe(c.cfg, c.s) << " " << c.family.name);
     // Grid-exact inputs: Q, K, V quantise to the same levels on both sides, so
     // what is left is bf16 outputs and the P̃ / dS levels (measured <= 2.2e-3 in
     // two H200 runs, 2026-11-29): 1e-2 for all four, tighter than plain sage's
@@ -634,18 +649,46 @@ TEST_CASE("sage causality: how far future tokens move past outputs (SPEC 3 known
 
 namespace {
 
-// The forward alone on one family: O and the saved statistics.
-struct ForwardRun {
-  std::vector<bf16> o;
+// Forward on one family, then (from the mma.sync forward's O and statistics,
+// so that only the dQ kernel differs) the backward with the dQ kernel on another.
+struct FamilyRun {
+  std::vector<bf16> o, dqkv;
   std::vector<float> stats;
 };
-ForwardRun run_forward(const AttentionConfig& cfg, const AttentionShape& s, const std::vector<bf16>& qkv,
-                       FpaKernels family) {
-  AttentionBuffers b(cfg, s, qkv, random_heads(s));
+FamilyRun run_families(const AttentionConfig& cfg, const AttentionShape& s, const std::vector<bf16>& qkv,
+                       const std::vector<bf16>& dout, FpaKernels family) {
+  AttentionBuffers b(cfg, s, qkv, dout);
   qattn::cuda::SageTiles tiles = qattn::cuda::sage_default_tiles(s.d);
   tiles.forward_kernels = family;
   qattn::cuda::sage_forward(cfg.sage, s, b.qkv.get(), b.o.get(), b.stats.get(), b.work.get(), nullptr, tiles);
-  return {b.o.download(), b.stats.download()};
+  FamilyRun r{b.o.download(), {}, b.stats.download()};
+  tiles.forward_kernels = FpaKernels::mma_sync;
+  qattn::cuda::sage_forward(cfg.sage, s, b.qkv.get(), b.o.get(), b.stats.get(), b.work.get(), nullptr, tiles);
+  tiles.dq_kernels = family;
+  qattn::cuda::sage_backward(cfg.sage, s, b.qkv.get(), b.o.get(), b.dout.get(), b.stats.get(), b.dqkv.get(),
+                             b.work.get(), nullptr, tiles);
+  r.dqkv = b.dqkv.download();
+  return r;
+}
+
+// How far y is from x: rel L2, max |difference| (inf with a NaN in y), elements with the same bits.
+struct Difference {
+  double rel, worst;
+  size_t same;
+};
+template <typename T>
+Difference difference(const std::vector<T>& x, const std::vector<T>& y, size_t first, size_t stride, size_t count) {
+  Difference d{0, 0, 0};
+  double ref = 0;
+  for (size_t i = first; i < x.size(); i += stride)
+    for (size_t k = i; k < i + count; ++k) {
+      const double a = static_cast<float>(x[k]), b = static_cast<float>(y[k]);
+      d.rel += (a - b) * (a - b), ref += a * a;
+      d.worst = std::isnan(b) || std::isnan(d.worst) ? NAN : std::max(d.worst, std::abs(a - b));
+      d.same += std::memcmp(&x[k], &y[k], sizeof(T)) == 0;
+    }
+  d.rel = std::sqrt(d.rel / ref);
+  return d;
 }
 
 }  // namespace
@@ -653,22 +696,25 @@ ForwardRun run_forward(const AttentionConfig& cfg, const AttentionShape& s, cons
 // The two families read the same quantised operands and scales and share the
 // arithmetic after each int8 sum (exact in int32 on both), so their forwards
 // agree to fp32 rounding: a P̃ level that a one-ulp difference moves across a .5
-// changes O by one level of P̂ (~1/127 of one weight). A wrong fragment layout,
-// swizzle or mask would differ by O(1). Tail tiles (65, 1000), an odd number of
-// blocks (192: the second warpgroup of the last tile past T), both head dims,
-// smooth_q and the K-interval block.
-TEST_CASE("sage forward: the wgmma and mma.sync families agree", "[sage][sage-wgmma][sage-kinterval]") {
+// changes O by one level of P̂ (~1/127 of one weight). Their dQ differ also by
+// the order of dP's fp32 sums (bf16 products), which moves dŜ levels alike. A
+// wrong fragment layout, swizzle or mask would differ by O(1). Tail tiles (65,
+// 1000), an odd number of blocks (192: the second warpgroup of the last tile
+// past T), both head dims, smooth_q and the K-interval block (whose dQ kernel
+// also writes the row terms the dK/dV kernel reads: dK, dV are compared too).
+TEST_CASE("sage: the wgmma and mma.sync families agree, forward and dQ", "[sage][sage-wgmma][sage-kinterval]") {
   if (!qattn::cuda::fpa_wgmma_available()) {
-    std::printf("sage: no sm_90a device or build, the wgmma forward is not checked\n");
+    std::printf("sage: no sm_90a device or build, the wgmma kernels are not checked\n");
     return;
   }
   SageOptions smooth_q, no_smoothing;
   smooth_q.smooth_q = true;
   no_smoothing.smooth_k = false;
-  KIntervalOptions minmax_lerp, fwm_weight;
+  KIntervalOptions minmax_lerp, fwm_weight, prob;
   minmax_lerp.K = 4;
   fwm_weight.K = 16, fwm_weight.calibration = Calibration::fwm, fwm_weight.rounding = Rounding::nearest;
   fwm_weight.ste = Ste::weight;
+  prob.rounding = Rounding::nearest, prob.ste = Ste::prob;
   struct Case {
     const char* name;
     AttentionConfig cfg;
@@ -677,37 +723,36 @@ TEST_CASE("sage forward: the wgmma and mma.sync families agree", "[sage][sage-wg
                         {"smooth_q", sage_config(smooth_q)},
                         {"no smoothing", sage_config(no_smoothing)},
                         {"kinterval minmax lerp", composed_config(minmax_lerp)},
-                        {"kinterval fwm nearest, smooth_q", composed_config(fwm_weight, smooth_q)}};
+                        {"kinterval fwm nearest weight, smooth_q", composed_config(fwm_weight, smooth_q)},
+                        {"kinterval prob ste", composed_config(prob)}};
   for (const Case& c : cases)
     for (const AttentionShape& s :
          {AttentionShape{1, 2, 64, 64}, AttentionShape{1, 3, 65, 64}, AttentionShape{2, 2, 1000, 64},
           AttentionShape{1, 2, 192, 64}, AttentionShape{1, 3, 65, 128}, AttentionShape{2, 2, 1000, 128},
           AttentionShape{1, 2, 192, 128}, AttentionShape{1, 2, 4096, 128}}) {
-      const std::vector<bf16> qkv = random_qkv(s, 1.5f, 0.3f);
-      const ForwardRun mma = run_forward(c.cfg, s, qkv, FpaKernels::mma_sync);
-      const ForwardRun wg = run_forward(c.cfg, s, qkv, FpaKernels::wgmma);
-      double err = 0, ref = 0, worst = 0;
-      size_t same_o = 0, same_stats = 0, stats_off = 0;
-      for (size_t i = 0; i < mma.o.size(); ++i) {
-        const double x = __bfloat162float(mma.o[i]), y = __bfloat162float(wg.o[i]);
-        err += (x - y) * (x - y), ref += x * x;
-        worst = std::isnan(y) ? INFINITY : std::max(worst, std::abs(x - y));
-        same_o += std::memcmp(&mma.o[i], &wg.o[i], sizeof(bf16)) == 0;
-      }
+      const std::vector<bf16> qkv = random_qkv(s, 1.5f, 0.3f), dout = random_heads(s);
+      const FamilyRun mma = run_families(c.cfg, s, qkv, dout, FpaKernels::mma_sync);
+      const FamilyRun wg = run_families(c.cfg, s, qkv, dout, FpaKernels::wgmma);
+      const size_t hd = static_cast<size_t>(s.H) * s.d;
+      const Difference o = difference(mma.o, wg.o, 0, 1, 1);
+      const Difference slot[3] = {difference(mma.dqkv, wg.dqkv, 0, 3 * hd, hd),
+                                  difference(mma.dqkv, wg.dqkv, hd, 3 * hd, hd),
+                                  difference(mma.dqkv, wg.dqkv, 2 * hd, 3 * hd, hd)};
+      size_t stats_off = 0;
       for (size_t i = 0; i < mma.stats.size(); ++i) {
         const float x = mma.stats[i], y = wg.stats[i];
-        const bool same = std::memcmp(&x, &y, sizeof(float)) == 0;
-        same_stats += same;
-        stats_off += !same && !(std::abs(x - y) <= 1e-4f * std::max({1.0f, std::abs(x), std::abs(y)}));
+        stats_off += std::memcmp(&x, &y, sizeof(float)) != 0 &&
+                     !(std::abs(x - y) <= 1e-4f * std::max({1.0f, std::abs(x), std::abs(y)}));
       }
-      std::printf("sage forward wgmma vs mma.sync  %-32s (B,H,T,d)=(%d,%d,%4d,%3d): O %zu/%zu same bits, rel L2 "
-                  "%.1e, max |diff| %.1e; stats %zu/%zu same bits, %zu off by more than 1e-4\n",
-                  c.name, s.B, s.H, s.T, s.d, same_o, mma.o.size(), std::sqrt(err / ref), worst, same_stats,
-                  mma.stats.size(), stats_off);
+      std::printf("sage wgmma vs mma.sync  %-40s (B,H,T,d)=(%d,%d,%4d,%3d): same bits O %zu/%zu dQ %zu/%zu; rel L2 "
+                  "O %.1e dQ %.1e dK %.1e dV %.1e; max |diff| O %.1e dQ %.1e; stats off by > 1e-4: %zu\n",
+                  c.name, s.B, s.H, s.T, s.d, o.same, mma.o.size(), slot[0].same, mma.o.size(), o.rel, slot[0].rel,
+                  slot[1].rel, slot[2].rel, o.worst, slot[0].worst, stats_off);
       INFO(c.name << " (B,H,T,d)=(" << s.B << "," << s.H << "," << s.T << "," << s.d << ")");
-      CHECK(std::sqrt(err / ref) < 1e-3);
-      CHECK(worst < 2e-2);
+      CHECK(o.rel < 1e-3);
+      CHECK(o.worst < 2e-2);
       CHECK(stats_off == 0);
+      for (const Difference& g : slot) CHECK(g.rel < 2e-3);
     }
 }
 
@@ -723,7 +768,7 @@ TileRun run_tiles(const AttentionConfig& cfg, const AttentionShape& s, const std
                   const std::vector<bf16>& dout, const qattn::cuda::SageTiles& tiles) {
   AttentionBuffers b(cfg, s, qkv, dout);
   qattn::cuda::SageTiles mma_sync = tiles;  // the shapes are the mma.sync kernels'
-  mma_sync.forward_kernels = FpaKernels::mma_sync;
+  mma_sync.forward_kernels = mma_sync.dq_kernels = FpaKernels::mma_sync;
   qattn::cuda::sage_forward(cfg.sage, s, b.qkv.get(), b.o.get(), b.stats.get(), b.work.get(), nullptr, mma_sync);
   qattn::cuda::sage_backward(cfg.sage, s, b.qkv.get(), b.o.get(), b.dout.get(), b.stats.get(), b.dqkv.get(),
                              b.work.get(), nullptr, mma_sync);
@@ -804,5 +849,15 @@ TEST_CASE("sage kernels refuse what they cannot run, naming the option", "[sage]
   DeviceBuffer<unsigned char> work(qattn::cuda::sage_workspace_bytes(pv_bf16, s));
   CHECK_THROWS_WITH(qattn::cuda::sage_forward(pv_bf16, s, nullptr, nullptr, nullptr, work.get(), nullptr,
                                               qattn::cuda::SageTiles{4, 4, 8, FpaKernels::wgmma}),
-                    Catch::Contains("forward_kernels = wgmma runs attention.sage.precision.qk = pv = int8 only"));
+                    Catch::Contains("forward_kernels = wgmma: the wgmma kernel runs only "
+                                    "attention.sage.precision.qk = pv = int8 (got qk = int8, pv = bf16)"));
+  SageOptions tile;
+  tile.bwd_granularity = BwdGranularity::tile;
+  qattn::cuda::SageTiles dq_wgmma = qattn::cuda::sage_default_tiles(s.d);
+  dq_wgmma.dq_kernels = FpaKernels::wgmma;
+  CHECK_THROWS_WITH(qattn::cuda::sage_backward(tile, s, nullptr, nullptr, nullptr, nullptr, nullptr, work.get(),
+                                               nullptr, dq_wgmma),
+                    Catch::Contains("dq_kernels = wgmma: the wgmma kernel runs only attention.sage.precision.qk "
+                                    "= dq = int8, dp = bf16, bwd_granularity rowcol (got qk = int8, dq = int8, dp "
+                                    "= bf16, bwd_granularity tile)"));
 }
