@@ -31,6 +31,9 @@
 //             dK += ψ(dSᵀ)·Q̂ (+ smooth_q: c·(dSᵀ1)·μ_Qᵀ)
 // ψ of Pᵀ and dS: one scale per row of the warp's tile (= per key for dV and dK,
 // per query for dQ: "rowcol"), or one per 64x64 tile ("tile").
+// On Hopper the forward and the dQ kernel with the default precisions run on
+// wgmma instead (sage_forward_sm90.cuh, sage_dq_sm90.cuh), chosen at run time
+// (SageTiles, sage.cuh); they share this file's per-element helpers.
 // Deterministic: every output element has one writer; sums run in a fixed order.
 #include <algorithm>
 #include <cmath>

@@ -34,7 +34,8 @@
 // as B. Tiles are Int8SmemTile (tma.cuh): a 64- or 128-byte row swizzled by its
 // width; a k32 step is 32 bytes of every row; 8-row groups are 8·row bytes apart
 // (stride offset). The register fragments per warp are those of mma.m16n8k32
-// (int8_operands.cuh; PTX ISA, "Matrix Fragments for wgmma .m64nNk32"):
+// (int8_operands.cuh; PTX ISA, "Matrix Fragments for wgmma .m64nNk32"; CUTLASS's
+// CuTe decodes to the same its register-source layout for 8-bit types, ALayout_64x32):
 //   A (64, 32) s8, 4 regs: (row g, k 4t..4t+3), (g+8, 4t..), (g, 16+4t..), (g+8, 16+4t..)
 //   accumulator (64, N) s32: as the fp32 one above,
 // so int8_operands.cuh's packing of fp32 weights into A fragments over the
