@@ -77,7 +77,8 @@ void sweep(int B, int H, int T, int d) {
   }
 
   const SageWorkspace parts = sage_workspace(opt, s, ws);
-  const float prepass = median_ms([&] { sage_quantise(opt, s, qkv, nullptr, nullptr, parts, sage_copies(opt, false), nullptr); });
+  const float prepass =
+      median_ms([&] { sage_quantise(opt, s, qkv, nullptr, nullptr, parts, sage_copies(opt, false), nullptr); });
   std::printf("  forward pre-pass alone: %7.3f ms\n", prepass);
   std::vector<std::pair<FpaKernels, const char*>> families = {{FpaKernels::mma_sync, "mma.sync"}};
   if (fpa_wgmma_available()) families.push_back({FpaKernels::wgmma, "wgmma"});

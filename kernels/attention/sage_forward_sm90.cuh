@@ -63,8 +63,12 @@ __global__ void __launch_bounds__(flash::sm90::block_threads<2>(), 1)
   const SageWorkspace& ws = p.ws;
   extern __shared__ __align__(1024) unsigned char smem[];
   const Int8SmemTile<kSm90Rows, D> q_tile{reinterpret_cast<int8_t*>(smem + Layout::kQ)};  // (128, d)
-  auto k_tile = [&](int s) { return Int8SmemTile<kKeys, D>{reinterpret_cast<int8_t*>(smem + Layout::kK) + s * kKeys * D}; };
-  auto vt_tile = [&](int s) { return Int8SmemTile<D, kKeys>{reinterpret_cast<int8_t*>(smem + Layout::kVt) + s * D * kKeys}; };
+  auto k_tile = [&](int s) {  // (64, d)
+    return Int8SmemTile<kKeys, D>{reinterpret_cast<int8_t*>(smem + Layout::kK) + s * kKeys * D};
+  };
+  auto vt_tile = [&](int s) {  // (d, 64)
+    return Int8SmemTile<D, kKeys>{reinterpret_cast<int8_t*>(smem + Layout::kVt) + s * D * kKeys};
+  };
   const SmemTile<kSm90Rows, D> o_tile{reinterpret_cast<bf16*>(smem + Layout::kO)};  // (128, d)
 
   const int q_tile_index = gridDim.x - 1 - blockIdx.x, bh = blockIdx.y, b = bh / p.H, h = bh % p.H;

@@ -317,9 +317,9 @@ __device__ __forceinline__ void load_rows(typename Softmax::Row (&rows)[2], cons
   for (int half = 0; half < 2; ++half) {
     const int row = first_row + frag_row(2 * half);
     const bool real = row < T;
+    const float* row_terms = terms + static_cast<size_t>(row) * Softmax::kTermFloats;
     rows[half] = Softmax::load_row(real ? stats + static_cast<size_t>(row) * Softmax::kStatFloats : nullptr,
-                                   Softmax::kRowPass || !real ? nullptr
-                                                              : terms + static_cast<size_t>(row) * Softmax::kTermFloats);
+                                   Softmax::kRowPass || !real ? nullptr : row_terms);
   }
 }
 

@@ -370,7 +370,8 @@ TEST_CASE("sage on the GPU matches the CPU sage reference, forward and backward"
         qattn::cuda::AttentionErrorSums sums;
         for (const auto& e : per_head) sums.add(e);
         const auto e = qattn::cuda::relative_errors(sums);
-        std::printf("sage vs CPU sage  %-16s %-8s B=%d H=%d T=%4d d=%3d  rel L2: o %.2e  dq %.2e  dk %.2e  dv %.2e\n",
+        std::printf("sage vs CPU sage  %-16s %-9s B=%d H=%d T=%4d d=%3d  rel L2: o %.2e  dq %.2e  dk %.2e  "
+                    "dv %.2e\n",
                     c.name, family.name, s.B, s.H, s.T, s.d, e.o, e.dq, e.dk, e.dv);
         INFO(c.name << " " << family.name << " B=" << s.B << " H=" << s.H << " T=" << s.T << " d=" << s.d);
         // bf16 outputs (~3e-3) plus int8 levels that flip where fp32 and fp64
