@@ -1,17 +1,23 @@
 // Tile-shape sweep of the SageBwd kernels (kernels/attention/sage.cu), a tuning
 // aid for sage_default_tiles: times the forward and the backward (each with its
-// quantisation pre-pass, as training runs them) for every SageTiles choice at
-// the shapes of issue #7, default options, and checks that every choice's
-// outputs equal the default's bit for bit. Random normal inputs, CUDA events,
-// median of 20 runs after 3 warm-ups.
+// quantisation pre-pass, as training runs them) for every SageTiles choice of
+// the mma.sync kernels at the shapes of issue #7, default options, and checks
+// that every choice's outputs equal the default's bit for bit. Then the
+// forward's pre-pass alone, and the forward and the backward with the dQ kernel
+// on each family (wgmma where the device and build have it: the default there),
+// with how far the outputs differ from mma.sync's.
+// Random normal inputs, CUDA events, median of 20 runs after 3 warm-ups.
 //
 //   cmake --build build --target sage_tiles && build/sage_tiles
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "attention/attention.cuh"
+#include "attention/fpa.cuh"
 #include "attention/quant.cuh"
 #include "attention/sage.cuh"
 #include "common.cuh"
@@ -54,8 +60,9 @@ void sweep(int B, int H, int T, int d) {
   std::printf("B=%d H=%d T=%d d=%d (default tiles: forward %d, dq %d, dkdv %d warps)\n", B, H, T, d, dflt.forward,
               dflt.dq, dflt.dkdv);
   std::vector<bf16> first_o, first_dqkv;
-  for (const SageTiles tiles : {dflt, SageTiles{4, 4, 4}, SageTiles{8, 8, 8}, SageTiles{4, 4, 8},
-                                SageTiles{8, 4, 8}, SageTiles{4, 8, 8}, SageTiles{8, 8, 4}}) {
+  for (SageTiles tiles : {dflt, SageTiles{4, 4, 4}, SageTiles{8, 8, 8}, SageTiles{4, 4, 8},
+                          SageTiles{8, 4, 8}, SageTiles{4, 8, 8}, SageTiles{8, 8, 4}}) {
+    tiles.forward_kernels = FpaKernels::mma_sync;
     const float fwd = median_ms([&] { sage_forward(opt, s, qkv, o, stats, ws, nullptr, tiles); });
     const std::vector<bf16> o_now = download(o, n_o);
     const float bwd = median_ms([&] { sage_backward(opt, s, qkv, o, dout, stats, dqkv, ws, nullptr, tiles); });
@@ -67,6 +74,31 @@ void sweep(int B, int H, int T, int d) {
                 "%s\n",
                 tiles.forward, tiles.dq, tiles.dkdv, fwd, fwd_flops / (fwd * 1e9), bwd, 2.5 * fwd_flops / (bwd * 1e9),
                 fwd + bwd, same ? "same bits as default" : "DIFFERS from default");
+  }
+
+  const SageWorkspace parts = sage_workspace(opt, s, ws);
+  const float prepass =
+      median_ms([&] { sage_quantise(opt, s, qkv, nullptr, nullptr, parts, sage_copies(opt, false), nullptr); });
+  std::printf("  forward pre-pass alone: %7.3f ms\n", prepass);
+  std::vector<std::pair<FpaKernels, const char*>> families = {{FpaKernels::mma_sync, "mma.sync"}};
+  if (fpa_wgmma_available()) families.push_back({FpaKernels::wgmma, "wgmma"});
+  auto max_difference = [](const std::vector<bf16>& a, const std::vector<bf16>& b) {
+    double worst = 0;
+    for (size_t i = 0; i < a.size(); ++i)
+      worst = std::max(worst, std::abs(double(__bfloat162float(a[i])) - __bfloat162float(b[i])));
+    return worst;
+  };
+  for (const auto& [family, name] : families) {
+    SageTiles tiles = dflt;
+    tiles.forward_kernels = tiles.dq_kernels = family;
+    const float fwd = median_ms([&] { sage_forward(opt, s, qkv, o, stats, ws, nullptr, tiles); });
+    const std::vector<bf16> o_now = download(o, n_o);
+    const float bwd = median_ms([&] { sage_backward(opt, s, qkv, o, dout, stats, dqkv, ws, nullptr, tiles); });
+    const std::vector<bf16> dqkv_now = download(dqkv, n_qkv);
+    std::printf("  %-8s forward %7.3f ms (%5.1f TFLOP/s) with the pre-pass, %7.3f ms without; backward (dQ on "
+                "%s) %7.3f ms; total %7.3f ms; max |diff| from mma.sync O %.1e dQKV %.1e\n",
+                name, fwd, fwd_flops / (fwd * 1e9), fwd - prepass, name, bwd, fwd + bwd,
+                max_difference(o_now, first_o), max_difference(dqkv_now, first_dqkv));
   }
   for (void* p : {(void*)qkv, (void*)dqkv, (void*)o, (void*)dout, (void*)stats, ws}) CUDA_CHECK(cudaFree(p));
 }

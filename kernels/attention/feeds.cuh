@@ -34,6 +34,13 @@ struct TileSource {
   int rows_valid;          // T - t0: rows past it belong to the next batch (cp.async zero-fills them)
 };
 
+// An int8 tile of the sage pre-pass's workspace (TmaFeed only): box origin (row0,
+// col0) of a tensor map over one of its copies (sage_forward_sm90.cuh).
+struct Int8TileSource {
+  const CUtensorMap* map;
+  int row0, col0;
+};
+
 // Per-row values: 16 or 4 bytes from global to shared memory; invalid ones read 0.
 struct CpAsyncCopier {
   __device__ static void copy16(void* dst, const void* src, bool valid) { cp_async_16(dst, src, valid); }
@@ -102,6 +109,10 @@ struct TmaFeed {
     __device__ void tile(SmemTile<kRows, kCols>, const TileSource&) {
       n += sm90::tile_bytes<kRows, kCols>();
     }
+    template <int kRows, int kRowBytes>
+    __device__ void tile(sm90::Int8SmemTile<kRows, kRowBytes>, const Int8TileSource&) {
+      n += sm90::Int8SmemTile<kRows, kRowBytes>::kBytes;
+    }
     template <class Copy>
     __device__ void rows(Copy&&) {}
   };
@@ -111,12 +122,18 @@ struct TmaFeed {
     __device__ void tile(SmemTile<kRows, kCols> dst, const TileSource& src) {
       sm90::tma_load_tile(dst, src.map, src.row0, src.col0, full);
     }
+    template <int kRows, int kRowBytes>
+    __device__ void tile(sm90::Int8SmemTile<kRows, kRowBytes> dst, const Int8TileSource& src) {
+      sm90::tma_load_tile(dst, src.map, src.row0, src.col0, full);
+    }
     template <class Copy>
     __device__ void rows(Copy&&) {}
   };
   struct RowCopier {  // the per-row values, by a warp
     template <int kRows, int kCols>
     __device__ void tile(SmemTile<kRows, kCols>, const TileSource&) {}
+    template <int kRows, int kRowBytes>
+    __device__ void tile(sm90::Int8SmemTile<kRows, kRowBytes>, const Int8TileSource&) {}
     template <class Copy>
     __device__ void rows(Copy&& copy) {
       copy(static_cast<int>(threadIdx.x % 32), 32, PlainCopier{});

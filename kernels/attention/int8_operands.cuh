@@ -89,6 +89,47 @@ __device__ __forceinline__ uint32_t pack_s8x4(float a, float b, float c, float d
   return __byte_perm(__byte_perm(la, lb, 0x0040), __byte_perm(lc, ld, 0x0040), 0x5410);
 }
 
+// Integer accumulators (16, 8 kNTiles) set to the biased zero.
+template <int kNTiles>
+__device__ __forceinline__ void biased_zero(int (&sum)[kNTiles][4]) {
+#pragma unroll
+  for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) sum[nt][e] = kBiasedZero;
+}
+// acc = sum · scale, sums of kTerms products with one scale for the tile.
+template <int kTerms, int kNTiles>
+__device__ __forceinline__ void biased_to_scores(float (&acc)[1][kNTiles][4], const int (&sum)[kNTiles][4],
+                                                 float scale) {
+#pragma unroll
+  for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[0][nt][e] = biased_to_float<kTerms>(sum[nt][e]) * scale;
+}
+// acc += sum · row_scale of the element's row (g: [0], g + 8: [1]), kTerms products each.
+template <int kTerms>
+__device__ __forceinline__ void add_biased(float (&acc)[4], const int (&sum)[4], const float (&row_scale)[2]) {
+#pragma unroll
+  for (int e = 0; e < 4; ++e) acc[e] += biased_to_float<kTerms>(sum[e]) * row_scale[e / 2];
+}
+
+// ψ(w) as int8 A fragments over the permuted k (see above): the weights w (16
+// rows, 8 kNTiles columns = the product's k) at the row scales' inverses `inv`.
+template <int kKSteps, int kNTiles>
+__device__ __forceinline__ void pack_weights(uint32_t (&a)[kKSteps][4], const float (&w)[1][kNTiles][4],
+                                             const float (&inv)[2]) {
+  static_assert(kNTiles == 4 * kKSteps, "a k32 step is four 8-column accumulator tiles");
+#pragma unroll
+  for (int ks = 0; ks < kKSteps; ++ks) {
+    const float(&w0)[4] = w[0][4 * ks], (&w1)[4] = w[0][4 * ks + 1];
+    const float(&w2)[4] = w[0][4 * ks + 2], (&w3)[4] = w[0][4 * ks + 3];
+    a[ks][0] = pack_s8x4(w0[0], w0[1], w1[0], w1[1], inv[0]);
+    a[ks][1] = pack_s8x4(w0[2], w0[3], w1[2], w1[3], inv[1]);
+    a[ks][2] = pack_s8x4(w2[0], w2[1], w3[0], w3[1], inv[0]);
+    a[ks][3] = pack_s8x4(w2[2], w2[3], w3[2], w3[3], inv[1]);
+  }
+}
+
 // acc (16, 8 kNTiles) = a · bᵀ over k = kCols bytes, exactly in int32, then
 // times `scale` into fp32: the warp's rows [row0, row0 + 16) of tile `a` against
 // every row of tile `b` (stored (n, k)). This is S = Q̂ K̂ᵀ and dP = dÔ V̂ᵀ (and
@@ -99,10 +140,7 @@ __device__ __forceinline__ void int8_product_nk(float (&acc)[1][kNTiles][4], Int
   static_assert(kNTiles % 2 == 0 && kNTiles * 8 <= kRowsB);
   const int lane = threadIdx.x % 32;
   int sum[kNTiles][4];
-#pragma unroll
-  for (int nt = 0; nt < kNTiles; ++nt)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) sum[nt][e] = kBiasedZero;
+  biased_zero(sum);
 #pragma unroll
   for (int ks = 0; ks < kCols / 32; ++ks) {
     uint32_t af[4];
@@ -115,10 +153,7 @@ __device__ __forceinline__ void int8_product_nk(float (&acc)[1][kNTiles][4], Int
       mma_s8_16832(sum[2 * np + 1], af, r[2], r[3]);
     }
   }
-#pragma unroll
-  for (int nt = 0; nt < kNTiles; ++nt)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) acc[0][nt][e] = biased_to_float<kCols>(sum[nt][e]) * scale;
+  biased_to_scores<kCols>(acc, sum, scale);
 }
 
 // psi's scale of each of the thread's two rows (g, g+8) of the weights w (16,
@@ -166,20 +201,12 @@ __device__ __forceinline__ void int8_product_weights(float (&acc)[1][kDTiles][4]
   constexpr int kKSteps = kNTiles / 4;
   const int lane = threadIdx.x % 32;
   uint32_t a[kKSteps][4];  // ψ(w) as A fragments over the permuted k
-#pragma unroll
-  for (int ks = 0; ks < kKSteps; ++ks) {
-    const float(&w0)[4] = w[0][4 * ks], (&w1)[4] = w[0][4 * ks + 1];
-    const float(&w2)[4] = w[0][4 * ks + 2], (&w3)[4] = w[0][4 * ks + 3];
-    a[ks][0] = pack_s8x4(w0[0], w0[1], w1[0], w1[1], inv[0]);
-    a[ks][1] = pack_s8x4(w0[2], w0[3], w1[2], w1[3], inv[1]);
-    a[ks][2] = pack_s8x4(w2[0], w2[1], w3[0], w3[1], inv[0]);
-    a[ks][3] = pack_s8x4(w2[2], w2[3], w3[2], w3[3], inv[1]);
-  }
+  pack_weights(a, w, inv);
   const float row_scale[2] = {scale[0] * scale_b, scale[1] * scale_b};
 #pragma unroll
   for (int np = 0; np < kDTiles / 2; ++np) {  // 16 output columns at a time: few int32 registers
-    int sum[2][4] = {{kBiasedZero, kBiasedZero, kBiasedZero, kBiasedZero},
-                     {kBiasedZero, kBiasedZero, kBiasedZero, kBiasedZero}};
+    int sum[2][4];
+    biased_zero(sum);
 #pragma unroll
     for (int ks = 0; ks < kKSteps; ++ks) {
       uint32_t r[4];
@@ -187,11 +214,8 @@ __device__ __forceinline__ void int8_product_weights(float (&acc)[1][kDTiles][4]
       mma_s8_16832(sum[0], a[ks], r[0], r[1]);
       mma_s8_16832(sum[1], a[ks], r[2], r[3]);
     }
-#pragma unroll
-    for (int j = 0; j < 2; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e)
-        acc[0][2 * np + j][e] += biased_to_float<kCols>(sum[j][e]) * row_scale[e / 2];
+    add_biased<kCols>(acc[0][2 * np], sum[0], row_scale);
+    add_biased<kCols>(acc[0][2 * np + 1], sum[1], row_scale);
   }
 }
 

@@ -31,6 +31,9 @@
 //             dK += ψ(dSᵀ)·Q̂ (+ smooth_q: c·(dSᵀ1)·μ_Qᵀ)
 // ψ of Pᵀ and dS: one scale per row of the warp's tile (= per key for dV and dK,
 // per query for dQ: "rowcol"), or one per 64x64 tile ("tile").
+// On Hopper the forward and the dQ kernel with the default precisions run on
+// wgmma instead (sage_forward_sm90.cuh, sage_dq_sm90.cuh), chosen at run time
+// (SageTiles, sage.cuh); they share this file's per-element helpers.
 // Deterministic: every output element has one writer; sums run in a fixed order.
 #include <algorithm>
 #include <cmath>
@@ -45,6 +48,8 @@
 #include "attention/pipeline.cuh"
 #include "attention/quant.cuh"
 #include "attention/sage.cuh"
+#include "attention/sage_dq_sm90.cuh"
+#include "attention/sage_forward_sm90.cuh"
 #include "attention/sage_softmax.cuh"
 #include "attention/tile_mma.cuh"
 
@@ -239,19 +244,7 @@ __global__ void __launch_bounds__(Tr::kThreads) sage_forward_kernel(const SagePa
   // s (16, 64) = the scores of key block j, masked entries −inf.
   auto scores = [&](float (&s)[1][kTileN][4], int j, int stage) {
     product_over_d<D, Tr::kRows>(s, p.qk8, q_slot, row0, k_slot(stage), scale_q * scale_k[j]);
-    if (bias) {
-#pragma unroll
-      for (int nt = 0; nt < kTileN; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[0][nt][e] += bias[j * kTile + frag_col(nt, e)];
-    }
-    if ((j + 1) * kTile > first_query) {  // some key past the warp's first row
-#pragma unroll
-      for (int nt = 0; nt < kTileN; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-          if (j * kTile + frag_col(nt, e) > first_query + frag_row(e)) s[0][nt][e] = -INFINITY;
-    }
+    bias_and_mask(s, bias, j * kTile, first_query);
   };
 
   float o_acc[1][D / 8][4];  // (16, d) rows of O owned by this warp
@@ -440,50 +433,23 @@ __global__ void __launch_bounds__(Tr::kThreads) sage_backward_dq_kernel(const Sa
   float* terms = p.row_terms + static_cast<size_t>(bh) * ws.Tp * kTerm;  // (Tp, kTerm)
   const Softmax softmax(p.softmax);
 
-  // The saved statistics and row terms of this thread's two rows (rows past T:
-  // none; every entry of theirs is masked). With a row sweep the terms are made below.
-  typename Softmax::Row rows[2];
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int row = q0 + row0 + frag_row(2 * half);
-    const bool real = row < p.T;
-    rows[half] = Softmax::load_row(real ? p.stats + (static_cast<size_t>(bh) * p.T + row) * kStat : nullptr,
-                                   Softmax::kRowPass || !real ? nullptr : terms + static_cast<size_t>(row) * kTerm);
-  }
+  typename Softmax::Row rows[2];  // with a row sweep the terms are made below
+  load_rows<Softmax>(rows, p.stats + static_cast<size_t>(bh) * p.T * kStat, terms, q0 + row0, p.T);
   // score, dp (16 queries, 64 keys) = S and dP of key block j.
   auto scores_and_dp = [&](float (&score)[1][kTileN][4], float (&dp)[1][kTileN][4], int j, int s) {
     product_over_d<D, Tr::kRows>(score, p.qk8, q_slot, row0, k_slot(s), s_q * ws.k.scale[scale0 + j]);
-    if (bias) {
-#pragma unroll
-      for (int nt = 0; nt < kTileN; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) score[0][nt][e] += bias[j * kTile + frag_col(nt, e)];
-    }
+    add_key_bias(score, bias, j * kTile);
     product_over_d<D, Tr::kRows>(dp, p.dp8, do_slot, row0, v_slot(s), s_do * ws.v.scale[scale0 + j]);
   };
-  auto visible = [&](int key, int row) { return row < p.T && key <= row; };
-  // Key block j's last key is before the warp's first row, and every row is real.
-  auto all_visible = [&](int j) { return j * kTile + kTile - 1 <= q0 + row0 && q0 + row0 + 16 <= p.T; };
 
   if constexpr (Softmax::kRowPass) {  // the row terms, before any dS is quantised
     typename Softmax::RowSums sums[2];
     pipelined(0, key_blocks, load_scores, [&](int j, int s) {
       float score[1][kTileN][4], dp[1][kTileN][4];
       scores_and_dp(score, dp, j, s);
-#pragma unroll
-      for (int nt = 0; nt < kTileN; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-          if (visible(j * kTile + frag_col(nt, e), q0 + row0 + frag_row(e)))
-            softmax.accumulate(sums[e / 2], rows[e / 2].st, score[0][nt][e], dp[0][nt][e]);
+      softmax.sweep(sums, score, dp, rows, j * kTile, q0 + row0, p.T);
     });
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int row = q0 + row0 + frag_row(2 * half);
-      const float4 made = softmax.row_terms(sums[half], rows[half].st);  // every lane: it shuffles
-      rows[half].terms = row < p.T ? made : float4{};
-      if (threadIdx.x % 4 == 0 && row < ws.Tp) reinterpret_cast<float4*>(terms)[row] = rows[half].terms;
-    }
+    softmax.make_terms(rows, sums, terms, q0 + row0, p.T, ws.Tp);
   }
 
   float dq_acc[1][D / 8][4];  // (16, d) rows of dQ owned by this warp
@@ -492,19 +458,7 @@ __global__ void __launch_bounds__(Tr::kThreads) sage_backward_dq_kernel(const Sa
     float score[1][kTileN][4], dp[1][kTileN][4];  // (16 queries, 64 keys): S, dP
     scores_and_dp(score, dp, j, s);
     float w[1][kTileN][4];  // (16 queries, 64 keys): dS
-    with_mask(all_visible(j), [&](auto unmasked) {
-#pragma unroll
-      for (int nt = 0; nt < kTileN; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int key = j * kTile + frag_col(nt, e);
-          const typename Softmax::Row& r = rows[e / 2];
-          w[0][nt][e] = unmasked || visible(key, q0 + row0 + frag_row(e))
-                            ? softmax.grad(r, score[0][nt][e], softmax.probability(r, score[0][nt][e]),
-                                           dp[0][nt][e], key)
-                            : 0.0f;
-        }
-    });
+    score_grads(w, score, dp, softmax, rows, j * kTile, q0 + row0, p.T);
     product_over_t<D>(dq_acc, p.dq8, w, p.tile_scales, scratch, kt_slot(s), ws.k.scale[scale0 + j]);
   });
 
@@ -582,8 +536,50 @@ dim3 grid_of(const SageParams& p) {
   return dim3(ceil_div(p.ws.blocks, Tr::kBlocks), p.B * p.H);
 }
 
+// Whether a kernel runs on wgmma (SageTiles::forward_kernels, dq_kernels; sage.cuh):
+// `requested` where the wgmma kernel can run the options (`supported`), named
+// by `field` and `allowed` when a wgmma request cannot be met.
+bool on_wgmma(FpaKernels requested, bool supported, const char* field, const std::string& allowed) {
+  if (requested == FpaKernels::wgmma && !supported)
+    throw std::invalid_argument(std::string("CUDA attention kind sage: SageTiles.") + field +
+                                " = wgmma: the wgmma kernel runs only " + allowed);
+  return supported && resolve_kernels(requested, "CUDA attention kind sage") == FpaKernels::wgmma;
+}
+std::string precision_name(bool int8) { return int8 ? "int8" : "bf16"; }
+bool forward_on_wgmma(const SageParams& p, const SageTiles& tiles) {
+  return on_wgmma(tiles.forward_kernels, p.qk8 && p.pv8, "forward_kernels",
+                  "attention.sage.precision.qk = pv = int8 (got qk = " + precision_name(p.qk8) +
+                      ", pv = " + precision_name(p.pv8) + ")");
+}
+bool dq_on_wgmma(const SageParams& p, const SageTiles& tiles) {
+  return on_wgmma(tiles.dq_kernels, p.qk8 && p.dq8 && !p.dp8 && !p.tile_scales, "dq_kernels",
+                  "attention.sage.precision.qk = dq = int8, dp = bf16, bwd_granularity rowcol (got qk = " +
+                      precision_name(p.qk8) + ", dq = " + precision_name(p.dq8) + ", dp = " +
+                      precision_name(p.dp8) + ", bwd_granularity " + (p.tile_scales ? "tile" : "rowcol") + ")");
+}
+
+// The wgmma forward: tensor maps over the pre-pass's int8 copies.
 template <int D, class Softmax>
-void forward(const SageParams& p, const SageTiles& tiles, cudaStream_t stream) {
+void forward_sm90(const SageParams& p, cudaStream_t stream) {
+  const SageWorkspace& ws = p.ws;
+  const uint64_t heads = static_cast<uint64_t>(p.B) * p.H;
+  SageForwardSm90Params f{};
+  f.ws = ws;
+  f.stats = p.stats_out;
+  f.o = p.o;
+  f.softmax = p.softmax;
+  f.B = p.B, f.H = p.H, f.T = p.T;
+  f.smooth_q = p.smooth_q;
+  f.q = sm90::make_int8_tensor_map(ws.q.i8, heads * ws.Tp, D, D, D);
+  f.k = sm90::make_int8_tensor_map(ws.k.i8, heads * ws.Tp, D, D, D);
+  f.vt = sm90::make_int8_tensor_map(ws.v.i8t, heads * D, ws.Tp, ws.Tp, kTile);
+  launch(sage_forward_sm90_kernel<D, Softmax>, dim3(ceil_div(ws.blocks, kSm90Rows / kTile), p.B * p.H),
+         sm90::block_threads<2>(), SageForwardSm90Layout<D>::kBytes, stream, f);
+}
+
+template <int D, class Softmax>
+void forward(const SageParams& p, const SageTiles& tiles, bool on_wgmma, cudaStream_t stream) {
+  if (on_wgmma) return forward_sm90<D, Softmax>(p, stream);
   with_warps(tiles.forward, [&](auto warps) {
     using Tr = SageTraits<D, decltype(warps)::value>;
     launch(sage_forward_kernel<Tr, Softmax>, grid_of<Tr>(p), Tr::kThreads, smem_bytes<Tr, 1>(forward_plan<Tr>(p)),
@@ -591,14 +587,40 @@ void forward(const SageParams& p, const SageTiles& tiles, cudaStream_t stream) {
   });
 }
 
+// The wgmma dQ: tensor maps over the pre-pass's int8 and bf16 copies.
+template <int D, class Softmax>
+void dq_sm90(const SageParams& p, cudaStream_t stream) {
+  const SageWorkspace& ws = p.ws;
+  const uint64_t heads = static_cast<uint64_t>(p.B) * p.H;
+  SageDqSm90Params f{};
+  f.ws = ws;
+  f.stats = p.stats;
+  f.row_terms = p.row_terms;
+  f.dqkv = p.dqkv;
+  f.softmax = p.softmax;
+  f.B = p.B, f.H = p.H, f.T = p.T;
+  f.c = p.c;
+  f.smooth_q = p.smooth_q;
+  f.q = sm90::make_int8_tensor_map(ws.q.i8, heads * ws.Tp, D, D, D);
+  f.k = sm90::make_int8_tensor_map(ws.k.i8, heads * ws.Tp, D, D, D);
+  f.kt = sm90::make_int8_tensor_map(ws.k.i8t, heads * D, ws.Tp, ws.Tp, kTile);
+  f.dout = sm90::make_tensor_map(ws.dout.bf, heads * ws.Tp, D, D);
+  f.v = sm90::make_tensor_map(ws.v.bf, heads * ws.Tp, D, D);
+  launch(sage_dq_sm90_kernel<D, Softmax>, dim3(ceil_div(ws.blocks, kSm90Rows / kTile), p.B * p.H),
+         sm90::block_threads<2>(), SageDqSm90Layout<D>::kBytes, stream, f);
+}
+
 // dQ first: with a row sweep it writes the row terms the dK/dV kernel reads.
 template <int D, class Softmax>
-void backward(const SageParams& p, const SageTiles& tiles, cudaStream_t stream) {
-  with_warps(tiles.dq, [&](auto warps) {
-    using Tr = SageTraits<D, decltype(warps)::value>;
-    launch(sage_backward_dq_kernel<Tr, Softmax>, grid_of<Tr>(p), Tr::kThreads, smem_bytes<Tr, 1>(dq_plan<Tr>(p)),
-           stream, p);
-  });
+void backward(const SageParams& p, const SageTiles& tiles, bool dq_wgmma, cudaStream_t stream) {
+  if (dq_wgmma)
+    dq_sm90<D, Softmax>(p, stream);
+  else
+    with_warps(tiles.dq, [&](auto warps) {
+      using Tr = SageTraits<D, decltype(warps)::value>;
+      launch(sage_backward_dq_kernel<Tr, Softmax>, grid_of<Tr>(p), Tr::kThreads, smem_bytes<Tr, 1>(dq_plan<Tr>(p)),
+             stream, p);
+    });
   with_warps(tiles.dkdv, [&](auto warps) {
     using Tr = SageTraits<D, decltype(warps)::value>;
     launch(sage_backward_dkdv_kernel<Tr, Softmax>, grid_of<Tr>(p), Tr::kThreads,
@@ -656,9 +678,10 @@ void sage_forward(const SageOptions& opt, const AttentionShape& s, const bf16* q
   SageParams p = make_params(opt, s, workspace);
   p.stats_out = stats;
   p.o = o;
+  const bool on_wgmma = forward_on_wgmma(p, tiles);
   sage_quantise(opt, s, qkv, nullptr, nullptr, p.ws, sage_copies(opt, false), stream);
   dispatch(opt, s, [&](auto d, auto softmax) {
-    forward<decltype(d)::value, typename decltype(softmax)::type>(p, tiles, stream);
+    forward<decltype(d)::value, typename decltype(softmax)::type>(p, tiles, on_wgmma, stream);
   });
 }
 
@@ -669,9 +692,10 @@ void sage_backward(const SageOptions& opt, const AttentionShape& s, const bf16* 
   SageParams p = make_params(opt, s, workspace);
   p.stats = stats;
   p.dqkv = dqkv;
+  const bool dq_wgmma = dq_on_wgmma(p, tiles);
   sage_quantise(opt, s, qkv, o, dout, p.ws, sage_copies(opt, true), stream);
   dispatch(opt, s, [&](auto d, auto softmax) {
-    backward<decltype(d)::value, typename decltype(softmax)::type>(p, tiles, stream);
+    backward<decltype(d)::value, typename decltype(softmax)::type>(p, tiles, dq_wgmma, stream);
   });
 }
 

@@ -5,6 +5,7 @@
 #include <cstddef>
 
 #include "attention/attention.cuh"
+#include "attention/fpa.cuh"  // FpaKernels: the tensor-core family of a kernel
 #include "attention/quant.cuh"
 #include "common.cuh"
 
@@ -18,12 +19,24 @@ void sage_check_options(const SageOptions& opt);
 // scores), or with the softmax block the row's K-interval grid (kinterval_softmax.cuh, RowStats).
 int sage_row_stats(const SageOptions& opt);
 
-// Warps per CTA of each kernel: 4 (64 resident rows: queries, or keys for
-// dK/dV) or 8 (128 rows). Every shape computes the same outputs bit for bit;
+// Warps per CTA of each mma.sync kernel: 4 (64 resident rows: queries, or keys
+// for dK/dV) or 8 (128 rows). Every shape computes the same outputs bit for bit;
 // sage_default_tiles is the one expected fastest per head dim, the others are
 // there to be timed against it (tools/sage_tiles.cu) and are tested alike.
+//
+// The family of the forward and of the dQ kernel is chosen at run time: on a
+// device and build with sm_90a they run on wgmma (two 64-row warpgroups and a
+// TMA producer; `forward` / `dq` are not used) where the options allow, else on
+// mma.sync (sage.cu):
+//   forward  sage_forward_sm90.cuh: qk = pv = int8 (the defaults)
+//   dQ       sage_dq_sm90.cuh: qk = dq = int8, dp = bf16, bwd_granularity rowcol
+//            (the defaults)
+// *_kernels = mma_sync forces mma.sync; wgmma forces wgmma and throws where it
+// cannot run (no sm_90a, other options). The dK/dV kernel runs on mma.sync.
 struct SageTiles {
   int forward, dq, dkdv;
+  FpaKernels forward_kernels = FpaKernels::automatic;
+  FpaKernels dq_kernels = FpaKernels::automatic;
 };
 SageTiles sage_default_tiles(int d);
 

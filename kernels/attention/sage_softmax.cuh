@@ -17,6 +17,7 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <type_traits>
 
 #include "attention/kinterval_softmax.cuh"
 #include "attention/online_softmax.cuh"
@@ -32,6 +33,41 @@ using flash::row_sum4;
 // 16x8 tile nt, as tile_mma.cuh lays them out (lane = 4g + t: rows g, g + 8).
 __device__ __forceinline__ int frag_row(int e) { return (threadIdx.x % 32) / 4 + (e / 2) * 8; }
 __device__ __forceinline__ int frag_col(int nt, int e) { return nt * 8 + 2 * (threadIdx.x % 4) + e % 2; }
+
+// The scores s (16 rows, the keys k0 .. k0 + 8 kNTiles − 1) of a warp plus
+// smooth_q's bias of each key (bias null: none), in every kernel that makes S.
+template <int kNTiles>
+__device__ __forceinline__ void add_key_bias(float (&s)[1][kNTiles][4], const float* bias, int k0) {
+  if (!bias) return;
+#pragma unroll
+  for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[0][nt][e] += bias[k0 + frag_col(nt, e)];
+}
+// The scores as both families' forward hands them to the policies: biased, and
+// keys after the row's query (rows from first_query) −inf (causal).
+template <int kNTiles>
+__device__ __forceinline__ void bias_and_mask(float (&s)[1][kNTiles][4], const float* bias, int k0,
+                                              int first_query) {
+  add_key_bias(s, bias, k0);
+  if (k0 + 8 * kNTiles > first_query) {  // some key past the warp's first row
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        if (k0 + frag_col(nt, e) > first_query + frag_row(e)) s[0][nt][e] = -INFINITY;
+  }
+}
+
+// Runs body(std::true_type) when every entry of the warp's tile is visible
+// (warp-uniform), so that no per-entry mask is evaluated, else body(std::false_type).
+template <class Body>
+__device__ __forceinline__ void with_mask(bool all_visible, Body&& body) {
+  if (all_visible)
+    body(std::true_type{});
+  else
+    body(std::false_type{});
+}
 
 // The softmax block's options as the kernels use them (unused by ExactSoftmax).
 struct SoftmaxOptions {
@@ -219,6 +255,32 @@ struct KIntervalSoftmax {
     return make_float4(gbar, r.inv_z * (a.m1 - gbar * a.m0), r.inv_z * (a.l1 - gbar * a.l0), 0.0f);
   }
 
+  // The dQ kernels' row sweep over one key block (keys k0 .., the warp's 16 rows
+  // from first_row): the sums of the visible entries.
+  template <int kNTiles>
+  __device__ void sweep(RowSums (&sums)[2], const float (&score)[1][kNTiles][4], const float (&dp)[1][kNTiles][4],
+                        const Row (&rows)[2], int k0, int first_row, int T) const {
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = k0 + frag_col(nt, e), row = first_row + frag_row(e);
+        if (row < T && key <= row) accumulate(sums[e / 2], rows[e / 2].st, score[0][nt][e], dp[0][nt][e]);
+      }
+  }
+  // After the sweep: each row's terms into rows and into terms (Tp, 4) of the
+  // head, for the dK/dV kernel (rows past T: zeros).
+  __device__ void make_terms(Row (&rows)[2], const RowSums (&sums)[2], float* terms, int first_row, int T,
+                             int Tp) const {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = first_row + frag_row(2 * half);
+      const float4 made = row_terms(sums[half], rows[half].st);  // every lane: it shuffles
+      rows[half].terms = row < T ? made : float4{};
+      if (threadIdx.x % 4 == 0 && row < Tp) reinterpret_cast<float4*>(terms)[row] = rows[half].terms;
+    }
+  }
+
   // p̂ of one visible entry, for dV.
   __device__ float probability(const Row& r, float score) const { return weight(r.st, score) * r.st.inv_z; }
   // dS of one visible entry (key = its key index): the rule's direct part plus
@@ -240,5 +302,48 @@ struct KIntervalSoftmax {
     return ds;
   }
 };
+
+// ---------------------------------------------------------------------------
+// What both families' dQ kernels do per warp (16 query rows from first_row).
+
+// The saved statistics (stats: (T, kStatFloats) of the head) and row terms
+// (terms: (Tp, kTermFloats)) of the thread's two rows; rows past T read none
+// (every entry of theirs is masked). A policy with a row sweep makes its terms
+// in the kernel: none are read.
+template <class Softmax>
+__device__ __forceinline__ void load_rows(typename Softmax::Row (&rows)[2], const float* stats,
+                                          const float* terms, int first_row, int T) {
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int row = first_row + frag_row(2 * half);
+    const bool real = row < T;
+    const float* row_terms = terms + static_cast<size_t>(row) * Softmax::kTermFloats;
+    rows[half] = Softmax::load_row(real ? stats + static_cast<size_t>(row) * Softmax::kStatFloats : nullptr,
+                                   Softmax::kRowPass || !real ? nullptr : row_terms);
+  }
+}
+
+// w = dS of the warp's scores and dP (16 rows, keys k0 ..), masked entries 0.
+template <class Softmax, int kNTiles>
+__device__ __forceinline__ void score_grads(float (&w)[1][kNTiles][4], const float (&score)[1][kNTiles][4],
+                                            const float (&dp)[1][kNTiles][4], const Softmax& softmax,
+                                            const typename Softmax::Row (&rows)[2], int k0, int first_row,
+                                            int T) {
+  // The block's last key is before the warp's first row, and every row is real.
+  const bool all_visible = k0 + 8 * kNTiles - 1 <= first_row && first_row + 16 <= T;
+  with_mask(all_visible, [&](auto unmasked) {
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = k0 + frag_col(nt, e), row = first_row + frag_row(e);
+        const typename Softmax::Row& r = rows[e / 2];
+        w[0][nt][e] = unmasked || (row < T && key <= row)
+                          ? softmax.grad(r, score[0][nt][e], softmax.probability(r, score[0][nt][e]),
+                                         dp[0][nt][e], key)
+                          : 0.0f;
+      }
+  });
+}
 
 }  // namespace qattn::cuda::sage

@@ -12,6 +12,11 @@
 // past a batch's T read the next batch's rows (finite; masked or multiplied by
 // zero weights like the zero rows of the cp.async kernels), rows past the
 // tensor read as zeros.
+//
+// SageBwd's int8 operands (sage_sm90.cuh) come from the pre-pass's workspace
+// copies (quant.cuh) as Int8SmemTile: rows of 64 or 128 bytes (the K extent of
+// the products reading them), swizzled by TMA with the 64- or 128-byte pattern
+// of that width. A 128-byte int8 row is byte for byte a 64-column bf16 panel row.
 #pragma once
 #include <cuda.h>  // CUtensorMap and its enums (the encoder is fetched at run time)
 #include <cudaTypedefs.h>
@@ -27,7 +32,11 @@ constexpr int kBoxBytes = kBoxRows * kBoxCols * 2;
 
 // A (rows, cols) row-major bf16 matrix in global memory (row stride ld elements,
 // a multiple of 8) as a tensor map with 64 x 64 boxes and the 128-byte swizzle.
-inline CUtensorMap make_tensor_map(const bf16* base, uint64_t rows, uint64_t cols, uint64_t ld) {
+// A 2-D row-major matrix of `type` (row stride ld_bytes) as a tensor map with
+// (box_rows, box_cols) boxes and the given swizzle.
+inline CUtensorMap encode_tensor_map(CUtensorMapDataType type, const void* base, uint64_t rows,
+                                     uint64_t cols, uint64_t ld_bytes, uint32_t box_rows,
+                                     uint32_t box_cols, CUtensorMapSwizzle swizzle) {
   static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult found;
@@ -39,17 +48,45 @@ inline CUtensorMap make_tensor_map(const bf16* base, uint64_t rows, uint64_t col
   }();
   CUtensorMap map;
   const cuuint64_t dims[2] = {cols, rows};
-  const cuuint64_t strides[1] = {ld * sizeof(bf16)};
-  const cuuint32_t box[2] = {kBoxCols, kBoxRows};
+  const cuuint64_t strides[1] = {ld_bytes};
+  const cuuint32_t box[2] = {box_cols, box_rows};
   const cuuint32_t element_strides[2] = {1, 1};
-  const CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<bf16*>(base),
-                            dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  const CUresult r = encode(&map, type, 2, const_cast<void*>(base), dims, strides, box,
+                            element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS)
     throw std::runtime_error("CUDA attention: cuTensorMapEncodeTiled failed with error " +
                              std::to_string(static_cast<int>(r)));
   return map;
+}
+
+inline CUtensorMap make_tensor_map(const bf16* base, uint64_t rows, uint64_t cols, uint64_t ld) {
+  return encode_tensor_map(CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, base, rows, cols, ld * sizeof(bf16),
+                           kBoxRows, kBoxCols, CU_TENSOR_MAP_SWIZZLE_128B);
+}
+
+// ---------------------------------------------------------------------------
+// int8 tiles. kRows rows of kRowBytes = 64 or 128 int8, row-major and packed,
+// the 16-byte chunks of each row permuted by the swizzle of that width (TMA's
+// SWIZZLE_64B / SWIZZLE_128B: chunk bits [4, 6) or [4, 7) of the address XOR
+// bits [7, 9) or [7, 10)). The pattern repeats every 8 rows (512 or 1024 bytes),
+// so a tile starts at a multiple of 1024 bytes. wgmma reads such a tile K-major
+// (wgmma.cuh): rows are M or N, the kRowBytes bytes are K.
+template <int kRows_, int kRowBytes_>
+struct Int8SmemTile {
+  static constexpr int kRows = kRows_, kRowBytes = kRowBytes_;
+  static_assert(kRowBytes == 64 || kRowBytes == 128, "int8 rows are one 64- or 128-byte swizzle row");
+  static_assert(kRows % kBoxRows == 0, "tiles are copied in 64-row boxes");
+  static constexpr int kBytes = kRows * kRowBytes;
+  int8_t* data;
+};
+
+// A (rows, cols) row-major int8 matrix (row stride ld bytes, a multiple of 16)
+// as a tensor map with (64, box_cols) boxes swizzled by their width (64 or 128 bytes).
+inline CUtensorMap make_int8_tensor_map(const int8_t* base, uint64_t rows, uint64_t cols, uint64_t ld,
+                                        uint32_t box_cols) {
+  return encode_tensor_map(CU_TENSOR_MAP_DATA_TYPE_UINT8, base, rows, cols, ld, kBoxRows, box_cols,
+                           box_cols == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B);
 }
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
@@ -108,6 +145,20 @@ __device__ __forceinline__ void tma_load_tile(SmemTile<kRows, kCols> tile, const
 template <int kRows, int kCols>
 __host__ __device__ constexpr uint32_t tile_bytes() {
   return kRows * kCols * 2;
+}
+
+// Rows [row0, row0 + kRows) x bytes [col0, col0 + kRowBytes) of an int8 tensor
+// map (boxes of 64 rows x kRowBytes) into a tile, counted on bar.
+template <int kRows, int kRowBytes>
+__device__ __forceinline__ void tma_load_tile(Int8SmemTile<kRows, kRowBytes> tile, const CUtensorMap* map,
+                                              int row0, int col0, uint64_t* bar) {
+#pragma unroll
+  for (int r = 0; r < kRows / kBoxRows; ++r)
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes "
+        "[%0], [%1, {%2, %3}], [%4];\n" ::"r"(smem_addr(tile.data + r * kBoxRows * kRowBytes)),
+        "l"(reinterpret_cast<uint64_t>(map)), "r"(col0), "r"(row0 + r * kBoxRows), "r"(smem_addr(bar))
+        : "memory");
 }
 
 }  // namespace qattn::cuda::flash::sm90

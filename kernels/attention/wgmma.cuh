@@ -27,10 +27,26 @@
 // register of the group is read; fence_operands() pins the accumulators so the
 // compiler does not move their reads above the wait. The operand tiles come
 // from TMA copies (tma.cuh), which like wgmma work in the async proxy.
+//
+// int8 (SageBwd): s8 x s8 -> s32, K = 32 per instruction, N in {64, 128}.
+// For 8-bit types wgmma reads shared-memory operands K-major only, so every
+// product over T (O += P̂ V̂, ...) reads the pre-pass's transposed copies (quant.cuh)
+// as B. Tiles are Int8SmemTile (tma.cuh): a 64- or 128-byte row swizzled by its
+// width; a k32 step is 32 bytes of every row; 8-row groups are 8·row bytes apart
+// (stride offset). The register fragments per warp are those of mma.m16n8k32
+// (int8_operands.cuh; PTX ISA, "Matrix Fragments for wgmma .m64nNk32"; CUTLASS's
+// CuTe decodes to the same its register-source layout for 8-bit types, ALayout_64x32):
+//   A (64, 32) s8, 4 regs: (row g, k 4t..4t+3), (g+8, 4t..), (g, 16+4t..), (g+8, 16+4t..)
+//   accumulator (64, N) s32: as the fp32 one above,
+// so int8_operands.cuh's packing of fp32 weights into A fragments over the
+// permuted k (kPermuted), and the transposed copies in that order, serve both.
+// The accumulators start at int8_operands.cuh's biased zero and every MMA adds
+// to them (no overwrite), so that one FADD per element converts the sum.
 #pragma once
 #include <cstdint>
 
 #include "tile_mma.cuh"
+#include "tma.cuh"
 
 namespace qattn::cuda::flash::sm90 {
 
@@ -41,12 +57,13 @@ namespace qattn::cuda::flash::sm90 {
 #define QATTN_SM90A_DEVICE 0
 #endif
 
-__device__ __forceinline__ uint64_t smem_desc(const bf16* p, uint32_t leading_bytes,
-                                              uint32_t stride_bytes) {
+// The descriptor's layout field (bits 62-63): 1 = 128-byte swizzle, 2 = 64-byte.
+__device__ __forceinline__ uint64_t smem_desc(const void* p, uint32_t leading_bytes,
+                                              uint32_t stride_bytes, uint64_t swizzle = 1) {
   const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(p));
   return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) |
          static_cast<uint64_t>(leading_bytes >> 4) << 16 |
-         static_cast<uint64_t>(stride_bytes >> 4) << 32 | 1ull << 62;  // 1: 128-byte swizzle
+         static_cast<uint64_t>(stride_bytes >> 4) << 32 | swizzle << 62;
 }
 
 // Rows [row0, row0 + 64) x columns [16 ks, 16 ks + 16) of a tile read K-major.
@@ -59,6 +76,12 @@ template <int kRows, int kCols>
 __device__ __forceinline__ uint64_t desc_mn_major(SmemTile<kRows, kCols> tile, int ks) {
   return smem_desc(tile.data + ks * 16 * 64, kRows * 128, 1024);
 }
+// Rows [row0, row0 + 64) (or all rows, as B) x bytes [32 ks, 32 ks + 32) of an
+// int8 tile read K-major.
+template <int kRows, int kRowBytes>
+__device__ __forceinline__ uint64_t desc_k_major(Int8SmemTile<kRows, kRowBytes> tile, int row0, int ks) {
+  return smem_desc(tile.data + row0 * kRowBytes + ks * 32, 16, 8 * kRowBytes, kRowBytes == 128 ? 1 : 2);
+}
 
 __device__ __forceinline__ void wgmma_fence() {
   asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
@@ -70,9 +93,11 @@ template <int kPending>
 __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
 }
-// Pins registers of an in-flight group: accumulators (fp32) or A fragments (bf16 pairs).
+// Pins registers of an in-flight group: accumulators (fp32, s32) or A fragments
+// (bf16 pairs, s8 quads).
 __device__ __forceinline__ void pin(float& x) { asm volatile("" : "+f"(x)::"memory"); }
 __device__ __forceinline__ void pin(uint32_t& x) { asm volatile("" : "+r"(x)::"memory"); }
+__device__ __forceinline__ void pin(int& x) { asm volatile("" : "+r"(x)::"memory"); }
 template <class T, int kNTiles>
 __device__ __forceinline__ void fence_operands(T (&regs)[1][kNTiles][4]) {
 #pragma unroll
@@ -89,6 +114,13 @@ __device__ __forceinline__ void fence_operands(T (&regs)[1][kNTiles][4]) {
 #define QATTN_ACC64(a)                                                                        \
   QATTN_ACC32(a), QATTN_ACC4(a, 8), QATTN_ACC4(a, 9), QATTN_ACC4(a, 10), QATTN_ACC4(a, 11),  \
       QATTN_ACC4(a, 12), QATTN_ACC4(a, 13), QATTN_ACC4(a, 14), QATTN_ACC4(a, 15)
+#define QATTN_IACC4(a, i) "+r"(a[i][0]), "+r"(a[i][1]), "+r"(a[i][2]), "+r"(a[i][3])
+#define QATTN_IACC32(a)                                                                         \
+  QATTN_IACC4(a, 0), QATTN_IACC4(a, 1), QATTN_IACC4(a, 2), QATTN_IACC4(a, 3), QATTN_IACC4(a, 4), \
+      QATTN_IACC4(a, 5), QATTN_IACC4(a, 6), QATTN_IACC4(a, 7)
+#define QATTN_IACC64(a)                                                                          \
+  QATTN_IACC32(a), QATTN_IACC4(a, 8), QATTN_IACC4(a, 9), QATTN_IACC4(a, 10), QATTN_IACC4(a, 11), \
+      QATTN_IACC4(a, 12), QATTN_IACC4(a, 13), QATTN_IACC4(a, 14), QATTN_IACC4(a, 15)
 #define QATTN_REGS32                                                                        \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, " \
   "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
@@ -149,9 +181,61 @@ __device__ __forceinline__ void mma_rs(float (&acc)[1][kNTiles][4], const uint32
 #endif
 }
 
+// acc (64, N) += A (64, 32) Bᵀ, s8 x s8 -> s32, A and B K-major int8 tiles in
+// shared memory (B is (N, 32): rows are output columns).
+template <int kNTiles>
+__device__ __forceinline__ void mma_s8_ss(int (&acc)[1][kNTiles][4], uint64_t a_desc, uint64_t b_desc) {
+  static_assert(kNTiles == 8 || kNTiles == 16, "wgmma N is 64 or 128 here");
+#if QATTN_SM90A_DEVICE
+  auto& c = acc[0];
+  if constexpr (kNTiles == 8) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k32.s32.s8.s8 " QATTN_REGS32 ", %32, %33, p;\n}\n"
+        : QATTN_IACC32(c)
+        : "l"(a_desc), "l"(b_desc), "r"(1));
+  } else {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8 " QATTN_REGS64 ", %64, %65, p;\n}\n"
+        : QATTN_IACC64(c)
+        : "l"(a_desc), "l"(b_desc), "r"(1));
+  }
+#endif
+}
+
+// acc (64, N) += A (64, 32) B, s8 x s8 -> s32, A from registers (one s8 A
+// fragment per warp) and B K-major in shared memory (B's rows are output columns).
+template <int kNTiles>
+__device__ __forceinline__ void mma_s8_rs(int (&acc)[1][kNTiles][4], const uint32_t (&a)[4],
+                                          uint64_t b_desc) {
+  static_assert(kNTiles == 8 || kNTiles == 16, "wgmma N is 64 or 128 here");
+#if QATTN_SM90A_DEVICE
+  auto& c = acc[0];
+  if constexpr (kNTiles == 8) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k32.s32.s8.s8 " QATTN_REGS32
+        ", {%32, %33, %34, %35}, %36, p;\n}\n"
+        : QATTN_IACC32(c)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(1));
+  } else {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8 " QATTN_REGS64
+        ", {%64, %65, %66, %67}, %68, p;\n}\n"
+        : QATTN_IACC64(c)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(1));
+  }
+#endif
+}
+
 #undef QATTN_ACC4
 #undef QATTN_ACC32
 #undef QATTN_ACC64
+#undef QATTN_IACC4
+#undef QATTN_IACC32
+#undef QATTN_IACC64
 #undef QATTN_REGS32
 #undef QATTN_REGS64
 
@@ -212,6 +296,34 @@ __device__ __forceinline__ void product_rs(float (&acc)[1][kNTiles][4],
   acc_to_a(a, w);
   issue_rs(acc, a, b);
   wait_for<0>(acc, a);
+}
+
+// The int8 products, issued like issue_ss / issue_rs; acc holds biased s32 sums
+// (int8_operands.cuh) and is added to. acc (64, N) += rows [row0, row0 + 64) of
+// a times bᵀ over the tiles' row bytes (S = Q̂ K̂ᵀ, dP = dÔ V̂ᵀ and the transposes).
+template <int kNTiles, int kRowsA, int kRowsB, int kRowBytes>
+__device__ __forceinline__ void issue_s8_ss(int (&acc)[1][kNTiles][4], Int8SmemTile<kRowsA, kRowBytes> a,
+                                            int row0, Int8SmemTile<kRowsB, kRowBytes> b) {
+  static_assert(kNTiles * 8 == kRowsB, "B's rows are the output columns");
+  wgmma_fence();
+#pragma unroll
+  for (int ks = 0; ks < kRowBytes / 32; ++ks) mma_s8_ss(acc, desc_k_major(a, row0, ks), desc_k_major(b, 0, ks));
+  wgmma_commit();
+  fence_operands(acc);
+}
+
+// acc (64, N) += a bᵀ, a (64, 32 kKSteps) s8 A fragments of the calling
+// warpgroup (they must stay untouched until the wait), bt (N, 32 kKSteps) the
+// transposed B (O += P̂ V̂ with bt = V̂ᵀ, and the other products over T).
+template <int kNTiles, int kKSteps, int kRowsB, int kRowBytes>
+__device__ __forceinline__ void issue_s8_rs(int (&acc)[1][kNTiles][4], uint32_t (&a)[1][kKSteps][4],
+                                            Int8SmemTile<kRowsB, kRowBytes> bt) {
+  static_assert(kNTiles * 8 == kRowsB && kKSteps * 32 == kRowBytes);
+  wgmma_fence();
+#pragma unroll
+  for (int ks = 0; ks < kKSteps; ++ks) mma_s8_rs(acc, a[0][ks], desc_k_major(bt, 0, ks));
+  wgmma_commit();
+  fence_operands(acc);
 }
 
 }  // namespace qattn::cuda::flash::sm90

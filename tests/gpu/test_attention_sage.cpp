@@ -11,9 +11,12 @@
 // - the K-interval softmax block (SPEC §4 composition) against the CPU sage
 //   reference with the same block: every calibration x rounding x ste at
 //   K in {4, 16}, d in {64, 128}, T in {64, 1000}, and the other options once;
-// - every tile shape (SageTiles: 4 or 8 warps per kernel) computes the default
-//   shape's outputs bit for bit, plain sage and with the K-interval block, on
-//   shapes with an odd number of 64-row blocks (a 128-row tile half past T);
+// - both forward families (mma.sync everywhere; wgmma with qk = pv = int8 on
+//   Hopper) in every forward check against the CPU reference, and against each
+//   other: same quantised operands and scales, so they agree to fp32 order;
+// - every mma.sync tile shape (SageTiles: 4 or 8 warps per kernel) computes the
+//   default shape's outputs bit for bit, plain sage and with the K-interval block,
+//   on shapes with an odd number of 64-row blocks (a 128-row tile half past T);
 // - options the kernels cannot run are refused with the option's name.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -24,6 +27,7 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "attention/attention.cuh"
@@ -41,10 +45,12 @@ using qattn::BwdGranularity;
 using qattn::Calibration;
 using qattn::KIntervalOptions;
 using qattn::Precision;
+using qattn::SagePrecision;
 using qattn::Rounding;
 using qattn::SageOptions;
 using qattn::Ste;
 using qattn::cuda::AttentionShape;
+using qattn::cuda::FpaKernels;
 using qattn::test::DeviceBuffer;
 using bf16 = __nv_bfloat16;
 
@@ -142,15 +148,50 @@ struct AttentionBuffers {
   }
 };
 
-// Forward, then backward twice: the two gradients must agree bit for bit.
+// A choice of kernel families for the forward and the dQ kernel.
+struct Family {
+  const char* name;
+  FpaKernels forward, dq;
+};
+// The families that can run sage with these options here: mma.sync, and wgmma
+// (on an sm_90a device and build) for each kernel whose wgmma version runs the
+// options (sage.cuh: forward qk = pv = int8; dQ qk = dq = int8, dp = bf16, rowcol).
+std::vector<Family> families(const SageOptions& opt) {
+  std::vector<Family> out = {{"mma.sync", FpaKernels::mma_sync, FpaKernels::mma_sync}};
+  const SagePrecision& p = opt.precision;
+  const bool forward = p.qk == Precision::int8 && p.pv == Precision::int8;
+  const bool dq = p.qk == Precision::int8 && p.dq == Precision::int8 && p.dp == Precision::bf16 &&
+                  opt.bwd_granularity == BwdGranularity::rowcol;
+  if (!forward && !dq) return out;
+  if (!qattn::cuda::fpa_wgmma_available()) {
+    std::printf("sage: no sm_90a device or build, the wgmma kernels are not checked\n");
+    return out;
+  }
+  out.push_back({forward && dq ? "wgmma" : forward ? "wgmma fwd" : "wgmma dq",
+                 forward ? FpaKernels::wgmma : FpaKernels::mma_sync, dq ? FpaKernels::wgmma : FpaKernels::mma_sync});
+  return out;
+}
+
+// Forward, then backward twice: the two gradients must agree bit for bit. Sage
+// runs on the given families (null: as attention_forward picks them).
 GpuRun run_gpu(const AttentionConfig& cfg, const AttentionShape& s, const std::vector<bf16>& qkv,
-               const std::vector<bf16>& dout) {
+               const std::vector<bf16>& dout, const Family* family = nullptr) {
   AttentionBuffers b(cfg, s, qkv, dout);
-  qattn::cuda::attention_forward(cfg, s, b.qkv.get(), b.o.get(), b.stats.get(), b.work.get(), nullptr);
+  qattn::cuda::SageTiles tiles = qattn::cuda::sage_default_tiles(s.d);
+  if (family) tiles.forward_kernels = family->forward, tiles.dq_kernels = family->dq;
+  if (cfg.kind == AttentionKind::sage) {
+    qattn::cuda::sage_forward(cfg.sage, s, b.qkv.get(), b.o.get(), b.stats.get(), b.work.get(), nullptr, tiles);
+  } else {
+    qattn::cuda::attention_forward(cfg, s, b.qkv.get(), b.o.get(), b.stats.get(), b.work.get(), nullptr);
+  }
   auto backward = [&] {
     b.dqkv.poison();
-    qattn::cuda::attention_backward(cfg, s, b.qkv.get(), b.o.get(), b.dout.get(), b.stats.get(), b.dqkv.get(),
-                                    b.work.get(), nullptr);
+    if (cfg.kind == AttentionKind::sage)
+      qattn::cuda::sage_backward(cfg.sage, s, b.qkv.get(), b.o.get(), b.dout.get(), b.stats.get(), b.dqkv.get(),
+                                 b.work.get(), nullptr, tiles);
+    else
+      qattn::cuda::attention_backward(cfg, s, b.qkv.get(), b.o.get(), b.dout.get(), b.stats.get(), b.dqkv.get(),
+                                      b.work.get(), nullptr);
     return b.dqkv.download();
   };
   GpuRun r{b.o.download(), backward()};
@@ -311,31 +352,35 @@ TEST_CASE("sage on the GPU matches the CPU sage reference, forward and backward"
                         {"no smoothing", no_smoothing}};
   // The default on every shape (one tile, tail tiles, two batches); the other
   // option sets on a tail shape per head dim (the fp64 reference is the cost).
-  const std::vector<AttentionShape> all_shapes{{1, 2, 64, 64}, {1, 2, 1000, 64}, {1, 2, 1000, 128}, {2, 1, 1024, 128}};
+  // T = 65 and 1000: tail tiles (neither a multiple of 64 nor of 128).
+  const std::vector<AttentionShape> all_shapes{{1, 2, 64, 64},    {1, 2, 1000, 64},  {1, 3, 65, 128},
+                                               {1, 2, 1000, 128}, {2, 1, 1024, 128}};
   const std::vector<AttentionShape> few_shapes{{1, 2, 1000, 64}, {1, 1, 1000, 128}};
   for (const Case& c : cases)
-    for (const AttentionShape& s : &c == &cases[0] ? all_shapes : few_shapes) {
-      const AttentionConfig cfg = sage_config(c.opt);
-      const std::vector<bf16> qkv = random_qkv(s, 1.0f, 0.3f), dout = random_heads(s);
-      const GpuRun run = run_gpu(cfg, s, qkv, dout);
-      std::vector<qattn::cuda::AttentionErrorSums> per_head(s.B * s.H);
+    for (const AttentionShape& s : &c == &cases[0] ? all_shapes : few_shapes)
+      for (const Family& family : families(c.opt)) {
+        const AttentionConfig cfg = sage_config(c.opt);
+        const std::vector<bf16> qkv = random_qkv(s, 1.0f, 0.3f), dout = random_heads(s);
+        const GpuRun run = run_gpu(cfg, s, qkv, dout, &family);
+        std::vector<qattn::cuda::AttentionErrorSums> per_head(s.B * s.H);
 #pragma omp parallel for schedule(dynamic)
-      for (int bh = 0; bh < s.B * s.H; ++bh)
-        per_head[bh] = qattn::cuda::compare_head_with_cpu(cfg, s, bh / s.H, bh % s.H, qkv, dout, run.o,
-                                                          run.dqkv, nullptr);
-      qattn::cuda::AttentionErrorSums sums;
-      for (const auto& e : per_head) sums.add(e);
-      const auto e = qattn::cuda::relative_errors(sums);
-      std::printf("sage vs CPU sage  %-16s B=%d H=%d T=%4d d=%3d  rel L2: o %.2e  dq %.2e  dk %.2e  dv %.2e\n",
-                  c.name, s.B, s.H, s.T, s.d, e.o, e.dq, e.dk, e.dv);
-      INFO(c.name << " B=" << s.B << " H=" << s.H << " T=" << s.T << " d=" << s.d);
-      // bf16 outputs (~3e-3) plus int8 levels that flip where fp32 and fp64
-      // straddle a .5 (measured in three H200 runs: O <= 3.8e-3, dQ/dK/dV <= 5.8e-3).
-      CHECK(e.o < 1e-2);
-      CHECK(e.dq < 2e-2);
-      CHECK(e.dk < 2e-2);
-      CHECK(e.dv < 2e-2);
-    }
+        for (int bh = 0; bh < s.B * s.H; ++bh)
+          per_head[bh] = qattn::cuda::compare_head_with_cpu(cfg, s, bh / s.H, bh % s.H, qkv, dout, run.o,
+                                                            run.dqkv, nullptr);
+        qattn::cuda::AttentionErrorSums sums;
+        for (const auto& e : per_head) sums.add(e);
+        const auto e = qattn::cuda::relative_errors(sums);
+        std::printf("sage vs CPU sage  %-16s %-9s B=%d H=%d T=%4d d=%3d  rel L2: o %.2e  dq %.2e  dk %.2e  "
+                    "dv %.2e\n",
+                    c.name, family.name, s.B, s.H, s.T, s.d, e.o, e.dq, e.dk, e.dv);
+        INFO(c.name << " " << family.name << " B=" << s.B << " H=" << s.H << " T=" << s.T << " d=" << s.d);
+        // bf16 outputs (~3e-3) plus int8 levels that flip where fp32 and fp64
+        // straddle a .5 (measured in three H200 runs: O <= 3.8e-3, dQ/dK/dV <= 5.8e-3).
+        CHECK(e.o < 1e-2);
+        CHECK(e.dq < 2e-2);
+        CHECK(e.dk < 2e-2);
+        CHECK(e.dv < 2e-2);
+      }
 }
 
 namespace {
@@ -364,6 +409,7 @@ TEST_CASE("sage with the K-interval softmax block matches the CPU sage reference
   struct Case {
     AttentionConfig cfg;
     AttentionShape s;
+    Family family{"", FpaKernels::mma_sync, FpaKernels::mma_sync};
     std::vector<bf16> qkv, dout;
     GpuRun run;
     qattn::cuda::AttentionErrors e;
@@ -379,7 +425,7 @@ TEST_CASE("sage with the K-interval softmax block matches the CPU sage reference
           for (const AttentionShape& s : shapes) {
             KIntervalOptions k;
             k.K = K, k.calibration = cal, k.rounding = rounding, k.ste = ste;
-            cases.push_back({composed_config(k), s, {}, {}, {}, {}});
+            cases.push_back({composed_config(k), s});
           }
   // The remaining options once each, on a tail shape; fwm + nearest + weight,
   // where the window mask and the path through m both act.
@@ -399,14 +445,22 @@ TEST_CASE("sage with the K-interval softmax block matches the CPU sage reference
        {composed_config(detach), composed_config(mask), composed_config(fwm_weight, dp_int8),
         composed_config(minmax_lerp, dp_int8), composed_config(fwm_weight, tile), composed_config(minmax_lerp, tile),
         composed_config(minmax_lerp, smooth_q)})
-    cases.push_back({cfg, tail, {}, {}, {}, {}});
+    cases.push_back({cfg, tail});
+  // Each case on every family.
+  std::vector<Case> per_family;
+  for (const Case& c : cases)
+    for (const Family& family : families(c.cfg.sage)) {
+      per_family.push_back(c);
+      per_family.back().family = family;
+    }
+  cases = std::move(per_family);
 
   // Scores of standard deviation ~2 (Q, K ~ N(0, 1.5²)): fwm's 8-nat window cuts
   // keys off. Grid-exact Q, K, V: both sides quantise them to the same levels.
   for (Case& c : cases) {
     c.qkv = grid_exact_qkv(c.s, 1.5f);
     c.dout = random_heads(c.s);
-    c.run = run_gpu(c.cfg, c.s, c.qkv, c.dout);
+    c.run = run_gpu(c.cfg, c.s, c.qkv, c.dout, &c.family);
   }
 #pragma omp parallel for schedule(dynamic)
   for (size_t i = 0; i < cases.size(); ++i) {
@@ -418,9 +472,9 @@ TEST_CASE("sage with the K-interval softmax block matches the CPU sage reference
     c.e = qattn::cuda::relative_errors(sums);
   }
   for (const Case& c : cases) {
-    std::printf("sage+kinterval vs CPU  %-62s rel L2: o %.2e  dq %.2e  dk %.2e  dv %.2e\n",
-                describe(c.cfg, c.s).c_str(), c.e.o, c.e.dq, c.e.dk, c.e.dv);
-    INFO(describe(c.cfg, c.s));
+    std::printf("sage+kinterval vs CPU  %-62s %-8s rel L2: o %.2e  dq %.2e  dk %.2e  dv %.2e\n",
+                describe(c.cfg, c.s).c_str(), c.family.name, c.e.o, c.e.dq, c.e.dk, c.e.dv);
+    INFO(describe(c.cfg, c.s) << " " << c.family.name);
     // Grid-exact inputs: Q, K, V quantise to the same levels on both sides, so
     // what is left is bf16 outputs and the P̃ / dS levels (measured <= 2.2e-3 in
     // two H200 runs, 2026-11-29): 1e-2 for all four, tighter than plain sage's
@@ -596,6 +650,115 @@ TEST_CASE("sage causality: how far future tokens move past outputs (SPEC 3 known
 
 namespace {
 
+// Forward on one family, then (from the mma.sync forward's O and statistics,
+// so that only the dQ kernel differs) the backward with the dQ kernel on another.
+struct FamilyRun {
+  std::vector<bf16> o, dqkv;
+  std::vector<float> stats;
+};
+FamilyRun run_families(const AttentionConfig& cfg, const AttentionShape& s, const std::vector<bf16>& qkv,
+                       const std::vector<bf16>& dout, FpaKernels family) {
+  AttentionBuffers b(cfg, s, qkv, dout);
+  qattn::cuda::SageTiles tiles = qattn::cuda::sage_default_tiles(s.d);
+  tiles.forward_kernels = family;
+  qattn::cuda::sage_forward(cfg.sage, s, b.qkv.get(), b.o.get(), b.stats.get(), b.work.get(), nullptr, tiles);
+  FamilyRun r{b.o.download(), {}, b.stats.download()};
+  tiles.forward_kernels = FpaKernels::mma_sync;
+  qattn::cuda::sage_forward(cfg.sage, s, b.qkv.get(), b.o.get(), b.stats.get(), b.work.get(), nullptr, tiles);
+  tiles.dq_kernels = family;
+  qattn::cuda::sage_backward(cfg.sage, s, b.qkv.get(), b.o.get(), b.dout.get(), b.stats.get(), b.dqkv.get(),
+                             b.work.get(), nullptr, tiles);
+  r.dqkv = b.dqkv.download();
+  return r;
+}
+
+// How far y is from x: rel L2, max |difference| (inf with a NaN in y), elements with the same bits.
+struct Difference {
+  double rel, worst;
+  size_t same;
+};
+template <typename T>
+Difference difference(const std::vector<T>& x, const std::vector<T>& y, size_t first, size_t stride, size_t count) {
+  Difference d{0, 0, 0};
+  double ref = 0;
+  for (size_t i = first; i < x.size(); i += stride)
+    for (size_t k = i; k < i + count; ++k) {
+      const double a = static_cast<float>(x[k]), b = static_cast<float>(y[k]);
+      d.rel += (a - b) * (a - b), ref += a * a;
+      d.worst = std::isnan(b) || std::isnan(d.worst) ? NAN : std::max(d.worst, std::abs(a - b));
+      d.same += std::memcmp(&x[k], &y[k], sizeof(T)) == 0;
+    }
+  d.rel = std::sqrt(d.rel / ref);
+  return d;
+}
+
+}  // namespace
+
+// The two families read the same quantised operands and scales and share the
+// arithmetic after each int8 sum (exact in int32 on both), so their forwards
+// agree to fp32 rounding: a P̃ level that a one-ulp difference moves across a .5
+// changes O by one level of P̂ (~1/127 of one weight). Their dQ differ also by
+// the order of dP's fp32 sums (bf16 products), which moves dŜ levels alike. A
+// wrong fragment layout, swizzle or mask would differ by O(1). Tail tiles (65,
+// 1000), an odd number of blocks (192: the second warpgroup of the last tile
+// past T), both head dims, smooth_q and the K-interval block (whose dQ kernel
+// also writes the row terms the dK/dV kernel reads: dK, dV are compared too).
+TEST_CASE("sage: the wgmma and mma.sync families agree, forward and dQ", "[sage][sage-wgmma][sage-kinterval]") {
+  if (!qattn::cuda::fpa_wgmma_available()) {
+    std::printf("sage: no sm_90a device or build, the wgmma kernels are not checked\n");
+    return;
+  }
+  SageOptions smooth_q, no_smoothing;
+  smooth_q.smooth_q = true;
+  no_smoothing.smooth_k = false;
+  KIntervalOptions minmax_lerp, fwm_weight, prob;
+  minmax_lerp.K = 4;
+  fwm_weight.K = 16, fwm_weight.calibration = Calibration::fwm, fwm_weight.rounding = Rounding::nearest;
+  fwm_weight.ste = Ste::weight;
+  prob.rounding = Rounding::nearest, prob.ste = Ste::prob;
+  struct Case {
+    const char* name;
+    AttentionConfig cfg;
+  };
+  const Case cases[] = {{"default", sage_config()},
+                        {"smooth_q", sage_config(smooth_q)},
+                        {"no smoothing", sage_config(no_smoothing)},
+                        {"kinterval minmax lerp", composed_config(minmax_lerp)},
+                        {"kinterval fwm nearest weight, smooth_q", composed_config(fwm_weight, smooth_q)},
+                        {"kinterval prob ste", composed_config(prob)}};
+  for (const Case& c : cases)
+    for (const AttentionShape& s :
+         {AttentionShape{1, 2, 64, 64}, AttentionShape{1, 3, 65, 64}, AttentionShape{2, 2, 1000, 64},
+          AttentionShape{1, 2, 192, 64}, AttentionShape{1, 3, 65, 128}, AttentionShape{2, 2, 1000, 128},
+          AttentionShape{1, 2, 192, 128}, AttentionShape{1, 2, 4096, 128}}) {
+      const std::vector<bf16> qkv = random_qkv(s, 1.5f, 0.3f), dout = random_heads(s);
+      const FamilyRun mma = run_families(c.cfg, s, qkv, dout, FpaKernels::mma_sync);
+      const FamilyRun wg = run_families(c.cfg, s, qkv, dout, FpaKernels::wgmma);
+      const size_t hd = static_cast<size_t>(s.H) * s.d;
+      const Difference o = difference(mma.o, wg.o, 0, 1, 1);
+      const Difference slot[3] = {difference(mma.dqkv, wg.dqkv, 0, 3 * hd, hd),
+                                  difference(mma.dqkv, wg.dqkv, hd, 3 * hd, hd),
+                                  difference(mma.dqkv, wg.dqkv, 2 * hd, 3 * hd, hd)};
+      size_t stats_off = 0;
+      for (size_t i = 0; i < mma.stats.size(); ++i) {
+        const float x = mma.stats[i], y = wg.stats[i];
+        stats_off += std::memcmp(&x, &y, sizeof(float)) != 0 &&
+                     !(std::abs(x - y) <= 1e-4f * std::max({1.0f, std::abs(x), std::abs(y)}));
+      }
+      std::printf("sage wgmma vs mma.sync  %-40s (B,H,T,d)=(%d,%d,%4d,%3d): same bits O %zu/%zu dQ %zu/%zu; rel L2 "
+                  "O %.1e dQ %.1e dK %.1e dV %.1e; max |diff| O %.1e dQ %.1e; stats off by > 1e-4: %zu\n",
+                  c.name, s.B, s.H, s.T, s.d, o.same, mma.o.size(), slot[0].same, mma.o.size(), o.rel, slot[0].rel,
+                  slot[1].rel, slot[2].rel, o.worst, slot[0].worst, stats_off);
+      INFO(c.name << " (B,H,T,d)=(" << s.B << "," << s.H << "," << s.T << "," << s.d << ")");
+      CHECK(o.rel < 1e-3);
+      CHECK(o.worst < 2e-2);
+      CHECK(stats_off == 0);
+      for (const Difference& g : slot) CHECK(g.rel < 2e-3);
+    }
+}
+
+namespace {
+
 // Forward and backward with the given tile shape; outputs, statistics and
 // workspace poisoned with NaN first.
 struct TileRun {
@@ -605,9 +768,11 @@ struct TileRun {
 TileRun run_tiles(const AttentionConfig& cfg, const AttentionShape& s, const std::vector<bf16>& qkv,
                   const std::vector<bf16>& dout, const qattn::cuda::SageTiles& tiles) {
   AttentionBuffers b(cfg, s, qkv, dout);
-  qattn::cuda::sage_forward(cfg.sage, s, b.qkv.get(), b.o.get(), b.stats.get(), b.work.get(), nullptr, tiles);
+  qattn::cuda::SageTiles mma_sync = tiles;  // the shapes are the mma.sync kernels'
+  mma_sync.forward_kernels = mma_sync.dq_kernels = FpaKernels::mma_sync;
+  qattn::cuda::sage_forward(cfg.sage, s, b.qkv.get(), b.o.get(), b.stats.get(), b.work.get(), nullptr, mma_sync);
   qattn::cuda::sage_backward(cfg.sage, s, b.qkv.get(), b.o.get(), b.dout.get(), b.stats.get(), b.dqkv.get(),
-                             b.work.get(), nullptr, tiles);
+                             b.work.get(), nullptr, mma_sync);
   return {b.o.download(), b.dqkv.download(), b.stats.download()};
 }
 
@@ -680,4 +845,20 @@ TEST_CASE("sage kernels refuse what they cannot run, naming the option", "[sage]
   CHECK_THROWS_WITH(qattn::cuda::sage_forward(SageOptions{}, s, nullptr, nullptr, nullptr, nullptr, nullptr,
                                               qattn::cuda::SageTiles{4, 4, 6}),
                     Catch::Contains("SageTiles.dkdv = 6 warps (allowed: 4, 8)"));
+  SageOptions pv_bf16;
+  pv_bf16.precision.pv = Precision::bf16;
+  DeviceBuffer<unsigned char> work(qattn::cuda::sage_workspace_bytes(pv_bf16, s));
+  CHECK_THROWS_WITH(qattn::cuda::sage_forward(pv_bf16, s, nullptr, nullptr, nullptr, work.get(), nullptr,
+                                              qattn::cuda::SageTiles{4, 4, 8, FpaKernels::wgmma}),
+                    Catch::Contains("forward_kernels = wgmma: the wgmma kernel runs only "
+                                    "attention.sage.precision.qk = pv = int8 (got qk = int8, pv = bf16)"));
+  SageOptions tile;
+  tile.bwd_granularity = BwdGranularity::tile;
+  qattn::cuda::SageTiles dq_wgmma = qattn::cuda::sage_default_tiles(s.d);
+  dq_wgmma.dq_kernels = FpaKernels::wgmma;
+  CHECK_THROWS_WITH(qattn::cuda::sage_backward(tile, s, nullptr, nullptr, nullptr, nullptr, nullptr, work.get(),
+                                               nullptr, dq_wgmma),
+                    Catch::Contains("dq_kernels = wgmma: the wgmma kernel runs only attention.sage.precision.qk "
+                                    "= dq = int8, dp = bf16, bwd_granularity rowcol (got qk = int8, dq = int8, dp "
+                                    "= bf16, bwd_granularity tile)"));
 }

@@ -1,0 +1,173 @@
+// SageBwd's dQ (SPEC §3 backward) on Hopper (sm_90a), as sage_forward_sm90.cuh
+// does the forward: qk = dq = int8 with dp = bf16 (the defaults) and ψ per row
+// (bwd_granularity rowcol); sage.cu's mma.sync kernel runs every other
+// combination. Both share the softmax policies' backward (sage_softmax.cuh:
+// load_rows, score_grads, the K-interval row sweep) and the int8 helpers.
+//
+// A block: two consumer warpgroups of 64 query rows and a producer warpgroup
+// whose one thread copies by TMA Q̂ (int8) and dO (bf16), resident, then per
+// 64-key step K̂ (64, d), V (64, d) bf16 and K̂ᵀ (d, 64) into a two-stage ring.
+// Per warpgroup and key block j up to the diagonal:
+//   S = Q̂ K̂ᵀ (s32, wgmma ss) · s_Q s_K (+ smooth_q bias); dP = dO Vᵀ (bf16
+//   wgmma ss, fp32) issued before S is waited for; dS = policy(S, dP) masked;
+//   dŜ quantised per row into s8 A fragments; dQ += dŜ K̂ · s_dS s_K (s32
+//   wgmma rs into a fresh accumulator, B = K̂ᵀ, K-major along the permuted keys)
+// and at the end dQ·c into the q slot of dqkv. With the K-interval block a
+// first pass over (K̂, V) sweeps each row's terms and writes them for the dK/dV
+// kernel, as the mma.sync kernel does.
+#pragma once
+#include "attention/feeds.cuh"
+#include "attention/int8_operands.cuh"
+#include "attention/quant.cuh"
+#include "attention/sage_forward_sm90.cuh"  // kSm90Rows
+#include "attention/sage_softmax.cuh"
+
+namespace qattn::cuda::sage {
+
+struct SageDqSm90Params {
+  SageWorkspace ws;
+  const float* stats;      // (B, H, T, Softmax::kStatFloats) saved by the forward
+  float* row_terms;        // (B, H, Tp, Softmax::kTermFloats): δ, or the K-interval sweep's terms (written)
+  bf16* dqkv;              // (B, T, 3, H, d): the q slot is written
+  SoftmaxOptions softmax;  // the K-interval block's
+  int B, H, T;
+  float c;                 // 1 / sqrt(d)
+  bool smooth_q;
+  CUtensorMap q, k;        // Q̂, K̂ (B·H·Tp, d) int8, boxes (64, d)
+  CUtensorMap kt;          // K̂ᵀ (B·H·d, Tp) int8, boxes (64, 64)
+  CUtensorMap dout, v;     // bf16(dO), bf16(V) (B·H·Tp, d), boxes (64, 64)
+};
+
+// Shared memory: Q̂ (128, d) | dO (128, d) bf16 | 2 x [K̂ (64, d) | V (64, d) bf16 |
+// K̂ᵀ (d, 64)] | dQ (128, d) bf16 | barriers; every tile at a multiple of 1024 bytes.
+template <int D>
+struct SageDqSm90Layout {
+  static constexpr int kStage = kSageBlock * D + kSageBlock * D * 2 + D * kSageBlock;
+  static constexpr int kQ = 0, kDo = kSm90Rows * D, kStages = kDo + kSm90Rows * D * 2;
+  static constexpr int kK = 0, kV = kSageBlock * D, kKt = kV + kSageBlock * D * 2;  // within a stage
+  static constexpr int kDq = kStages + 2 * kStage;
+  static constexpr int kBarriers = kDq + kSm90Rows * D * 2;
+  static constexpr int kBytes = kBarriers + flash::TmaFeed<256, false>::kBarrierBytes;
+  static_assert(kDo % 1024 == 0 && kStages % 1024 == 0 && kStage % 1024 == 0 && kKt % 1024 == 0);
+};
+
+// Grid (ceil(blocks / 2), B·H); the heaviest (last) query tiles start first.
+template <int D, class Softmax>
+__global__ void __launch_bounds__(flash::sm90::block_threads<2>(), 1)
+    sage_dq_sm90_kernel(const __grid_constant__ SageDqSm90Params params) {
+#if QATTN_SM90A_DEVICE
+  using namespace flash;
+  using namespace flash::sm90;
+  using Layout = SageDqSm90Layout<D>;
+  using Feed = TmaFeed<256, false>;
+  constexpr int kKeys = kSageBlock, kNTiles = kKeys / 8;  // keys per step: one quantisation block
+  const SageDqSm90Params& p = params;
+  const SageWorkspace& ws = p.ws;
+  extern __shared__ __align__(1024) unsigned char smem[];
+  const Int8SmemTile<kSm90Rows, D> q_tile{reinterpret_cast<int8_t*>(smem + Layout::kQ)};  // (128, d)
+  const SmemTile<kSm90Rows, D> do_tile{reinterpret_cast<bf16*>(smem + Layout::kDo)};      // (128, d)
+  auto stage = [&](int s) { return smem + Layout::kStages + s * Layout::kStage; };
+  auto k_tile = [&](int s) { return Int8SmemTile<kKeys, D>{reinterpret_cast<int8_t*>(stage(s) + Layout::kK)}; };
+  auto v_tile = [&](int s) { return SmemTile<kKeys, D>{reinterpret_cast<bf16*>(stage(s) + Layout::kV)}; };
+  auto kt_tile = [&](int s) { return Int8SmemTile<D, kKeys>{reinterpret_cast<int8_t*>(stage(s) + Layout::kKt)}; };
+  const SmemTile<kSm90Rows, D> dq_tile{reinterpret_cast<bf16*>(smem + Layout::kDq)};  // (128, d)
+
+  const int q_tile_index = gridDim.x - 1 - blockIdx.x, bh = blockIdx.y, b = bh / p.H, h = bh % p.H;
+  const int q0 = q_tile_index * kSm90Rows;
+  const int key_blocks = min(ws.blocks, (q0 + kSm90Rows - 1) / kKeys + 1);  // up to the tile's diagonal
+  const int head_row0 = bh * ws.Tp;  // the head's first row in the workspace copies
+  // The resident tiles' second 64 rows past the head's last block read the next
+  // head's rows (or zeros past the tensor): finite, never stored.
+  auto resident = [&](auto& to) {
+    to.tile(q_tile, Int8TileSource{&p.q, head_row0 + q0, 0});
+    to.tile(do_tile, TileSource{nullptr, &p.dout, D, head_row0 + q0, 0, 0});
+  };
+  auto scores = [&](int j, int s, auto& to) {  // what S and dP read
+    to.tile(k_tile(s), Int8TileSource{&p.k, head_row0 + j * kKeys, 0});
+    to.tile(v_tile(s), TileSource{nullptr, &p.v, D, head_row0 + j * kKeys, 0, 0});
+  };
+  auto keys = [&](int j, int s, auto& to) {
+    scores(j, s, to);
+    to.tile(kt_tile(s), Int8TileSource{&p.kt, bh * D, j * kKeys});
+  };
+
+  Feed feed(smem + Layout::kBarriers);
+  if (feed.producer()) {
+    if constexpr (Softmax::kRowPass)
+      feed.produce(resident, steps(0, key_blocks, scores), steps(0, key_blocks, keys));
+    else
+      feed.produce(resident, steps(0, key_blocks, keys));
+    return;
+  }
+  feed.consumer_start();
+
+  const int wg_row0 = warpgroup_row0();      // the warpgroup's first row in the tile
+  const int wg_first = q0 + wg_row0;         // and its first query
+  const int first_row = q0 + warp_row0();    // the warp's first query
+  // The warpgroup's quantisation block (a block past the last: the last, as sage.cu).
+  const int q_block = min(wg_first / kSageBlock, ws.blocks - 1);
+  const size_t scale0 = static_cast<size_t>(bh) * ws.blocks;
+  const float s_q = ws.q.scale[scale0 + q_block];
+  const float* scale_k = ws.k.scale + scale0;
+  const float* bias = p.smooth_q ? ws.query_bias + (scale0 + q_block) * ws.Tp : nullptr;
+  float* terms = p.row_terms + static_cast<size_t>(bh) * ws.Tp * Softmax::kTermFloats;  // (Tp, kTerm)
+  const Softmax softmax(p.softmax);
+  typename Softmax::Row rows[2];  // with a row sweep the terms are made below
+  load_rows<Softmax>(rows, p.stats + static_cast<size_t>(bh) * p.T * Softmax::kStatFloats, terms, first_row, p.T);
+
+  // Key block j holds a key some row of the warpgroup sees (uniform over the
+  // warpgroup); a warp whose rows all precede it gets dS = 0: nothing added.
+  auto sees = [&](int j) { return wg_first < p.T && j * kKeys <= wg_first + kWarpgroupRows - 1; };
+  // score, dp (64 queries, 64 keys; this warp's 16 rows) = S and dP of key block j.
+  auto scores_and_dp = [&](float (&score)[1][kNTiles][4], float (&dp)[1][kNTiles][4], int j, int s) {
+    int sum[1][kNTiles][4];
+    biased_zero(sum[0]);
+    issue_s8_ss(sum, q_tile, wg_row0, k_tile(s));
+    issue_ss(dp, do_tile, wg_row0, v_tile(s));  // runs while S is converted
+    wait_for<1>(sum);
+    biased_to_scores<D>(score, sum[0], s_q * scale_k[j]);
+    add_key_bias(score, bias, j * kKeys);  // score_grads and the sweep mask
+    wait_for<0>(dp);
+  };
+
+  if constexpr (Softmax::kRowPass) {  // the row terms, before any dS is quantised
+    typename Softmax::RowSums sums[2];
+    feed.consume(0, key_blocks, scores, [&](int j, int s) {
+      if (!sees(j)) return;
+      float score[1][kNTiles][4], dp[1][kNTiles][4];
+      scores_and_dp(score, dp, j, s);
+      softmax.sweep(sums, score, dp, rows, j * kKeys, first_row, p.T);
+    });
+    softmax.make_terms(rows, sums, terms, first_row, p.T, ws.Tp);
+  }
+
+  float dq_acc[1][D / 8][4];  // (64, d) rows of dQ of the warpgroup; this warp's 16
+  zero(dq_acc);
+  feed.consume(0, key_blocks, keys, [&](int j, int s) {
+    if (!sees(j)) return;
+    float score[1][kNTiles][4], dp[1][kNTiles][4];  // S, dP
+    scores_and_dp(score, dp, j, s);
+    float w[1][kNTiles][4];  // dS
+    score_grads(w, score, dp, softmax, rows, j * kKeys, first_row, p.T);
+    float s_ds[2], inv_s_ds[2];  // ψ's scale of each of the thread's two rows
+    weight_scales<1>(w, false, nullptr, s_ds, inv_s_ds);
+    uint32_t ds_hat[1][kNTiles / 4][4];  // dŜ (64, 64) s8 A fragments over the permuted keys
+    pack_weights(ds_hat[0], w, inv_s_ds);
+    int dq[1][D / 8][4];  // (64, d) dŜ K̂, s32
+    biased_zero(dq[0]);
+    issue_s8_rs(dq, ds_hat, kt_tile(s));
+    wait_for<0>(dq, ds_hat);
+    const float row_scale[2] = {s_ds[0] * scale_k[j], s_ds[1] * scale_k[j]};
+#pragma unroll
+    for (int dt = 0; dt < D / 8; ++dt) add_biased<kKeys>(dq_acc[0][dt], dq[0][dt], row_scale);
+  });
+
+  store_acc(dq_tile, dq_acc, warp_row0(), p.c);
+  feed.sync();
+  const size_t ld = static_cast<size_t>(3) * p.H * D;
+  store_tile<256>(dq_tile, p.dqkv + (static_cast<size_t>(b) * p.T + q0) * ld + static_cast<size_t>(h) * D, ld,
+                  p.T - q0);
+#endif
+}
+
+}  // namespace qattn::cuda::sage

@@ -1,0 +1,161 @@
+// SageBwd's forward (SPEC §3) on Hopper (sm_90a): the int8 products on wgmma,
+// the tiles by TMA through TmaFeed (feeds.cuh), for qk = pv = int8 (the
+// default). sage.cu's mma.sync kernel runs every other precision and the
+// devices without sm_90a; both use the same helpers (int8_operands.cuh for the
+// int8 sums, ψ of the weights and their fragments; sage_softmax.cuh for the
+// bias, the mask and the softmax policies), so that for the same quantised
+// operands they compute the same numbers in the same order.
+//
+// A block: two consumer warpgroups of 64 query rows (128 rows, two
+// quantisation blocks; each warpgroup's rows lie in one, so its S has one
+// scale s_Q·s_K) and a producer warpgroup whose one thread copies, from the
+// pre-pass's workspace, Q̂ (resident) and per 64-key step K̂ (64, d) and V̂ᵀ
+// (d, 64) (T permuted, kPermuted) into a two-stage ring. Per warpgroup and key
+// block j up to the diagonal:
+//   S = Q̂ K̂ᵀ (s32, wgmma ss) · s_Q s_K (+ smooth_q bias) -> causal mask
+//   -> online softmax (O rescaled) -> P̃ quantised per row (s_P = max|P̃_row| / 127)
+//   into s8 A fragments -> P̂ V̂ (s32, wgmma rs, a fresh accumulator: s32 cannot
+//   be rescaled) -> O += P̂ V̂ · s_P s_V (fp32);
+// then O /= l and L (or, with the K-interval block, a first pass over K̂ for each
+// row's max and min, ŵ for P̃, O /= Ẑ and the RowStats).
+#pragma once
+#include "attention/feeds.cuh"
+#include "attention/int8_operands.cuh"
+#include "attention/quant.cuh"
+#include "attention/sage_softmax.cuh"
+
+namespace qattn::cuda::sage {
+
+constexpr int kSm90Rows = 2 * flash::sm90::kWarpgroupRows;  // query rows per block
+
+struct SageForwardSm90Params {
+  SageWorkspace ws;
+  float* stats;              // (B, H, T, Softmax::kStatFloats): L, or RowStats
+  bf16* o;                   // (B, T, H, d)
+  SoftmaxOptions softmax;    // the K-interval block's
+  int B, H, T;
+  bool smooth_q;
+  CUtensorMap q, k;          // Q̂, K̂ (B·H·Tp, d), boxes (64, d)
+  CUtensorMap vt;            // V̂ᵀ (B·H·d, Tp), boxes (64, 64)
+};
+
+// Shared memory: Q̂ (128, d) | 2 x K̂ (64, d) | 2 x V̂ᵀ (d, 64) | O (128, d) bf16 | barriers.
+// Each int8 tile starts at a multiple of 1024 bytes (its swizzle, tma.cuh).
+template <int D>
+struct SageForwardSm90Layout {
+  static constexpr int kQ = 0, kK = kSm90Rows * D, kVt = kK + 2 * kSageBlock * D, kO = kVt + 2 * D * kSageBlock;
+  static constexpr int kBarriers = kO + kSm90Rows * D * 2;
+  static constexpr int kBytes = kBarriers + flash::TmaFeed<256, false>::kBarrierBytes;
+  static_assert(kK % 1024 == 0 && kVt % 1024 == 0 && kO % 1024 == 0);
+};
+
+// Grid (ceil(blocks / 2), B·H); the heaviest (last) query tiles start first.
+template <int D, class Softmax>
+__global__ void __launch_bounds__(flash::sm90::block_threads<2>(), 1)
+    sage_forward_sm90_kernel(const __grid_constant__ SageForwardSm90Params params) {
+#if QATTN_SM90A_DEVICE
+  using namespace flash;
+  using namespace flash::sm90;
+  using Layout = SageForwardSm90Layout<D>;
+  using Feed = TmaFeed<256, false>;
+  constexpr int kKeys = kSageBlock, kNTiles = kKeys / 8;  // keys per step: one quantisation block
+  const SageForwardSm90Params& p = params;
+  const SageWorkspace& ws = p.ws;
+  extern __shared__ __align__(1024) unsigned char smem[];
+  const Int8SmemTile<kSm90Rows, D> q_tile{reinterpret_cast<int8_t*>(smem + Layout::kQ)};  // (128, d)
+  auto k_tile = [&](int s) {  // (64, d)
+    return Int8SmemTile<kKeys, D>{reinterpret_cast<int8_t*>(smem + Layout::kK) + s * kKeys * D};
+  };
+  auto vt_tile = [&](int s) {  // (d, 64)
+    return Int8SmemTile<D, kKeys>{reinterpret_cast<int8_t*>(smem + Layout::kVt) + s * D * kKeys};
+  };
+  const SmemTile<kSm90Rows, D> o_tile{reinterpret_cast<bf16*>(smem + Layout::kO)};  // (128, d)
+
+  const int q_tile_index = gridDim.x - 1 - blockIdx.x, bh = blockIdx.y, b = bh / p.H, h = bh % p.H;
+  const int q0 = q_tile_index * kSm90Rows;
+  const int key_blocks = min(ws.blocks, (q0 + kSm90Rows - 1) / kKeys + 1);  // up to the tile's diagonal
+  const int head_row0 = bh * ws.Tp;  // the head's first row in the natural copies
+  // Q̂'s second 64 rows past the head's last block read the next head's rows (or
+  // zeros past the tensor): finite, and those rows are never stored.
+  auto resident = [&](auto& to) { to.tile(q_tile, Int8TileSource{&p.q, head_row0 + q0, 0}); };
+  auto keys = [&](int j, int s, auto& to) { to.tile(k_tile(s), Int8TileSource{&p.k, head_row0 + j * kKeys, 0}); };
+  auto keys_values = [&](int j, int s, auto& to) {
+    keys(j, s, to);
+    to.tile(vt_tile(s), Int8TileSource{&p.vt, bh * D, j * kKeys});
+  };
+
+  Feed feed(smem + Layout::kBarriers);
+  if (feed.producer()) {
+    if constexpr (Softmax::kCalibrates)
+      feed.produce(resident, steps(0, key_blocks, keys), steps(0, key_blocks, keys_values));
+    else
+      feed.produce(resident, steps(0, key_blocks, keys_values));
+    return;
+  }
+  feed.consumer_start();
+
+  const int wg_row0 = warpgroup_row0();                 // the warpgroup's first row in the tile
+  const int wg_first = q0 + wg_row0;                    // and its first query
+  const int first_query = q0 + warp_row0();             // the warp's first query
+  // The warpgroup's quantisation block (a block past the last: the last, as sage.cu).
+  const int q_block = min(wg_first / kSageBlock, ws.blocks - 1);
+  const size_t scale0 = static_cast<size_t>(bh) * ws.blocks;
+  const float scale_q = ws.q.scale[scale0 + q_block];
+  const float* scale_k = ws.k.scale + scale0;
+  const float* scale_v = ws.v.scale + scale0;
+  const float* bias = p.smooth_q ? ws.query_bias + (scale0 + q_block) * ws.Tp : nullptr;
+  // Key block j holds a key some row of the warpgroup sees (uniform over the
+  // warpgroup, as wgmma needs); rows past T see none. A warp whose rows all
+  // precede the block gets a fully masked tile: weights 0, O unchanged.
+  auto sees = [&](int j) { return wg_first < p.T && j * kKeys <= wg_first + kWarpgroupRows - 1; };
+  // s (64, 64) = the scores of key block j, masked entries −inf; this warp's 16 rows.
+  auto scores = [&](float (&s)[1][kNTiles][4], int j, int stage) {
+    int sum[1][kNTiles][4];
+    biased_zero(sum[0]);
+    issue_s8_ss(sum, q_tile, wg_row0, k_tile(stage));
+    wait_for<0>(sum);
+    biased_to_scores<D>(s, sum[0], scale_q * scale_k[j]);
+    bias_and_mask(s, bias, j * kKeys, first_query);
+  };
+
+  float o_acc[1][D / 8][4];  // (64, d) rows of O of the warpgroup; this warp's 16
+  zero(o_acc);
+  Softmax softmax(p.softmax);
+  feed.resident(resident);
+  if constexpr (Softmax::kCalibrates) {  // pass 1: each row's max and min, then its grid
+    feed.consume(0, key_blocks, keys, [&](int j, int stage) {
+      if (!sees(j)) return;
+      float s[1][kNTiles][4];
+      scores(s, j, stage);
+      softmax.observe(s, j * kKeys);
+    });
+    softmax.calibrate();
+  }
+  feed.consume(0, key_blocks, keys_values, [&](int j, int stage) {
+    if (!sees(j)) return;
+    float s[1][kNTiles][4];
+    scores(s, j, stage);
+    softmax.update(s, o_acc);  // s now holds P̃ = exp(S − m), or ŵ
+    float s_p[2], inv_s_p[2];  // ψ's scale of each of the thread's two rows
+    weight_scales<1>(s, false, nullptr, s_p, inv_s_p);
+    uint32_t p_hat[1][kNTiles / 4][4];  // P̂ (64, 64) s8 A fragments over the permuted keys
+    pack_weights(p_hat[0], s, inv_s_p);
+    int pv[1][D / 8][4];  // (64, d) P̂ V̂, s32
+    biased_zero(pv[0]);
+    issue_s8_rs(pv, p_hat, vt_tile(stage));
+    wait_for<0>(pv, p_hat);
+    const float row_scale[2] = {s_p[0] * scale_v[j], s_p[1] * scale_v[j]};
+#pragma unroll
+    for (int dt = 0; dt < D / 8; ++dt) add_biased<kKeys>(o_acc[0][dt], pv[0][dt], row_scale);
+  });
+
+  softmax.finalize(o_acc);
+  softmax.store(p.stats + static_cast<size_t>(bh) * p.T * Softmax::kStatFloats, first_query, p.T);
+  store_acc(o_tile, o_acc, warp_row0(), 1.0f);
+  feed.sync();
+  store_tile<256>(o_tile, p.o + (static_cast<size_t>(b) * p.T + q0) * p.H * D + static_cast<size_t>(h) * D,
+                  static_cast<size_t>(p.H) * D, p.T - q0);
+#endif
+}
+
+}  // namespace qattn::cuda::sage
