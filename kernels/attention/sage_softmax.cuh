@@ -21,6 +21,7 @@
 
 #include "attention/kinterval_softmax.cuh"
 #include "attention/online_softmax.cuh"
+#include "attention/tile_mma.cuh"
 
 namespace qattn::cuda::sage {
 
@@ -28,6 +29,7 @@ using flash::fast_exp2;
 using flash::kLn2;
 using flash::kLog2e;
 using flash::row_sum4;
+using flash::with_mask;
 
 // Row (within the warp's 16) and column of accumulator element (nt, e) of a
 // 16x8 tile nt, as tile_mma.cuh lays them out (lane = 4g + t: rows g, g + 8).
@@ -57,16 +59,6 @@ __device__ __forceinline__ void bias_and_mask(float (&s)[1][kNTiles][4], const f
       for (int e = 0; e < 4; ++e)
         if (k0 + frag_col(nt, e) > first_query + frag_row(e)) s[0][nt][e] = -INFINITY;
   }
-}
-
-// Runs body(std::true_type) when every entry of the warp's tile is visible
-// (warp-uniform), so that no per-entry mask is evaluated, else body(std::false_type).
-template <class Body>
-__device__ __forceinline__ void with_mask(bool all_visible, Body&& body) {
-  if (all_visible)
-    body(std::true_type{});
-  else
-    body(std::false_type{});
 }
 
 // The softmax block's options as the kernels use them (unused by ExactSoftmax).
