@@ -45,6 +45,7 @@
 #include "attention/pipeline.cuh"
 #include "attention/quant.cuh"
 #include "attention/sage.cuh"
+#include "attention/sage_dkdv_sm90.cuh"
 #include "attention/sage_forward_sm90.cuh"
 #include "attention/sage_softmax.cuh"
 #include "attention/tile_mma.cuh"
@@ -622,14 +623,52 @@ void forward(const SageParams& p, const SageTiles& tiles, bool on_wgmma, cudaStr
   });
 }
 
+// Whether the dK/dV kernel runs on wgmma (SageTiles::dkdv_kernels, sage.cuh).
+bool dkdv_on_wgmma(const SageParams& p, const SageTiles& tiles) {
+  const bool runs = p.qk8 && p.dv8 && p.dk8 && !p.dp8 && !p.tile_scales;
+  if (tiles.dkdv_kernels == FpaKernels::wgmma && !runs)
+    throw std::invalid_argument(
+        "CUDA attention kind sage: SageTiles.dkdv_kernels = wgmma runs attention.sage.precision.qk = dv = dk = "
+        "int8, dp = bf16 with bwd_granularity rowcol only (got qk = " + std::string(p.qk8 ? "int8" : "bf16") +
+        ", dv = " + (p.dv8 ? "int8" : "bf16") + ", dk = " + (p.dk8 ? "int8" : "bf16") + ", dp = " +
+        (p.dp8 ? "int8" : "bf16") + ", bwd_granularity " + (p.tile_scales ? "tile" : "rowcol") + ")");
+  if (!runs) return false;
+  return resolve_kernels(tiles.dkdv_kernels, "CUDA attention kind sage") == FpaKernels::wgmma;
+}
+
+// The wgmma dK/dV kernel: tensor maps over the pre-pass's int8 and bf16 copies.
+template <int D, class Softmax>
+void dkdv_sm90(const SageParams& p, cudaStream_t stream) {
+  const SageWorkspace& ws = p.ws;
+  const uint64_t heads = static_cast<uint64_t>(p.B) * p.H;
+  SageDkDvSm90Params f{};
+  f.ws = ws;
+  f.stats = p.stats;
+  f.row_terms = p.row_terms;
+  f.dqkv = p.dqkv;
+  f.softmax = p.softmax;
+  f.B = p.B, f.H = p.H, f.T = p.T;
+  f.c = p.c;
+  f.smooth_q = p.smooth_q;
+  f.k = sm90::make_int8_tensor_map(ws.k.i8, heads * ws.Tp, D, D, D);
+  f.q = sm90::make_int8_tensor_map(ws.q.i8, heads * ws.Tp, D, D, D);
+  f.qt = sm90::make_int8_tensor_map(ws.q.i8t, heads * D, ws.Tp, ws.Tp, kTile);
+  f.dot = sm90::make_int8_tensor_map(ws.dout.i8t, heads * D, ws.Tp, ws.Tp, kTile);
+  f.v = sm90::make_tensor_map(ws.v.bf, heads * ws.Tp, D, D);
+  f.dout = sm90::make_tensor_map(ws.dout.bf, heads * ws.Tp, D, D);
+  launch(sage_dkdv_sm90_kernel<D, Softmax>, dim3(ceil_div(ws.blocks, kSm90Rows / kTile), p.B * p.H),
+         sm90::block_threads<2>(), SageDkDvSm90Layout<D, Softmax>::kBytes, stream, f);
+}
+
 // dQ first: with a row sweep it writes the row terms the dK/dV kernel reads.
 template <int D, class Softmax>
-void backward(const SageParams& p, const SageTiles& tiles, cudaStream_t stream) {
+void backward(const SageParams& p, const SageTiles& tiles, bool dkdv_wgmma, cudaStream_t stream) {
   with_warps(tiles.dq, [&](auto warps) {
     using Tr = SageTraits<D, decltype(warps)::value>;
     launch(sage_backward_dq_kernel<Tr, Softmax>, grid_of<Tr>(p), Tr::kThreads, smem_bytes<Tr, 1>(dq_plan<Tr>(p)),
            stream, p);
   });
+  if (dkdv_wgmma) return dkdv_sm90<D, Softmax>(p, stream);
   with_warps(tiles.dkdv, [&](auto warps) {
     using Tr = SageTraits<D, decltype(warps)::value>;
     launch(sage_backward_dkdv_kernel<Tr, Softmax>, grid_of<Tr>(p), Tr::kThreads,
@@ -701,9 +740,10 @@ void sage_backward(const SageOptions& opt, const AttentionShape& s, const bf16* 
   SageParams p = make_params(opt, s, workspace);
   p.stats = stats;
   p.dqkv = dqkv;
+  const bool dkdv_wgmma = dkdv_on_wgmma(p, tiles);
   sage_quantise(opt, s, qkv, o, dout, p.ws, sage_copies(opt, true), stream);
   dispatch(opt, s, [&](auto d, auto softmax) {
-    backward<decltype(d)::value, typename decltype(softmax)::type>(p, tiles, stream);
+    backward<decltype(d)::value, typename decltype(softmax)::type>(p, tiles, dkdv_wgmma, stream);
   });
 }
 

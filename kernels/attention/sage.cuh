@@ -29,10 +29,14 @@ int sage_row_stats(const SageOptions& opt);
 // 64-row warpgroups and a TMA producer; `forward` is not used), else on
 // mma.sync (sage.cu). forward_kernels = mma_sync forces the latter; wgmma
 // forces the former and throws where it cannot run (no sm_90a, other flags).
-// The backward runs on mma.sync.
+// The dK/dV kernel's family is chosen alike (dkdv_kernels): wgmma
+// (sage_dkdv_sm90.cuh) with qk = dv = dk = int8, dp = bf16 and bwd_granularity
+// rowcol (the defaults; `dkdv` is then not used), else mma.sync. The dQ kernel
+// runs on mma.sync.
 struct SageTiles {
   int forward, dq, dkdv;
   FpaKernels forward_kernels = FpaKernels::automatic;
+  FpaKernels dkdv_kernels = FpaKernels::automatic;
 };
 SageTiles sage_default_tiles(int d);
 
