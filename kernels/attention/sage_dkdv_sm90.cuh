@@ -19,10 +19,9 @@
 //   to back; Sᵀ · s_K s_Q (+ smooth_q bias) -> Pᵀ (masked 0) while dPᵀ runs ->
 //   ψ(Pᵀ) per row (per key) into s8 A fragments -> dSᵀ = Pᵀ ∘ (dPᵀ − δ) (the
 //   policy's grad) -> ψ(dSᵀ) per row into s8 A fragments (P and dS in fp32 are
-//   then dead: few registers live during the products over T) ->
-//   per 64 columns of d: dV += P̂ᵀ dÔ · s_P s_dO and dK += dŜᵀ Q̂ · s_dS s_Q
-//   (s32, wgmma rs, B the transposed copies; the dV sum is folded into fp32
-//   while the dK product runs) -> smooth_q: dK += c (dSᵀ 1) μ_Qᵀ.
+//   then dead) -> per 64 columns of d: dV += P̂ᵀ dÔ · s_P s_dO, then dK +=
+//   dŜᵀ Q̂ · s_dS s_Q (s32, wgmma rs, B the transposed copies, folded into the
+//   fp32 accumulators) -> smooth_q: dK += c (dSᵀ 1) μ_Qᵀ.
 #pragma once
 #include "attention/feeds.cuh"
 #include "attention/int8_operands.cuh"
@@ -200,25 +199,38 @@ __global__ void __launch_bounds__(flash::sm90::block_threads<2>(), 1)
       ds_sum[1] = row_sum4(ds_sum[1]);
     }
 
-    // 64 columns of d at a time (s32 partial sums: few registers): dV's sum is
-    // folded while dK's product runs.
+    // dV += P̂ᵀ dÔ · s_P s_dO and dK += dŜᵀ Q̂ · s_dS s_Q, 64 columns of d per
+    // job: one s32 product (B the transposed copy's rows of those columns),
+    // then its sum folded into fp32. The loop stays rolled: ptxas gives every
+    // wgmma of unrolled code accumulator registers of its own, which at d = 128
+    // next to dK and dV in fp32 would spill.
     const float dv_scale[2] = {s_p[0] * s_do, s_p[1] * s_do}, dk_scale[2] = {s_ds[0] * s_q, s_ds[1] * s_q};
     constexpr int kChunk = 64, kChunkTiles = kChunk / 8;
+#pragma unroll 1
+    for (int job = 0; job < 2 * (D / kChunk); ++job) {
+      const bool dv = job % 2 == 0;  // else dK
+      const int chunk = job / 2;
+      uint32_t a[1][kKSteps][4];  // P̂ᵀ or dŜᵀ
 #pragma unroll
-    for (int c = 0; c < D / kChunk; ++c) {
-      const Int8SmemTile<kChunk, kQueries> dot_rows{dot_tile(s).data + c * kChunk * kQueries};  // dÔᵀ rows
-      const Int8SmemTile<kChunk, kQueries> qt_rows{qt_tile(s).data + c * kChunk * kQueries};    // Q̂ᵀ rows
-      int dv_sum[1][kChunkTiles][4], dk_sum[1][kChunkTiles][4];  // (64 keys, 64 columns), biased s32
-      biased_zero(dv_sum[0]);
-      biased_zero(dk_sum[0]);
-      issue_s8_rs(dv_sum, p_hat, dot_rows);
-      issue_s8_rs(dk_sum, ds_hat, qt_rows);
-      wait_for<1>(dv_sum, p_hat);
+      for (int ks = 0; ks < kKSteps; ++ks)
 #pragma unroll
-      for (int dt = 0; dt < kChunkTiles; ++dt) add_biased<kQueries>(dv_acc[0][c * kChunkTiles + dt], dv_sum[0][dt], dv_scale);
-      wait_for<0>(dk_sum, ds_hat);
+        for (int r = 0; r < 4; ++r) a[0][ks][r] = dv ? p_hat[0][ks][r] : ds_hat[0][ks][r];
+      const Int8SmemTile<kChunk, kQueries> bt{(dv ? dot_tile(s) : qt_tile(s)).data + chunk * kChunk * kQueries};
+      int sum[1][kChunkTiles][4];  // (64 keys, 64 columns), biased s32
+      biased_zero(sum[0]);
+      issue_s8_rs(sum, a, bt);
+      wait_for<0>(sum, a);
 #pragma unroll
-      for (int dt = 0; dt < kChunkTiles; ++dt) add_biased<kQueries>(dk_acc[0][c * kChunkTiles + dt], dk_sum[0][dt], dk_scale);
+      for (int c = 0; c < D / kChunk; ++c) {  // constant indices into the accumulators
+        if (c != chunk) continue;
+#pragma unroll
+        for (int dt = 0; dt < kChunkTiles; ++dt) {
+          if (dv)
+            add_biased<kQueries>(dv_acc[0][c * kChunkTiles + dt], sum[0][dt], dv_scale);
+          else
+            add_biased<kQueries>(dk_acc[0][c * kChunkTiles + dt], sum[0][dt], dk_scale);
+        }
+      }
     }
     if (p.smooth_q) {  // dK_j += c (dSᵀ 1) μ_Qiᵀ
       const float* mu_q = ws.query_mean + (scale0 + i) * D;
