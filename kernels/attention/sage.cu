@@ -560,6 +560,11 @@ bool dq_on_wgmma(const SageParams& p, const SageTiles& tiles) {
 }
 
 bool dkdv_on_wgmma(const SageParams& p, const SageTiles& tiles) {
+  // automatic keeps mma.sync here: the wgmma dK/dV kernel runs its dV and dK
+  // products one 64-column slice at a time and measured slower (device call 10,
+  // 2026-11-29: sage backward 5.321 ms against 4.447 with mma.sync dK/dV at
+  // (4, 16, 4096, 128)). wgmma runs it when asked for (tests, tools/sage_tiles.cu).
+  if (tiles.dkdv_kernels == FpaKernels::automatic) return false;
   return on_wgmma(tiles.dkdv_kernels, p.qk8 && p.dv8 && p.dk8 && !p.dp8 && !p.tile_scales, "dkdv_kernels",
                   "attention.sage.precision.qk = dv = dk = int8, dp = bf16, bwd_granularity rowcol (got qk = " +
                       precision_name(p.qk8) + ", dv = " + precision_name(p.dv8) + ", dk = " +
