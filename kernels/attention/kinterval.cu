@@ -241,7 +241,7 @@ __device__ __forceinline__ void forward_block(const Params& p, unsigned char* sm
       }
       if constexpr (kIndices == Indices::both) {
         if (v < l.value) l = {v, key};
-      } else {
+      } else if constexpr (!kFwm) {  // fwm's grid hangs from the max alone
         l.value = fminf(l.value, v);
       }
     });
