@@ -3,7 +3,7 @@
 // quantisation pre-pass, as training runs them) for every SageTiles choice of
 // the mma.sync kernels at the shapes of issue #7, default options, and checks
 // that every choice's outputs equal the default's bit for bit. Then the
-// forward's pre-pass alone, and the forward and the backward with the dQ kernel
+// forward's and the backward's pre-pass alone, and the forward and the backward with the dQ kernel
 // on each family (wgmma where the device and build have it: the default there),
 // with how far the outputs differ from mma.sync's.
 // Random normal inputs, CUDA events, median of 20 runs after 3 warm-ups.
@@ -79,7 +79,9 @@ void sweep(int B, int H, int T, int d) {
   const SageWorkspace parts = sage_workspace(opt, s, ws);
   const float prepass =
       median_ms([&] { sage_quantise(opt, s, qkv, nullptr, nullptr, parts, sage_copies(opt, false), nullptr); });
-  std::printf("  forward pre-pass alone: %7.3f ms\n", prepass);
+  const float bwd_prepass =
+      median_ms([&] { sage_quantise(opt, s, qkv, o, dout, parts, sage_copies(opt, true), nullptr); });
+  std::printf("  pre-pass alone: forward %7.3f ms, backward %7.3f ms\n", prepass, bwd_prepass);
   std::vector<std::pair<FpaKernels, const char*>> families = {{FpaKernels::mma_sync, "mma.sync"}};
   if (fpa_wgmma_available()) families.push_back({FpaKernels::wgmma, "wgmma"});
   auto max_difference = [](const std::vector<bf16>& a, const std::vector<bf16>& b) {
