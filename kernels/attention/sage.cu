@@ -49,6 +49,7 @@
 #include "attention/quant.cuh"
 #include "attention/sage.cuh"
 #include "attention/sage_dq_sm90.cuh"
+#include "attention/sage_dkdv_sm90.cuh"
 #include "attention/sage_forward_sm90.cuh"
 #include "attention/sage_softmax.cuh"
 #include "attention/tile_mma.cuh"
@@ -536,7 +537,7 @@ dim3 grid_of(const SageParams& p) {
   return dim3(ceil_div(p.ws.blocks, Tr::kBlocks), p.B * p.H);
 }
 
-// Whether a kernel runs on wgmma (SageTiles::forward_kernels, dq_kernels; sage.cuh):
+// Whether a kernel runs on wgmma (SageTiles::forward_kernels, dq_kernels, dkdv_kernels; sage.cuh):
 // `requested` where the wgmma kernel can run the options (`supported`), named
 // by `field` and `allowed` when a wgmma request cannot be met.
 bool on_wgmma(FpaKernels requested, bool supported, const char* field, const std::string& allowed) {
@@ -556,6 +557,14 @@ bool dq_on_wgmma(const SageParams& p, const SageTiles& tiles) {
                   "attention.sage.precision.qk = dq = int8, dp = bf16, bwd_granularity rowcol (got qk = " +
                       precision_name(p.qk8) + ", dq = " + precision_name(p.dq8) + ", dp = " +
                       precision_name(p.dp8) + ", bwd_granularity " + (p.tile_scales ? "tile" : "rowcol") + ")");
+}
+
+bool dkdv_on_wgmma(const SageParams& p, const SageTiles& tiles) {
+  return on_wgmma(tiles.dkdv_kernels, p.qk8 && p.dv8 && p.dk8 && !p.dp8 && !p.tile_scales, "dkdv_kernels",
+                  "attention.sage.precision.qk = dv = dk = int8, dp = bf16, bwd_granularity rowcol (got qk = " +
+                      precision_name(p.qk8) + ", dv = " + precision_name(p.dv8) + ", dk = " +
+                      precision_name(p.dk8) + ", dp = " + precision_name(p.dp8) + ", bwd_granularity " +
+                      (p.tile_scales ? "tile" : "rowcol") + ")");
 }
 
 // The wgmma forward: tensor maps over the pre-pass's int8 copies.
@@ -610,9 +619,34 @@ void dq_sm90(const SageParams& p, cudaStream_t stream) {
          sm90::block_threads<2>(), SageDqSm90Layout<D>::kBytes, stream, f);
 }
 
+// The wgmma dK/dV kernel: tensor maps over the pre-pass's int8 and bf16 copies.
+template <int D, class Softmax>
+void dkdv_sm90(const SageParams& p, cudaStream_t stream) {
+  const SageWorkspace& ws = p.ws;
+  const uint64_t heads = static_cast<uint64_t>(p.B) * p.H;
+  SageDkDvSm90Params f{};
+  f.ws = ws;
+  f.stats = p.stats;
+  f.row_terms = p.row_terms;
+  f.dqkv = p.dqkv;
+  f.softmax = p.softmax;
+  f.B = p.B, f.H = p.H, f.T = p.T;
+  f.c = p.c;
+  f.smooth_q = p.smooth_q;
+  f.k = sm90::make_int8_tensor_map(ws.k.i8, heads * ws.Tp, D, D, D);
+  f.q = sm90::make_int8_tensor_map(ws.q.i8, heads * ws.Tp, D, D, D);
+  f.qt = sm90::make_int8_tensor_map(ws.q.i8t, heads * D, ws.Tp, ws.Tp, kTile);
+  f.dot = sm90::make_int8_tensor_map(ws.dout.i8t, heads * D, ws.Tp, ws.Tp, kTile);
+  f.v = sm90::make_tensor_map(ws.v.bf, heads * ws.Tp, D, D);
+  f.dout = sm90::make_tensor_map(ws.dout.bf, heads * ws.Tp, D, D);
+  launch(sage_dkdv_sm90_kernel<D, Softmax>, dim3(ceil_div(ws.blocks, kSm90Rows / kTile), p.B * p.H),
+         sm90::block_threads<2>(), SageDkDvSm90Layout<D, Softmax>::kBytes, stream, f);
+}
+
 // dQ first: with a row sweep it writes the row terms the dK/dV kernel reads.
 template <int D, class Softmax>
-void backward(const SageParams& p, const SageTiles& tiles, bool dq_wgmma, cudaStream_t stream) {
+void backward(const SageParams& p, const SageTiles& tiles, bool dq_wgmma, bool dkdv_wgmma,
+              cudaStream_t stream) {
   if (dq_wgmma)
     dq_sm90<D, Softmax>(p, stream);
   else
@@ -621,6 +655,7 @@ void backward(const SageParams& p, const SageTiles& tiles, bool dq_wgmma, cudaSt
       launch(sage_backward_dq_kernel<Tr, Softmax>, grid_of<Tr>(p), Tr::kThreads, smem_bytes<Tr, 1>(dq_plan<Tr>(p)),
              stream, p);
     });
+  if (dkdv_wgmma) return dkdv_sm90<D, Softmax>(p, stream);
   with_warps(tiles.dkdv, [&](auto warps) {
     using Tr = SageTraits<D, decltype(warps)::value>;
     launch(sage_backward_dkdv_kernel<Tr, Softmax>, grid_of<Tr>(p), Tr::kThreads,
@@ -693,9 +728,11 @@ void sage_backward(const SageOptions& opt, const AttentionShape& s, const bf16* 
   p.stats = stats;
   p.dqkv = dqkv;
   const bool dq_wgmma = dq_on_wgmma(p, tiles);
+  const bool dkdv_wgmma = dkdv_on_wgmma(p, tiles);
   sage_quantise(opt, s, qkv, o, dout, p.ws, sage_copies(opt, true), stream);
   dispatch(opt, s, [&](auto d, auto softmax) {
-    backward<decltype(d)::value, typename decltype(softmax)::type>(p, tiles, dq_wgmma, stream);
+    backward<decltype(d)::value, typename decltype(softmax)::type>(p, tiles, dq_wgmma, dkdv_wgmma,
+                                                                  stream);
   });
 }
 

@@ -24,19 +24,20 @@ int sage_row_stats(const SageOptions& opt);
 // sage_default_tiles is the one expected fastest per head dim, the others are
 // there to be timed against it (tools/sage_tiles.cu) and are tested alike.
 //
-// The family of the forward and of the dQ kernel is chosen at run time: on a
-// device and build with sm_90a they run on wgmma (two 64-row warpgroups and a
-// TMA producer; `forward` / `dq` are not used) where the options allow, else on
-// mma.sync (sage.cu):
+// The family of each kernel is chosen at run time: on a device and build with
+// sm_90a they run on wgmma (two 64-row warpgroups and a TMA producer; the warp
+// counts are then not used) where the options allow, else on mma.sync (sage.cu):
 //   forward  sage_forward_sm90.cuh: qk = pv = int8 (the defaults)
 //   dQ       sage_dq_sm90.cuh: qk = dq = int8, dp = bf16, bwd_granularity rowcol
-//            (the defaults)
+//   dK/dV    sage_dkdv_sm90.cuh: qk = dv = dk = int8, dp = bf16, bwd_granularity
+//            rowcol (the defaults)
 // *_kernels = mma_sync forces mma.sync; wgmma forces wgmma and throws where it
-// cannot run (no sm_90a, other options). The dK/dV kernel runs on mma.sync.
+// cannot run (no sm_90a, other options).
 struct SageTiles {
   int forward, dq, dkdv;
   FpaKernels forward_kernels = FpaKernels::automatic;
   FpaKernels dq_kernels = FpaKernels::automatic;
+  FpaKernels dkdv_kernels = FpaKernels::automatic;
 };
 SageTiles sage_default_tiles(int d);
 

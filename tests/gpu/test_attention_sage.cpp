@@ -12,9 +12,11 @@
 // - the K-interval softmax block (SPEC §4 composition) against the CPU sage
 //   reference with the same block: every calibration x rounding x ste at
 //   K in {4, 16}, d in {64, 128}, T in {64, 1000}, and the other options once;
-// - both forward families (mma.sync everywhere; wgmma with qk = pv = int8 on
-//   Hopper) in every forward check against the CPU reference, and against each
-//   other: same quantised operands and scales, so they agree to fp32 order;
+// - both families (mma.sync everywhere; on Hopper wgmma for the forward with
+//   qk = pv = int8 and for the dK/dV kernel with qk = dv = dk = int8, dp = bf16,
+//   rowcol) in every check against the CPU reference, and against each other:
+//   same quantised operands and scales, so they agree to fp32 order (forward,
+//   dV) or to dPᵀ's bf16-product sum order (dK);
 // - every mma.sync tile shape (SageTiles: 4 or 8 warps per kernel) computes the
 //   default shape's outputs bit for bit, plain sage and with the K-interval block,
 //   on shapes with an odd number of 64-row blocks (a 128-row tile half past T);
@@ -150,42 +152,56 @@ struct AttentionBuffers {
   }
 };
 
-// A choice of kernel families for the forward and the dQ kernel.
-struct Family {
-  const char* name;
-  FpaKernels forward, dq;
-};
-// The families that can run sage with these options here: mma.sync, and wgmma
-// (on an sm_90a device and build) for each kernel whose wgmma version runs the
-// options (sage.cuh: forward qk = pv = int8; dQ qk = dq = int8, dp = bf16, rowcol).
-std::vector<Family> families(const SageOptions& opt) {
-  std::vector<Family> out = {{"mma.sync", FpaKernels::mma_sync, FpaKernels::mma_sync}};
-  const SagePrecision& p = opt.precision;
-  const bool forward = p.qk == Precision::int8 && p.pv == Precision::int8;
-  const bool dq = p.qk == Precision::int8 && p.dq == Precision::int8 && p.dp == Precision::bf16 &&
-                  opt.bwd_granularity == BwdGranularity::rowcol;
-  if (!forward && !dq) return out;
-  if (!qattn::cuda::fpa_wgmma_available()) {
-    std::printf("sage: no sm_90a device or build, the wgmma kernels are not checked\n");
-    return out;
-  }
-  out.push_back({forward && dq ? "wgmma" : forward ? "wgmma fwd" : "wgmma dq",
-                 forward ? FpaKernels::wgmma : FpaKernels::mma_sync, dq ? FpaKernels::wgmma : FpaKernels::mma_sync});
-  return out;
+// The sage kernels that have a wgmma version (sage.cuh, SageTiles): the forward
+// with qk = pv = int8; dQ with qk = dq = int8, dK/dV with qk = dv = dk = int8,
+// both with dp = bf16 and rowcol.
+bool wgmma_forward_runs(const SageOptions& opt) {
+  return opt.precision.qk == Precision::int8 && opt.precision.pv == Precision::int8;
+}
+bool wgmma_dq_runs(const SageOptions& opt) {
+  const qattn::SagePrecision& pr = opt.precision;
+  return pr.qk == Precision::int8 && pr.dq == Precision::int8 && pr.dp == Precision::bf16 &&
+         opt.bwd_granularity == BwdGranularity::rowcol;
+}
+bool wgmma_dkdv_runs(const SageOptions& opt) {
+  const qattn::SagePrecision& pr = opt.precision;
+  return pr.qk == Precision::int8 && pr.dv == Precision::int8 && pr.dk == Precision::int8 &&
+         pr.dp == Precision::bf16 && opt.bwd_granularity == BwdGranularity::rowcol;
+}
+// The default tiles with each kernel that has a wgmma version on `family`
+// (wgmma only where it runs these options; the others on mma.sync).
+qattn::cuda::SageTiles family_tiles(const SageOptions& opt, int d, FpaKernels family) {
+  qattn::cuda::SageTiles tiles = qattn::cuda::sage_default_tiles(d);
+  const bool wgmma = family == FpaKernels::wgmma;
+  tiles.forward_kernels = wgmma && !wgmma_forward_runs(opt) ? FpaKernels::mma_sync : family;
+  tiles.dq_kernels = wgmma && !wgmma_dq_runs(opt) ? FpaKernels::mma_sync : family;
+  tiles.dkdv_kernels = wgmma && !wgmma_dkdv_runs(opt) ? FpaKernels::mma_sync : family;
+  return tiles;
 }
 
-// Forward, then backward twice: the two gradients must agree bit for bit. Sage
-// runs on the given families (null: as attention_forward picks them).
-GpuRun run_gpu(const AttentionConfig& cfg, const AttentionShape& s, const std::vector<bf16>& qkv,
-               const std::vector<bf16>& dout, const Family* family = nullptr) {
-  AttentionBuffers b(cfg, s, qkv, dout);
-  qattn::cuda::SageTiles tiles = qattn::cuda::sage_default_tiles(s.d);
-  if (family) tiles.forward_kernels = family->forward, tiles.dq_kernels = family->dq;
-  if (cfg.kind == AttentionKind::sage) {
-    qattn::cuda::sage_forward(cfg.sage, s, b.qkv.get(), b.o.get(), b.stats.get(), b.work.get(), nullptr, tiles);
-  } else {
-    qattn::cuda::attention_forward(cfg, s, b.qkv.get(), b.o.get(), b.stats.get(), b.work.get(), nullptr);
+// The families that can run sage with these options here: mma.sync, and wgmma
+// (family_tiles) where the device and build have sm_90a and some kernel runs on it.
+std::vector<std::pair<FpaKernels, const char*>> sage_families(const SageOptions& opt) {
+  std::vector<std::pair<FpaKernels, const char*>> families = {{FpaKernels::mma_sync, "mma.sync"}};
+  if (wgmma_forward_runs(opt) || wgmma_dq_runs(opt) || wgmma_dkdv_runs(opt)) {
+    if (qattn::cuda::fpa_wgmma_available())
+      families.push_back({FpaKernels::wgmma, "wgmma"});
+    else
+      std::printf("sage: no sm_90a device or build, the wgmma kernels are not checked\n");
   }
+  return families;
+}
+
+// Forward, then backward twice (sage: on the given family, family_tiles;
+// automatic as attention_forward picks it): the two gradients must agree bit for bit.
+GpuRun run_gpu(const AttentionConfig& cfg, const AttentionShape& s, const std::vector<bf16>& qkv,
+               const std::vector<bf16>& dout, FpaKernels family = FpaKernels::automatic) {
+  AttentionBuffers b(cfg, s, qkv, dout);
+  const qattn::cuda::SageTiles tiles = family_tiles(cfg.sage, s.d, family);
+  if (cfg.kind == AttentionKind::sage)
+    qattn::cuda::sage_forward(cfg.sage, s, b.qkv.get(), b.o.get(), b.stats.get(), b.work.get(), nullptr, tiles);
+  else
+    qattn::cuda::attention_forward(cfg, s, b.qkv.get(), b.o.get(), b.stats.get(), b.work.get(), nullptr);
   auto backward = [&] {
     b.dqkv.poison();
     if (cfg.kind == AttentionKind::sage)
@@ -452,10 +468,10 @@ TEST_CASE("sage on the GPU matches the CPU sage reference, forward and backward"
   const std::vector<AttentionShape> few_shapes{{1, 2, 1000, 64}, {1, 1, 1000, 128}};
   for (const Case& c : cases)
     for (const AttentionShape& s : &c == &cases[0] ? all_shapes : few_shapes)
-      for (const Family& family : families(c.opt)) {
+      for (const auto& [family, family_name] : sage_families(c.opt)) {
         const AttentionConfig cfg = sage_config(c.opt);
         const std::vector<bf16> qkv = random_qkv(s, 1.0f, 0.3f), dout = random_heads(s);
-        const GpuRun run = run_gpu(cfg, s, qkv, dout, &family);
+        const GpuRun run = run_gpu(cfg, s, qkv, dout, family);
         std::vector<qattn::cuda::AttentionErrorSums> per_head(s.B * s.H);
 #pragma omp parallel for schedule(dynamic)
         for (int bh = 0; bh < s.B * s.H; ++bh)
@@ -464,10 +480,9 @@ TEST_CASE("sage on the GPU matches the CPU sage reference, forward and backward"
         qattn::cuda::AttentionErrorSums sums;
         for (const auto& e : per_head) sums.add(e);
         const auto e = qattn::cuda::relative_errors(sums);
-        std::printf("sage vs CPU sage  %-16s %-9s B=%d H=%d T=%4d d=%3d  rel L2: o %.2e  dq %.2e  dk %.2e  "
-                    "dv %.2e\n",
-                    c.name, family.name, s.B, s.H, s.T, s.d, e.o, e.dq, e.dk, e.dv);
-        INFO(c.name << " " << family.name << " B=" << s.B << " H=" << s.H << " T=" << s.T << " d=" << s.d);
+        std::printf("sage vs CPU sage  %-16s %-8s B=%d H=%d T=%4d d=%3d  rel L2: o %.2e  dq %.2e  dk %.2e  dv %.2e\n",
+                    c.name, family_name, s.B, s.H, s.T, s.d, e.o, e.dq, e.dk, e.dv);
+        INFO(c.name << " family " << family_name << " B=" << s.B << " H=" << s.H << " T=" << s.T << " d=" << s.d);
         // bf16 outputs (~3e-3) plus int8 levels that flip where fp32 and fp64
         // straddle a .5 (measured in three H200 runs: O <= 3.8e-3, dQ/dK/dV <= 5.8e-3).
         CHECK(e.o < 1e-2);
@@ -503,7 +518,8 @@ TEST_CASE("sage with the K-interval softmax block matches the CPU sage reference
   struct Case {
     AttentionConfig cfg;
     AttentionShape s;
-    Family family{"", FpaKernels::mma_sync, FpaKernels::mma_sync};
+    FpaKernels family = FpaKernels::mma_sync;
+    const char* family_name = "";
     std::vector<bf16> qkv, dout;
     GpuRun run;
     qattn::cuda::AttentionErrors e;
@@ -543,9 +559,9 @@ TEST_CASE("sage with the K-interval softmax block matches the CPU sage reference
   // Each case on every family.
   std::vector<Case> per_family;
   for (const Case& c : cases)
-    for (const Family& family : families(c.cfg.sage)) {
+    for (const auto& [family, family_name] : sage_families(c.cfg.sage)) {
       per_family.push_back(c);
-      per_family.back().family = family;
+      per_family.back().family = family, per_family.back().family_name = family_name;
     }
   cases = std::move(per_family);
 
@@ -554,7 +570,7 @@ TEST_CASE("sage with the K-interval softmax block matches the CPU sage reference
   for (Case& c : cases) {
     c.qkv = grid_exact_qkv(c.s, 1.5f);
     c.dout = random_heads(c.s);
-    c.run = run_gpu(c.cfg, c.s, c.qkv, c.dout, &c.family);
+    c.run = run_gpu(c.cfg, c.s, c.qkv, c.dout, c.family);
   }
 #pragma omp parallel for schedule(dynamic)
   for (size_t i = 0; i < cases.size(); ++i) {
@@ -567,8 +583,8 @@ TEST_CASE("sage with the K-interval softmax block matches the CPU sage reference
   }
   for (const Case& c : cases) {
     std::printf("sage+kinterval vs CPU  %-62s %-8s rel L2: o %.2e  dq %.2e  dk %.2e  dv %.2e\n",
-                describe(c.cfg, c.s).c_str(), c.family.name, c.e.o, c.e.dq, c.e.dk, c.e.dv);
-    INFO(describe(c.cfg, c.s) << " " << c.family.name);
+                describe(c.cfg, c.s).c_str(), c.family_name, c.e.o, c.e.dq, c.e.dk, c.e.dv);
+    INFO(describe(c.cfg, c.s) << " family " << c.family_name);
     // Grid-exact inputs: Q, K, V quantise to the same levels on both sides, so
     // what is left is bf16 outputs and the P̃ / dS levels (measured <= 2.2e-3 in
     // two H200 runs, 2026-11-29): 1e-2 for all four, tighter than plain sage's
@@ -755,6 +771,7 @@ FamilyRun run_families(const AttentionConfig& cfg, const AttentionShape& s, cons
   AttentionBuffers b(cfg, s, qkv, dout);
   qattn::cuda::SageTiles tiles = qattn::cuda::sage_default_tiles(s.d);
   tiles.forward_kernels = family;
+  tiles.dkdv_kernels = FpaKernels::mma_sync;  // dK/dV's families are compared by their own test
   qattn::cuda::sage_forward(cfg.sage, s, b.qkv.get(), b.o.get(), b.stats.get(), b.work.get(), nullptr, tiles);
   FamilyRun r{b.o.download(), {}, b.stats.download()};
   tiles.forward_kernels = FpaKernels::mma_sync;
@@ -853,6 +870,91 @@ TEST_CASE("sage: the wgmma and mma.sync families agree, forward and dQ", "[sage]
 
 namespace {
 
+template <typename T>
+bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+}
+
+// Forward on mma.sync, then the backward with its dK/dV kernel on one family
+// (the dQ kernel is mma.sync's either way): dQ, dK, dV.
+std::vector<bf16> run_backward(const AttentionConfig& cfg, const AttentionShape& s, const std::vector<bf16>& qkv,
+                               const std::vector<bf16>& dout, FpaKernels dkdv_family) {
+  AttentionBuffers b(cfg, s, qkv, dout);
+  qattn::cuda::SageTiles tiles = qattn::cuda::sage_default_tiles(s.d);
+  tiles.forward_kernels = tiles.dq_kernels = FpaKernels::mma_sync;
+  qattn::cuda::sage_forward(cfg.sage, s, b.qkv.get(), b.o.get(), b.stats.get(), b.work.get(), nullptr, tiles);
+  tiles.dkdv_kernels = dkdv_family;
+  qattn::cuda::sage_backward(cfg.sage, s, b.qkv.get(), b.o.get(), b.dout.get(), b.stats.get(), b.dqkv.get(),
+                             b.work.get(), nullptr, tiles);
+  return b.dqkv.download();
+}
+
+}  // namespace
+
+// The two dK/dV kernels read the same quantised operands, statistics and row
+// terms; Sᵀ (an exact int32 sum), Pᵀ, ψ(Pᵀ) and the dV partial sums are the
+// same numbers on both, so dV agrees to fp32 order. dPᵀ is a bf16 product
+// summed in fp32 in another order on each, so dSᵀ differs by rounding and a
+// ψ(dSᵀ) level can flip (1/127 of a key's largest |dS|): dK agrees to ~1e-3.
+// A wrong fragment layout, swizzle, scale or mask would differ by O(1). Tail
+// tiles (65, 1000), an odd number of blocks (64, 192: the second warpgroup of
+// the last key tile past T), both head dims, smooth_q, no smoothing and the
+// K-interval block; dQ (mma.sync's on both runs) must not change at all.
+TEST_CASE("sage dK/dV: the wgmma and mma.sync families agree", "[sage][sage-wgmma][sage-kinterval]") {
+  if (!qattn::cuda::fpa_wgmma_available()) {
+    std::printf("sage: no sm_90a device or build, the wgmma dK/dV kernel is not checked\n");
+    return;
+  }
+  SageOptions smooth_q, no_smoothing;
+  smooth_q.smooth_q = true;
+  no_smoothing.smooth_k = false;
+  KIntervalOptions minmax_lerp, fwm_weight;
+  minmax_lerp.K = 4;
+  fwm_weight.K = 16, fwm_weight.calibration = Calibration::fwm, fwm_weight.rounding = Rounding::nearest;
+  fwm_weight.ste = Ste::weight;
+  struct Case {
+    const char* name;
+    AttentionConfig cfg;
+  };
+  const Case cases[] = {{"default", sage_config()},
+                        {"smooth_q", sage_config(smooth_q)},
+                        {"no smoothing", sage_config(no_smoothing)},
+                        {"kinterval minmax lerp", composed_config(minmax_lerp)},
+                        {"kinterval fwm nearest, smooth_q", composed_config(fwm_weight, smooth_q)}};
+  for (const Case& c : cases)
+    for (const AttentionShape& s :
+         {AttentionShape{1, 2, 64, 64}, AttentionShape{1, 3, 65, 64}, AttentionShape{2, 2, 1000, 64},
+          AttentionShape{1, 2, 192, 64}, AttentionShape{1, 2, 64, 128}, AttentionShape{1, 3, 65, 128},
+          AttentionShape{2, 2, 1000, 128}, AttentionShape{1, 2, 192, 128}, AttentionShape{1, 2, 4096, 128}}) {
+      const std::vector<bf16> qkv = random_qkv(s, 1.5f, 0.3f), dout = random_heads(s);
+      const std::vector<bf16> mma = run_backward(c.cfg, s, qkv, dout, FpaKernels::mma_sync);
+      const std::vector<bf16> wg = run_backward(c.cfg, s, qkv, dout, FpaKernels::wgmma);
+      INFO(c.name << " (B,H,T,d)=(" << s.B << "," << s.H << "," << s.T << "," << s.d << ")");
+      CHECK(same_bits(slot_of(mma, s, 0), slot_of(wg, s, 0)));  // dQ
+      for (int slot : {1, 2}) {
+        const std::vector<float> x = slot_of(mma, s, slot), y = slot_of(wg, s, slot);
+        double err = 0, ref = 0, worst = 0, largest = 0;
+        size_t same = 0;
+        for (size_t i = 0; i < x.size(); ++i) {
+          err += (double(x[i]) - y[i]) * (double(x[i]) - y[i]), ref += double(x[i]) * x[i];
+          worst = std::isnan(y[i]) ? INFINITY : std::max(worst, std::abs(double(x[i]) - y[i]));
+          largest = std::max(largest, std::abs(double(x[i])));
+          same += std::memcmp(&x[i], &y[i], sizeof(float)) == 0;
+        }
+        const double rel = std::sqrt(err / ref);
+        std::printf("sage dK/dV wgmma vs mma.sync  %-32s (B,H,T,d)=(%d,%d,%4d,%3d): %s %zu/%zu same bits, rel L2 "
+                    "%.1e, max |diff| %.1e (max |%s| %.1e)\n",
+                    c.name, s.B, s.H, s.T, s.d, slot == 1 ? "dK" : "dV", same, x.size(), rel, worst,
+                    slot == 1 ? "dK" : "dV", largest);
+        INFO((slot == 1 ? "dK" : "dV"));
+        CHECK(rel < (slot == 1 ? 3e-3 : 1e-3));
+        CHECK(worst <= 3e-2 * largest);
+      }
+    }
+}
+
+namespace {
+
 // Forward and backward with the given tile shape; outputs, statistics and
 // workspace poisoned with NaN first.
 struct TileRun {
@@ -863,16 +965,11 @@ TileRun run_tiles(const AttentionConfig& cfg, const AttentionShape& s, const std
                   const std::vector<bf16>& dout, const qattn::cuda::SageTiles& tiles) {
   AttentionBuffers b(cfg, s, qkv, dout);
   qattn::cuda::SageTiles mma_sync = tiles;  // the shapes are the mma.sync kernels'
-  mma_sync.forward_kernels = mma_sync.dq_kernels = FpaKernels::mma_sync;
+  mma_sync.forward_kernels = mma_sync.dq_kernels = mma_sync.dkdv_kernels = FpaKernels::mma_sync;
   qattn::cuda::sage_forward(cfg.sage, s, b.qkv.get(), b.o.get(), b.stats.get(), b.work.get(), nullptr, mma_sync);
   qattn::cuda::sage_backward(cfg.sage, s, b.qkv.get(), b.o.get(), b.dout.get(), b.stats.get(), b.dqkv.get(),
                              b.work.get(), nullptr, mma_sync);
   return {b.o.download(), b.dqkv.download(), b.stats.download()};
-}
-
-template <typename T>
-bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
 }
 
 }  // namespace
@@ -955,4 +1052,14 @@ TEST_CASE("sage kernels refuse what they cannot run, naming the option", "[sage]
                     Catch::Contains("dq_kernels = wgmma: the wgmma kernel runs only attention.sage.precision.qk "
                                     "= dq = int8, dp = bf16, bwd_granularity rowcol (got qk = int8, dq = int8, dp "
                                     "= bf16, bwd_granularity tile)"));
+  SageOptions dp_int8;
+  dp_int8.precision.dp = Precision::int8;
+  DeviceBuffer<unsigned char> dp_int8_work(qattn::cuda::sage_workspace_bytes(dp_int8, s));
+  qattn::cuda::SageTiles dkdv_wgmma{4, 4, 8};
+  dkdv_wgmma.dkdv_kernels = FpaKernels::wgmma;
+  CHECK_THROWS_WITH(qattn::cuda::sage_backward(dp_int8, s, nullptr, nullptr, nullptr, nullptr, nullptr,
+                                               dp_int8_work.get(), nullptr, dkdv_wgmma),
+                    Catch::Contains("dkdv_kernels = wgmma: the wgmma kernel runs only attention.sage.precision.qk "
+                                    "= dv = dk = int8, dp = bf16, bwd_granularity rowcol (got qk = int8, dv = int8, "
+                                    "dk = int8, dp = int8, bwd_granularity rowcol)"));
 }
