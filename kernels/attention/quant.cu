@@ -1,9 +1,15 @@
-// SageBwd's quantisation pre-pass (quant.cuh): three kernels, then launchers.
-//   key_block_sums   Σ of K per block and channel (smooth_k: μ_K = Σ blocks / T,
-//                    summed in a fixed order by the next kernel: deterministic)
+// SageBwd's quantisation pre-pass (quant.cuh): four kernels, then launchers.
+//   key_block_sums   Σ of K per block and channel, in row order (smooth_k)
+//   key_mean         μ_K = Σ of the block sums in block order / T, once per head
+//                    (smooth_k; fixed orders: deterministic)
 //   quantise         one block of one operand: smoothing, ψ, the three copies, δ
 //   query_bias       smooth_q's fp32 bias c·μ_Qi·(K_j − μ_K), one row per query block
+//
+// The block kernels move a 64-row block as 16-byte chunks of 8 bf16: thread i
+// owns channels 8(i mod d/8) … +7 of rows i / (d/8) + k·(256 / (d/8)), the same
+// channels for every k, so a warp reads whole 128/256-byte rows.
 #include <cmath>
+#include <cstdint>
 
 #include "attention/quant.cuh"
 
@@ -11,6 +17,7 @@ namespace qattn::cuda {
 namespace {
 
 constexpr int kQuantThreads = 256;
+constexpr int kQuantBlocksPerSm = 4;  // ≤ 64 registers: 1,024 threads' loads in flight per SM
 constexpr int kBiasThreads = 128;
 
 struct QuantiseParams {
@@ -24,6 +31,19 @@ struct QuantiseParams {
   bool smooth_q, smooth_k;
 };
 
+// A block of kSageBlock rows of d channels as 16-byte chunks over kQuantThreads threads.
+template <int D>
+struct BlockChunks {
+  static constexpr int kPerRow = D / 8;                          // chunks in a row: 16 or 8
+  static constexpr int kRowStep = kQuantThreads / kPerRow;       // rows between a thread's chunks
+  static constexpr int kPerThread = kSageBlock / kRowStep;       // chunks per thread: 4 or 2
+  static constexpr int kLevelRow = D + 4;  // bytes per row of the int8 tile: an odd number of
+                                           // words, so the transpose reads hit 32 banks
+  static_assert(kQuantThreads % kPerRow == 0 && kSageBlock % kRowStep == 0 && 32 % kPerRow == 0);
+  __device__ static int channel0() { return 8 * (threadIdx.x % kPerRow); }
+  __device__ static int row(int k) { return threadIdx.x / kPerRow + k * kRowStep; }
+};
+
 // Row t of slot (0 q, 1 k, 2 v) of head h, batch b in (B, T, 3, H, d).
 __device__ __forceinline__ const bf16* qkv_row(const QuantiseParams& p, int D, int b, int t, int slot, int h) {
   return p.qkv + ((static_cast<size_t>(b) * p.T + t) * 3 + slot) * p.H * D + static_cast<size_t>(h) * D;
@@ -32,72 +52,142 @@ __device__ __forceinline__ const bf16* qkv_row(const QuantiseParams& p, int D, i
 __device__ __forceinline__ const bf16* head_row(const bf16* x, const QuantiseParams& p, int D, int b, int t, int h) {
   return x + (static_cast<size_t>(b) * p.T + t) * p.H * D + static_cast<size_t>(h) * D;
 }
-
-// ψ's level of x with scale s, as the CPU reference: round(x / s), half away from zero.
-__device__ __forceinline__ int8_t quantise_level(float x, float s) {
-  return static_cast<int8_t>(static_cast<int>(roundf(x / s)));
+// Row t of operand `which` (0 q, 1 k, 2 v, 3 dO) of head h, batch b.
+__device__ __forceinline__ const bf16* operand_row(const QuantiseParams& p, int D, int which, int b, int t, int h) {
+  return which == 3 ? head_row(p.dout, p, D, b, t, h) : qkv_row(p, D, b, t, which, h);
 }
 
-// Grid (blocks, B·H), d threads: column sums of K over the block's valid rows.
+// This thread's chunk k of a block whose row 0 is x_row0 and whose rows are
+// row_stride apart; zeros past its `rows` valid rows (nothing read there).
 template <int D>
-__global__ void __launch_bounds__(D) key_block_sums_kernel(const QuantiseParams p) {
-  const int blk = blockIdx.x, bh = blockIdx.y, b = bh / p.H, h = bh % p.H, col = threadIdx.x;
-  const int t0 = blk * kSageBlock, rows = min(kSageBlock, p.T - t0);
+__device__ __forceinline__ Bf16x8 load_chunk(const bf16* x_row0, size_t row_stride, int rows, int k) {
+  using C = BlockChunks<D>;
+  const int r = C::row(k);
+  if (r < rows) return load8(x_row0 + r * row_stride + C::channel0());
+  Bf16x8 zero;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) zero.v[i] = __float2bfloat16(0.0f);
+  return zero;
+}
+
+// Σ over rows [0, rows) of channel `col` of a (kSageBlock, D) bf16 tile, in row order.
+template <int D>
+__device__ __forceinline__ float column_sum(const bf16* tile, int rows, int col) {
   float sum = 0.0f;
-  for (int r = 0; r < rows; ++r) sum += __bfloat162float(qkv_row(p, D, b, t0 + r, 1, h)[col]);
-  p.ws.key_block_sums[(static_cast<size_t>(bh) * p.ws.blocks + blk) * D + col] = sum;
+  for (int r = 0; r < rows; ++r) sum += __bfloat162float(tile[r * D + col]);
+  return sum;
+}
+
+// ψ's level of x with scale s, as the CPU reference: round(x / s), half away
+// from zero, as a byte. The division is IEEE, not x·(1/s): the levels are the
+// correctly rounded quotient's, bit for bit those of any earlier version.
+__device__ __forceinline__ uint32_t quantise_level(float x, float s) {
+  return static_cast<uint32_t>(static_cast<int>(roundf(x / s))) & 0xFFu;
+}
+
+// Grid (blocks, B·H): column sums of K over the block's valid rows.
+template <int D>
+__global__ void __launch_bounds__(kQuantThreads) key_block_sums_kernel(const QuantiseParams p) {
+  using C = BlockChunks<D>;
+  __shared__ __align__(16) bf16 tile[kSageBlock * D];  // (64, d) the block of K, zero past T
+  const int blk = blockIdx.x, bh = blockIdx.y, b = bh / p.H, h = bh % p.H;
+  const int t0 = blk * kSageBlock, rows = min(kSageBlock, p.T - t0);
+  const bf16* k_row0 = qkv_row(p, D, b, t0, 1, h);
+  const size_t stride = static_cast<size_t>(3) * p.H * D;
+#pragma unroll
+  for (int k = 0; k < C::kPerThread; ++k)
+    store8(tile + C::row(k) * D + C::channel0(), load_chunk<D>(k_row0, stride, rows, k));
+  __syncthreads();
+  if (threadIdx.x < D)
+    p.ws.key_block_sums[(static_cast<size_t>(bh) * p.ws.blocks + blk) * D + threadIdx.x] =
+        column_sum<D>(tile, rows, threadIdx.x);
+}
+
+// Grid (B·H), d threads: μ_K = Σ of the block sums in block order / T.
+template <int D>
+__global__ void __launch_bounds__(D) key_mean_kernel(const QuantiseParams p) {
+  const int bh = blockIdx.x, col = threadIdx.x;
+  const float* sums = p.ws.key_block_sums + static_cast<size_t>(bh) * p.ws.blocks * D + col;
+  float mu = 0.0f;
+  for (int k = 0; k < p.ws.blocks; ++k) mu += sums[static_cast<size_t>(k) * D];
+  p.ws.key_mean[static_cast<size_t>(bh) * D + col] = mu / static_cast<float>(p.T);
 }
 
 // Grid (blocks, B·H, operands): operand z = 0 c·(Q − μ_Q), 1 K − μ_K, 2 V, 3 dO.
-// The block's (64, d) rows go through shared memory in fp32; padded rows stay 0.
+// The block stays in registers (BlockChunks); shared memory holds the raw Q
+// block for μ_Q (smooth_q) and the levels for the transposed copy. Padded rows
+// are zero in every copy.
 template <int D>
-__global__ void __launch_bounds__(kQuantThreads) quantise_kernel(const QuantiseParams p) {
-  __shared__ float x[kSageBlock][D + 1];  // (64, d) the block, then smoothed and scaled
-  __shared__ float mean[D];               // (d) the mean subtracted from every valid row
+__global__ void __launch_bounds__(kQuantThreads, kQuantBlocksPerSm) quantise_kernel(const QuantiseParams p) {
+  using C = BlockChunks<D>;
+  __shared__ __align__(16) bf16 raw[kSageBlock * D];             // (64, d) Q as loaded (smooth_q)
+  __shared__ __align__(16) int8_t levels[kSageBlock * C::kLevelRow];  // (64, d + 4) X̂ (i8t)
+  __shared__ __align__(16) float mean[D];                         // the mean subtracted from every valid row
   __shared__ float scratch[kQuantThreads / 32];
   const int blk = blockIdx.x, bh = blockIdx.y, which = blockIdx.z;
   const int b = bh / p.H, h = bh % p.H, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int t0 = blk * kSageBlock, rows = min(kSageBlock, p.T - t0);
+  const int t0 = blk * kSageBlock, rows = min(kSageBlock, p.T - t0), ch0 = C::channel0();
   const SageWorkspace& ws = p.ws;
-  const QuantOperand& out = which == 0 ? ws.q : which == 1 ? ws.k : which == 2 ? ws.v : ws.dout;
-  const OperandCopies& copies =
+  const QuantOperand out = which == 0 ? ws.q : which == 1 ? ws.k : which == 2 ? ws.v : ws.dout;
+  const OperandCopies copies =
       which == 0 ? p.copies.q : which == 1 ? p.copies.k : which == 2 ? p.copies.v : p.copies.dout;
+  const bool smooth_q = which == 0 && p.smooth_q, smooth_k = which == 1 && p.smooth_k;
 
-  for (int i = threadIdx.x; i < kSageBlock * D; i += kQuantThreads) {
-    const int r = i / D, col = i % D;
-    float v = 0.0f;
-    if (r < rows)
-      v = __bfloat162float(which == 3 ? head_row(p.dout, p, D, b, t0 + r, h)[col]
-                                      : qkv_row(p, D, b, t0 + r, which, h)[col]);
-    x[r][col] = v;
+  const size_t stride = static_cast<size_t>(which == 3 ? 1 : 3) * p.H * D;  // between rows of the operand
+  const bf16* x_row0 = operand_row(p, D, which, b, t0, h);
+  float x[C::kPerThread][8];  // this thread's chunks, then smoothed and scaled
+#pragma unroll
+  for (int k = 0; k < C::kPerThread; ++k) {
+    const Bf16x8 loaded = load_chunk<D>(x_row0, stride, rows, k);
+    if (smooth_q) store8(raw + C::row(k) * D + ch0, loaded);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) x[k][i] = __bfloat162float(loaded.v[i]);
   }
-  __syncthreads();
 
-  // SPEC §3 steps 1-2: μ_K over all T tokens (from the block sums, fixed order),
-  // μ_Q over the block's valid rows.
+  if (which == 3) {  // δ = rowsum(dO ∘ O) from the same rows: the row's kPerRow threads sum their chunks
+    const bf16* o_row0 = head_row(p.o, p, D, b, t0, h);
+#pragma unroll
+    for (int k = 0; k < C::kPerThread; ++k) {
+      const Bf16x8 o = load_chunk<D>(o_row0, stride, rows, k);  // padded rows: x = o = 0, δ = 0
+      float sum = 0.0f;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) sum += x[k][i] * __bfloat162float(o.v[i]);
+#pragma unroll
+      for (int offset = C::kPerRow / 2; offset > 0; offset >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+      if (ch0 == 0) ws.delta[static_cast<size_t>(bh) * ws.Tp + t0 + C::row(k)] = sum;
+    }
+  }
+
+  // SPEC §3 steps 1-2: μ_K over all T tokens (key_mean_kernel), μ_Q over the
+  // block's valid rows in row order (from `raw`).
+  __syncthreads();
   for (int col = threadIdx.x; col < D; col += kQuantThreads) {
     float mu = 0.0f;
-    if (which == 1 && p.smooth_k) {
-      for (int k = 0; k < ws.blocks; ++k) mu += ws.key_block_sums[(static_cast<size_t>(bh) * ws.blocks + k) * D + col];
-      mu /= static_cast<float>(p.T);
-    } else if (which == 0 && p.smooth_q) {
-      for (int r = 0; r < rows; ++r) mu += x[r][col];
-      mu /= static_cast<float>(rows);
+    if (smooth_k) {
+      mu = ws.key_mean[static_cast<size_t>(bh) * D + col];
+    } else if (smooth_q) {
+      mu = column_sum<D>(raw, rows, col) / static_cast<float>(rows);
       ws.query_mean[(static_cast<size_t>(bh) * ws.blocks + blk) * D + col] = mu;
     }
-    if (which == 1 && blk == 0) ws.key_mean[static_cast<size_t>(bh) * D + col] = mu;
+    if (which == 1 && !p.smooth_k && blk == 0) ws.key_mean[static_cast<size_t>(bh) * D + col] = 0.0f;
     mean[col] = mu;
   }
   __syncthreads();
 
   // Step 3: the quantised value is c·(Q − μ_Q) for Q, X − μ for the others.
   const float mult = which == 0 ? p.c : 1.0f;
+  float mu[8];  // the mean of this thread's channels
+#pragma unroll
+  for (int i = 0; i < 8; ++i) mu[i] = mean[ch0 + i];
   float amax = 0.0f;
-  for (int i = threadIdx.x; i < rows * D; i += kQuantThreads) {
-    const int r = i / D, col = i % D;
-    const float v = (x[r][col] - mean[col]) * mult;
-    x[r][col] = v;
-    amax = fmaxf(amax, fabsf(v));
+#pragma unroll
+  for (int k = 0; k < C::kPerThread; ++k) {
+    if (C::row(k) >= rows) continue;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      x[k][i] = (x[k][i] - mu[i]) * mult;
+      amax = fmaxf(amax, fabsf(x[k][i]));
+    }
   }
   amax = warp_max(amax);
   if (lane == 0) scratch[warp] = amax;
@@ -108,30 +198,60 @@ __global__ void __launch_bounds__(kQuantThreads) quantise_kernel(const QuantiseP
   const float scale = amax == 0.0f ? 1.0f : amax / 127.0f;
   if (threadIdx.x == 0) out.scale[static_cast<size_t>(bh) * ws.blocks + blk] = scale;
 
+  // The natural copies, one 16-byte (bf16) or 8-byte (int8) store per chunk;
+  // the levels also into shared memory for the transposed copy.
   const size_t natural0 = (static_cast<size_t>(bh) * ws.Tp + t0) * D;  // row t0 of (B·H, Tp, d)
-  for (int i = threadIdx.x; (copies.i8 || copies.bf) && i < kSageBlock * D; i += kQuantThreads) {
-    const int r = i / D, col = i % D;
-    if (copies.i8) out.i8[natural0 + i] = quantise_level(x[r][col], scale);
-    if (copies.bf) out.bf[natural0 + i] = __float2bfloat16(x[r][col]);
-  }
-  // (d, Tp): position pos of the block holds row kPermuted of its 16-group.
-  for (int i = threadIdx.x; copies.i8t && i < kSageBlock * D; i += kQuantThreads) {
-    const int col = i / kSageBlock, pos = i % kSageBlock;
-    const int r = (pos / 16) * 16 + kPermuted(pos % 16);
-    out.i8t[(static_cast<size_t>(bh) * D + col) * ws.Tp + t0 + pos] = quantise_level(x[r][col], scale);
-  }
-
-  if (which == 3) {  // δ = rowsum(dO ∘ O), one warp per row; padded rows 0
-    for (int r = warp; r < kSageBlock; r += kQuantThreads / 32) {
-      float sum = 0.0f;
-      if (r < rows) {
-        const bf16* o_row = head_row(p.o, p, D, b, t0 + r, h);
-        for (int col = lane; col < D; col += 32) sum += x[r][col] * __bfloat162float(o_row[col]);
-      }
-      sum = warp_sum(sum);
-      if (lane == 0) ws.delta[static_cast<size_t>(bh) * ws.Tp + t0 + r] = sum;
+#pragma unroll
+  for (int k = 0; k < C::kPerThread; ++k) {
+    const int r = C::row(k);
+    if (copies.bf) store8_f32(out.bf + natural0 + r * D + ch0, x[k]);
+    if (!copies.i8 && !copies.i8t) continue;
+    uint32_t word[2];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      word[half] = 0;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) word[half] |= quantise_level(x[k][4 * half + i], scale) << (8 * i);
+    }
+    if (copies.i8) *reinterpret_cast<uint2*>(out.i8 + natural0 + r * D + ch0) = make_uint2(word[0], word[1]);
+    if (copies.i8t) {
+      uint32_t* level_row = reinterpret_cast<uint32_t*>(levels + r * C::kLevelRow + ch0);
+      level_row[0] = word[0];
+      level_row[1] = word[1];
     }
   }
+  if (!copies.i8t) return;
+  __syncthreads();
+
+  // (d, Tp): position p of each 16-group holds row kPermuted(p). Thread
+  // (group g, channels 4q … 4q+3), d of them, reads the 16 rows' words of its 4
+  // channels, transposes the bytes 4 x 4 and writes each channel's 16 positions
+  // as one 16-byte store.
+  if (threadIdx.x >= D) return;
+  const int quad = threadIdx.x % (D / 4), group = threadIdx.x / (D / 4);
+  uint32_t column[4][4];  // [channel 4q + j][word w]: positions 4w … 4w+3 of the group
+#pragma unroll
+  for (int w = 0; w < 4; ++w) {
+    uint32_t row_word[4];  // rows kPermuted(4w + i), channels 4q … 4q+3
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      row_word[i] = *reinterpret_cast<const uint32_t*>(levels + (16 * group + kPermuted(4 * w + i)) * C::kLevelRow +
+                                                       4 * quad);
+    // Byte j of row_word[i] -> byte i of column[j][w]: interleave rows 0, 1 and
+    // rows 2, 3 (bytes a0 b0 a1 b1 and a2 b2 a3 b3), then pair the halves.
+    const uint32_t lo01 = __byte_perm(row_word[0], row_word[1], 0x5140);
+    const uint32_t hi01 = __byte_perm(row_word[0], row_word[1], 0x7362);
+    const uint32_t lo23 = __byte_perm(row_word[2], row_word[3], 0x5140);
+    const uint32_t hi23 = __byte_perm(row_word[2], row_word[3], 0x7362);
+    column[0][w] = __byte_perm(lo01, lo23, 0x5410);
+    column[1][w] = __byte_perm(lo01, lo23, 0x7632);
+    column[2][w] = __byte_perm(hi01, hi23, 0x5410);
+    column[3][w] = __byte_perm(hi01, hi23, 0x7632);
+  }
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+    *reinterpret_cast<uint4*>(out.i8t + (static_cast<size_t>(bh) * D + 4 * quad + j) * ws.Tp + t0 + 16 * group) =
+        make_uint4(column[j][0], column[j][1], column[j][2], column[j][3]);
 }
 
 // Grid (ceil(Tp / 128), blocks, B·H): bias[i][t] = c·μ_Qi·(K_t − μ_K), 0 past T.
@@ -197,7 +317,9 @@ template <int D>
 void quantise(const QuantiseParams& p, bool with_dout, cudaStream_t stream) {
   const int heads = p.B * p.H;
   if (p.smooth_k) {
-    key_block_sums_kernel<D><<<dim3(p.ws.blocks, heads), D, 0, stream>>>(p);
+    key_block_sums_kernel<D><<<dim3(p.ws.blocks, heads), kQuantThreads, 0, stream>>>(p);
+    CUDA_CHECK_LAUNCH();
+    key_mean_kernel<D><<<heads, D, 0, stream>>>(p);
     CUDA_CHECK_LAUNCH();
   }
   quantise_kernel<D><<<dim3(p.ws.blocks, heads, with_dout ? 4 : 3), kQuantThreads, 0, stream>>>(p);

@@ -1,7 +1,8 @@
 // SageBwd INT8 attention on the GPU (SPEC §3), on fresh random inputs (seed
 // printed by gpu_test_util.hpp), outputs poisoned with NaN first:
 // - the quantisation pre-pass against SPEC §3 computed here in fp64 (levels
-//   within one int8 step, scales to fp32 rounding, the transposed copy exact);
+//   within one int8 step, scales to fp32 rounding, the transposed copy exact,
+//   μ_K, μ_Q, smooth_q's bias, δ; padded rows zero in every copy);
 // - forward and backward against the CPU sage reference (fp64, same bf16
 //   inputs, same quantisation decisions), four option sets, tail tiles;
 //   the backward deterministic;
@@ -26,6 +27,7 @@
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -237,6 +239,16 @@ HostOperand download(const qattn::cuda::QuantOperand& x, const qattn::cuda::Sage
   return h;
 }
 
+// The larger of two errors, NaN if either is (std::max drops a NaN second argument).
+double worst_of(double a, double b) { return std::isnan(a) || std::isnan(b) ? NAN : std::max(a, b); }
+
+// Copies n floats of the device buffer x to the host.
+std::vector<float> download_floats(const float* x, size_t n) {
+  std::vector<float> h(n);
+  CUDA_CHECK(cudaMemcpy(h.data(), x, n * sizeof(float), cudaMemcpyDeviceToHost));
+  return h;
+}
+
 // value(bh, t, x) is the SPEC's quantised value in fp64 (c·(Q − μ_Q), K − μ_K, V, dO).
 template <typename Value>
 void check_operand(const char* name, const HostOperand& got, const qattn::cuda::SageWorkspace& ws,
@@ -245,8 +257,8 @@ void check_operand(const char* name, const HostOperand& got, const qattn::cuda::
   // A level within 1e-4 of a rounding tie (x.5) may round either way: fp32 on the
   // GPU vs fp64 here (and bf16 inputs make exact ties common, e.g. c·q / scale =
   // 127 q / max|q| with c cancelling). fp32's error is ~127 x 6e-8 ≈ 1e-5 levels,
-  // so any other difference is a bug.
-  long long levels = 0, ties = 0, off_by_one = 0, worse = 0, transposed_wrong = 0;
+  // so any other difference is a bug. Padded rows (t >= T) are zero, bit for bit.
+  long long levels = 0, ties = 0, off_by_one = 0, worse = 0, transposed_wrong = 0, padding_nonzero = 0;
   double worst_scale = 0, worst_bf16 = 0;
   for (int bh = 0; bh < s.B * s.H; ++bh)
     for (int blk = 0; blk < ws.blocks; ++blk) {
@@ -256,19 +268,10 @@ void check_operand(const char* name, const HostOperand& got, const qattn::cuda::
         for (int x = 0; x < d; ++x) amax = std::max(amax, std::abs(value(bh, t0 + r, x)));
       const double scale = amax == 0 ? 1.0 : amax / 127.0;
       const float got_scale = got.scale[static_cast<size_t>(bh) * ws.blocks + blk];
-      worst_scale = std::max(worst_scale, std::abs(got_scale - scale) / scale);
+      worst_scale = worst_of(worst_scale, std::abs(got_scale - scale) / scale);
       for (int r = 0; r < qattn::cuda::kSageBlock; ++r)
         for (int x = 0; x < d; ++x) {
           const size_t at = (static_cast<size_t>(bh) * ws.Tp + t0 + r) * d + x;
-          const double v = r < rows ? value(bh, t0 + r, x) : 0.0;
-          const long long diff = std::llabs(static_cast<long long>(got.i8[at]) - std::llround(v / scale));
-          const double u = std::abs(v / scale);
-          const bool near_tie = std::abs(u - std::floor(u) - 0.5) < 1e-4;
-          ++levels;
-          ties += near_tie;
-          off_by_one += diff == 1 && !near_tie;
-          worse += diff > 1;
-          worst_bf16 = std::max(worst_bf16, std::abs(__bfloat162float(got.bf[at]) - v) / std::max(amax, 1e-30));
           // The transposed copy holds the same level at the permuted position.
           const int pos = (r / 16) * 16 + [&] {
             for (int p = 0; p < 16; ++p)
@@ -276,76 +279,167 @@ void check_operand(const char* name, const HostOperand& got, const qattn::cuda::
             return -1;
           }();
           transposed_wrong += got.i8t[(static_cast<size_t>(bh) * d + x) * ws.Tp + t0 + pos] != got.i8[at];
+          if (r >= rows) {
+            uint16_t bf_bits;
+            std::memcpy(&bf_bits, &got.bf[at], sizeof bf_bits);
+            padding_nonzero += got.i8[at] != 0 || bf_bits != 0;
+            continue;
+          }
+          const double v = value(bh, t0 + r, x);
+          const long long diff = std::llabs(static_cast<long long>(got.i8[at]) - std::llround(v / scale));
+          const double u = std::abs(v / scale);
+          const bool near_tie = std::abs(u - std::floor(u) - 0.5) < 1e-4;
+          ++levels;
+          ties += near_tie;
+          off_by_one += diff == 1 && !near_tie;
+          worse += diff > 1;
+          worst_bf16 = worst_of(worst_bf16, std::abs(__bfloat162float(got.bf[at]) - v) / std::max(amax, 1e-30));
         }
     }
   std::printf("  %-4s levels %lld (%lld near a tie): off by one elsewhere %lld, worse %lld; max rel "
-              "scale error %.1e; bf16 copy max error %.1e of max|X|\n",
-              name, levels, ties, off_by_one, worse, worst_scale, worst_bf16);
+              "scale error %.1e; bf16 copy max error %.1e of max|X|; padded entries not zero %lld\n",
+              name, levels, ties, off_by_one, worse, worst_scale, worst_bf16, padding_nonzero);
   INFO(name);
   CHECK(worse == 0);
   CHECK(off_by_one == 0);
   CHECK(worst_scale < 1e-5);
   CHECK(worst_bf16 < 1e-2);  // bf16 keeps 8 bits: half an ulp of max|X| at most
   CHECK(transposed_wrong == 0);
+  CHECK(padding_nonzero == 0);
 }
 
 }  // namespace
 
-TEST_CASE("sage pre-pass: quantised c(Q - mu_Q), K - mu_K, V, dO, scales and delta per SPEC 3", "[sage]") {
-  for (const int d : {64, 128})
-    for (const bool smooth_q : {false, true}) {
-      const AttentionShape s{1, 2, 1000, d};  // 1000: a tail block of 40 rows
-      SageOptions opt;
-      opt.smooth_q = smooth_q;
-      std::printf("pre-pass d=%d smooth_q=%d\n", d, smooth_q);
-      const std::vector<bf16> qkv = random_qkv(s, 2.0f, 0.5f), o = random_heads(s), dout = random_heads(s);
-      DeviceBuffer<bf16> d_qkv(qkv_size(s)), d_o(head_size(s)), d_dout(head_size(s));
-      DeviceBuffer<unsigned char> work(qattn::cuda::sage_workspace_bytes(opt, s));
-      d_qkv.upload(qkv);
-      d_o.upload(o);
-      d_dout.upload(dout);
-      CUDA_CHECK(cudaMemset(work.get(), 0xFF, qattn::cuda::sage_workspace_bytes(opt, s)));
-      const auto ws = qattn::cuda::sage_workspace(opt, s, work.get());
-      qattn::cuda::sage_quantise(opt, s, d_qkv.get(), d_o.get(), d_dout.get(), ws, {}, nullptr);  // every copy
-      CUDA_CHECK(cudaDeviceSynchronize());
+TEST_CASE("sage pre-pass: quantised c(Q - mu_Q), K - mu_K, V, dO, scales, means, bias and delta per SPEC 3",
+          "[sage]") {
+  struct Case {
+    AttentionShape s;
+    bool smooth_q, smooth_k;
+  };
+  // T = 1000: a tail block of 40 rows; T = 129: three blocks, the last of one
+  // row (B = 2, H = 3: every (b, h) offset); under smooth_q that row's Q − μ_Q is
+  // 0 (scale 1).
+  std::vector<Case> cases;
+  for (const int d : {64, 128}) {
+    cases.push_back({{1, 2, 1000, d}, false, true});
+    cases.push_back({{1, 2, 1000, d}, true, true});
+    cases.push_back({{2, 3, 129, d}, true, false});
+  }
+  for (const Case& cs : cases) {
+    const AttentionShape& s = cs.s;
+    const int d = s.d;
+    SageOptions opt;
+    opt.smooth_q = cs.smooth_q;
+    opt.smooth_k = cs.smooth_k;
+    std::printf("pre-pass B=%d H=%d T=%d d=%d smooth_q=%d smooth_k=%d\n", s.B, s.H, s.T, d, cs.smooth_q,
+                cs.smooth_k);
+    const std::vector<bf16> qkv = random_qkv(s, 2.0f, 0.5f), o = random_heads(s), dout = random_heads(s);
+    DeviceBuffer<bf16> d_qkv(qkv_size(s)), d_o(head_size(s)), d_dout(head_size(s));
+    DeviceBuffer<unsigned char> work(qattn::cuda::sage_workspace_bytes(opt, s));
+    d_qkv.upload(qkv);
+    d_o.upload(o);
+    d_dout.upload(dout);
+    CUDA_CHECK(cudaMemset(work.get(), 0xFF, qattn::cuda::sage_workspace_bytes(opt, s)));  // NaN floats
+    const auto ws = qattn::cuda::sage_workspace(opt, s, work.get());
+    qattn::cuda::sage_quantise(opt, s, d_qkv.get(), d_o.get(), d_dout.get(), ws, {}, nullptr);  // every copy
+    CUDA_CHECK(cudaDeviceSynchronize());
 
-      const double c = 1.0 / std::sqrt(static_cast<double>(d));
-      const auto in = [&](const std::vector<bf16>& v, int nslots, int slot, int bh, int t, int x) {
-        return static_cast<double>(element(v, s, nslots, bh / s.H, t, slot, bh % s.H, x));
-      };
-      // μ_K over all T, μ_Q over each block's valid rows, in fp64.
-      std::vector<double> mu_k(static_cast<size_t>(s.B) * s.H * d, 0.0), mu_q(mu_k.size() * ws.blocks, 0.0);
-      for (int bh = 0; bh < s.B * s.H; ++bh)
-        for (int x = 0; x < d; ++x) {
-          for (int t = 0; t < s.T; ++t) mu_k[bh * d + x] += in(qkv, 3, 1, bh, t, x) / s.T;
-          for (int blk = 0; smooth_q && blk < ws.blocks; ++blk) {
-            const int t0 = blk * qattn::cuda::kSageBlock, rows = std::min(qattn::cuda::kSageBlock, s.T - t0);
-            for (int t = t0; t < t0 + rows; ++t) mu_q[(bh * ws.blocks + blk) * d + x] += in(qkv, 3, 0, bh, t, x) / rows;
-          }
+    const int heads = s.B * s.H, block = qattn::cuda::kSageBlock;
+    const double c = 1.0 / std::sqrt(static_cast<double>(d));
+    const auto in = [&](const std::vector<bf16>& v, int nslots, int slot, int bh, int t, int x) {
+      return static_cast<double>(element(v, s, nslots, bh / s.H, t, slot, bh % s.H, x));
+    };
+    // μ_K over all T (0 without smooth_k), μ_Q over each block's valid rows, in fp64.
+    std::vector<double> mu_k(static_cast<size_t>(heads) * d, 0.0), mu_q(mu_k.size() * ws.blocks, 0.0);
+    for (int bh = 0; bh < heads; ++bh)
+      for (int x = 0; x < d; ++x) {
+        for (int t = 0; cs.smooth_k && t < s.T; ++t) mu_k[bh * d + x] += in(qkv, 3, 1, bh, t, x) / s.T;
+        for (int blk = 0; cs.smooth_q && blk < ws.blocks; ++blk) {
+          const int t0 = blk * block, rows = std::min(block, s.T - t0);
+          for (int t = t0; t < t0 + rows; ++t) mu_q[(bh * ws.blocks + blk) * d + x] += in(qkv, 3, 0, bh, t, x) / rows;
         }
-      check_operand("Q", download(ws.q, ws, s), ws, s, [&](int bh, int t, int x) {
-        return c * (in(qkv, 3, 0, bh, t, x) - mu_q[(bh * ws.blocks + t / qattn::cuda::kSageBlock) * d + x]);
-      });
-      check_operand("K", download(ws.k, ws, s), ws, s,
-                    [&](int bh, int t, int x) { return in(qkv, 3, 1, bh, t, x) - mu_k[bh * d + x]; });
-      check_operand("V", download(ws.v, ws, s), ws, s, [&](int bh, int t, int x) { return in(qkv, 3, 2, bh, t, x); });
-      check_operand("dO", download(ws.dout, ws, s), ws, s, [&](int bh, int t, int x) { return in(dout, 1, 0, bh, t, x); });
+      }
+    const auto key = [&](int bh, int t, int x) { return in(qkv, 3, 1, bh, t, x) - mu_k[bh * d + x]; };
+    check_operand("Q", download(ws.q, ws, s), ws, s, [&](int bh, int t, int x) {
+      return c * (in(qkv, 3, 0, bh, t, x) - mu_q[(bh * ws.blocks + t / block) * d + x]);
+    });
+    check_operand("K", download(ws.k, ws, s), ws, s, key);
+    check_operand("V", download(ws.v, ws, s), ws, s, [&](int bh, int t, int x) { return in(qkv, 3, 2, bh, t, x); });
+    check_operand("dO", download(ws.dout, ws, s), ws, s,
+                  [&](int bh, int t, int x) { return in(dout, 1, 0, bh, t, x); });
 
-      std::vector<float> delta(static_cast<size_t>(s.B) * s.H * ws.Tp);
-      CUDA_CHECK(cudaMemcpy(delta.data(), ws.delta, delta.size() * sizeof(float), cudaMemcpyDeviceToHost));
-      double worst_delta = 0;
-      for (int bh = 0; bh < s.B * s.H; ++bh)
-        for (int t = 0; t < s.T; ++t) {
-          double ref = 0, norm = 0;
+    // The means, to fp32 rounding of sums of T (64) terms: 1e-5 of the mean |x|.
+    const std::vector<float> key_mean = download_floats(ws.key_mean, mu_k.size());
+    double worst_mean = 0;
+    for (int bh = 0; bh < heads; ++bh)
+      for (int x = 0; x < d; ++x) {
+        double norm = 0;
+        for (int t = 0; t < s.T; ++t) norm += std::abs(in(qkv, 3, 1, bh, t, x)) / s.T;
+        worst_mean = worst_of(worst_mean, std::abs(key_mean[bh * d + x] - mu_k[bh * d + x]) / norm);
+      }
+    if (cs.smooth_q) {
+      const std::vector<float> query_mean = download_floats(ws.query_mean, mu_q.size());
+      for (int bh = 0; bh < heads; ++bh)
+        for (int blk = 0; blk < ws.blocks; ++blk)
           for (int x = 0; x < d; ++x) {
-            ref += in(dout, 1, 0, bh, t, x) * in(o, 1, 0, bh, t, x);
-            norm += std::abs(in(dout, 1, 0, bh, t, x) * in(o, 1, 0, bh, t, x));
+            const int t0 = blk * block, rows = std::min(block, s.T - t0);
+            double norm = 0;
+            for (int t = t0; t < t0 + rows; ++t) norm += std::abs(in(qkv, 3, 0, bh, t, x)) / rows;
+            const size_t at = (static_cast<size_t>(bh) * ws.blocks + blk) * d + x;
+            worst_mean = worst_of(worst_mean, std::abs(query_mean[at] - mu_q[at]) / norm);
           }
-          worst_delta = std::max(worst_delta, std::abs(delta[bh * ws.Tp + t] - ref) / norm);
-        }
-      std::printf("  delta max error %.1e of sum|dO o|\n", worst_delta);
-      CHECK(worst_delta < 1e-5);
     }
+    std::printf("  mu_K, mu_Q max error %.1e of mean|x|\n", worst_mean);
+    CHECK(worst_mean < 1e-5);
+
+    // smooth_q's bias c·μ_Qi·(K_t − μ_K) per query block i and key t, 0 past T.
+    if (cs.smooth_q) {
+      const std::vector<float> bias = download_floats(ws.query_bias, static_cast<size_t>(heads) * ws.blocks * ws.Tp);
+      double worst_bias = 0;
+      long long padding_nonzero = 0;
+      for (int bh = 0; bh < heads; ++bh)
+        for (int blk = 0; blk < ws.blocks; ++blk)
+          for (int t = 0; t < ws.Tp; ++t) {
+            const float got = bias[(static_cast<size_t>(bh) * ws.blocks + blk) * ws.Tp + t];
+            if (t >= s.T) {
+              padding_nonzero += got != 0.0f;
+              continue;
+            }
+            double ref = 0, norm = 1e-30;
+            for (int x = 0; x < d; ++x) {
+              const double mu = mu_q[(bh * ws.blocks + blk) * d + x];
+              ref += c * mu * key(bh, t, x);
+              norm += c * std::abs(mu * key(bh, t, x));
+            }
+            worst_bias = worst_of(worst_bias, std::abs(got - ref) / norm);
+          }
+      std::printf("  bias max error %.1e of sum|c mu_Q (K - mu_K)|, padded entries not zero %lld\n", worst_bias,
+                  padding_nonzero);
+      CHECK(worst_bias < 1e-4);
+      CHECK(padding_nonzero == 0);
+    }
+
+    const std::vector<float> delta = download_floats(ws.delta, static_cast<size_t>(heads) * ws.Tp);
+    double worst_delta = 0;
+    long long delta_padding_nonzero = 0;
+    for (int bh = 0; bh < heads; ++bh)
+      for (int t = 0; t < ws.Tp; ++t) {
+        if (t >= s.T) {
+          delta_padding_nonzero += delta[bh * ws.Tp + t] != 0.0f;
+          continue;
+        }
+        double ref = 0, norm = 0;
+        for (int x = 0; x < d; ++x) {
+          ref += in(dout, 1, 0, bh, t, x) * in(o, 1, 0, bh, t, x);
+          norm += std::abs(in(dout, 1, 0, bh, t, x) * in(o, 1, 0, bh, t, x));
+        }
+        worst_delta = worst_of(worst_delta, std::abs(delta[bh * ws.Tp + t] - ref) / norm);
+      }
+    std::printf("  delta max error %.1e of sum|dO o|, padded entries not zero %lld\n", worst_delta,
+                delta_padding_nonzero);
+    CHECK(worst_delta < 1e-5);
+    CHECK(delta_padding_nonzero == 0);
+  }
 }
 
 TEST_CASE("sage on the GPU matches the CPU sage reference, forward and backward", "[sage]") {
