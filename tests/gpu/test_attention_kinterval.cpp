@@ -45,12 +45,17 @@ using qattn::test::DeviceBuffer;
 // fp32 accumulation (FPA lands near 3e-3); the quantised weights add the rare
 // nearest-rounding flip where fp32 and fp64 scores straddle a grid boundary.
 constexpr double kTol = 1e-2;
-// dQ and dK of minmax + lerp at K = 1: the calibration terms dL/dm and dL/dℓ of
-// a one-interval grid are as large as the direct part and are sums over the
-// row of h_j = (g_j − ḡ)/Ẑ, where ḡ = dO·O comes from the bf16 O (the δ
-// pre-pass); its rounding, summed over the row, lands on the argmax and argmin
-// keys. Measured 1.0–1.6e-2 (H200, 2026-11-29); K ≥ 2 stays under kTol.
-constexpr double kTolOneIntervalLerpGrad = 2.5e-2;
+// dQ and dK of lerp. Lerp's ŵ is continuous in the score but its derivative
+// dv/Δ jumps by e^Δ at every grid point, so an entry whose fp32 and fp64 u fall
+// on the two sides of a grid point gets a different dS; one such entry with a
+// large weight moves its row's dQ by O(1), and rel L2 over a 2 x 1000-row head
+// by ~1e-2. Deterministic, input-dependent (replayed with its seed): 1.43e-2
+// (wgmma, K = 7 minmax detached, seed 2922380588) and 1.9e-2 (mma.sync, K = 4
+// minmax, seed 3567377712), O and dV under 2.5e-3 in both (they see ŵ, not its
+// derivative). At K = 1 minmax the calibration terms add the bf16 O's rounding
+// through ḡ = dO·O, summed over the row onto the argmax and argmin keys:
+// 1.0–1.6e-2 (H200, 2026-11-29).
+constexpr double kTolLerpGrad = 2.5e-2;
 // |Σ_j dK_j| / sqrt(Σ_j |dK_j|²): 0 in exact arithmetic when every dS row sums to 0.
 constexpr double kTolRowSum = 1e-2;
 
@@ -206,9 +211,7 @@ void check_cases(std::vector<Case>& cases) {
     INFO(cases[i].family.name << " " << describe(cases[i].cfg.kinterval, cases[i].s)
          << ": rel L2 o " << e.o << " dq " << e.dq << " dk " << e.dk << " dv " << e.dv);
     const KIntervalOptions& k = cases[i].cfg.kinterval;
-    const double grad_tol = k.K == 1 && k.calibration == Calibration::minmax && k.rounding == Rounding::lerp
-                                ? kTolOneIntervalLerpGrad
-                                : kTol;
+    const double grad_tol = k.rounding == Rounding::lerp ? kTolLerpGrad : kTol;
     CHECK(e.o < kTol);
     CHECK(e.dq < grad_tol);
     CHECK(e.dk < grad_tol);
