@@ -714,7 +714,11 @@ SageTiles sage_default_tiles(int d) {
   // way and with 8 warps loads each query block once per 128 keys.
   // d = 128: every kernel holds 8 warps per SM at most (registers), and the
   // 4-warp dK/dV kernel only 4 (116 KB of shared memory).
-  if (d == 64) return {4, 4, 8};
+  // The wgmma forward (automatic on Hopper) is faster than mma.sync's at d = 128
+  // and slower at d = 64 (tools/sage_tiles.cu, 2026-11-29, without the pre-pass:
+  // 0.911 vs 1.089 ms at (4, 16, 4096, 128); 0.099 vs 0.084 at (8, 12, 1024, 64),
+  // 0.599 vs 0.518 at (4, 12, 4096, 64)), so d = 64 keeps mma.sync.
+  if (d == 64) return {4, 4, 8, FpaKernels::mma_sync};
   return {8, 8, 8};
 }
 

@@ -34,7 +34,8 @@ int sage_row_stats(const SageOptions& opt);
 // *_kernels = mma_sync forces mma.sync; wgmma forces wgmma and throws where it
 // cannot run (no sm_90a, other options). automatic is wgmma for the forward
 // only: the wgmma dK/dV kernel is slower than its mma.sync one, and the wgmma dQ
-// kernel has an open fault (sage.cu, dq_on_wgmma).
+// kernel has an open fault (sage.cu, dq_on_wgmma); sage_default_tiles asks for
+// the mma.sync forward at d = 64, where it is the faster one.
 struct SageTiles {
   int forward, dq, dkdv;
   FpaKernels forward_kernels = FpaKernels::automatic;
