@@ -553,11 +553,13 @@ bool forward_on_wgmma(const SageParams& p, const SageTiles& tiles) {
                       ", pv = " + precision_name(p.pv8) + ")");
 }
 bool dq_on_wgmma(const SageParams& p, const SageTiles& tiles) {
-  // automatic keeps mma.sync here too: in tools/sage_tiles.cu (device call 11,
+  // automatic keeps mma.sync here too: in tools/sage_tiles.cu (device calls 11-12,
   // 2026-11-29) the wgmma dQ kernel gave dQ differing between two runs on the
-  // same inputs at (8, 12, 1024, 64) and values near 1e34 at T = 4096 after the
-  // wgmma forward, though every GPU test passes; and it was no faster (backward
-  // 4.585 vs 4.576 ms at (4, 16, 4096, 128)). Not found yet; wgmma runs it when asked for.
+  // same inputs at (8, 12, 1024, 64) and values near 1e35 at T = 4096, though
+  // every GPU test then passed; and it was no faster (backward 4.585 vs 4.576 ms
+  // at (4, 16, 4096, 128)). The cause, found afterwards by reading: it used Q̂ and
+  // dO without waiting for their copies (now waited for). The fix has not run on
+  // a GPU yet; the "[sage-wgmma]" many-heads test is the one that must pass first.
   if (tiles.dq_kernels == FpaKernels::automatic) return false;
   return on_wgmma(tiles.dq_kernels, p.qk8 && p.dq8 && !p.dp8 && !p.tile_scales, "dq_kernels",
                   "attention.sage.precision.qk = dq = int8, dp = bf16, bwd_granularity rowcol (got qk = " +

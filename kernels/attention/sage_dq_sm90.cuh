@@ -114,6 +114,7 @@ __global__ void __launch_bounds__(flash::sm90::block_threads<2>(), 1)
   const Softmax softmax(p.softmax);
   typename Softmax::Row rows[2];  // with a row sweep the terms are made below
   load_rows<Softmax>(rows, p.stats + static_cast<size_t>(bh) * p.T * Softmax::kStatFloats, terms, first_row, p.T);
+  feed.resident(resident);  // Q̂ and dO have landed (the step rings count only K̂, V, K̂ᵀ)
 
   // Key block j holds a key some row of the warpgroup sees (uniform over the
   // warpgroup); a warp whose rows all precede it gets dS = 0: nothing added.

@@ -96,4 +96,7 @@ inline double rel_l2(const std::vector<float>& a, const std::vector<float>& b) {
   return std::sqrt(num / std::max(den, 1e-300));
 }
 
+// Fills every SM's shared memory with 0x7F bytes and waits (shared_memory_poison.cu).
+void poison_shared_memory();
+
 }  // namespace qattn::test

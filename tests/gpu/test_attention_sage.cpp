@@ -953,6 +953,52 @@ TEST_CASE("sage dK/dV: the wgmma and mma.sync families agree", "[sage][sage-wgmm
     }
 }
 
+// The wgmma dQ kernel once read Q̂ and dO before their copies had landed (no wait
+// on its resident tiles): every test above passed, with one or two heads, while
+// tools/sage_tiles.cu at 48-96 heads saw dQ change between runs and reach ~1e35.
+// Many heads, shared memory poisoned before each backward, all three kernels on
+// wgmma: dQ must be finite, the same bits twice, and match the mma.sync dQ.
+TEST_CASE("sage wgmma backward on many heads: dQ stable and finite over poisoned shared memory",
+          "[sage][sage-wgmma]") {
+  if (!qattn::cuda::fpa_wgmma_available()) {
+    std::printf("sage: no sm_90a device or build, the wgmma backward is not checked\n");
+    return;
+  }
+  for (const AttentionShape& s : {AttentionShape{8, 12, 1024, 64}, AttentionShape{2, 16, 2048, 128}}) {
+    const AttentionConfig cfg = sage_config();
+    const std::vector<bf16> qkv = random_qkv(s, 1.0f, 0.3f), dout = random_heads(s);
+    AttentionBuffers b(cfg, s, qkv, dout);
+    qattn::cuda::SageTiles wgmma = qattn::cuda::sage_default_tiles(s.d), mma_sync = wgmma;
+    wgmma.forward_kernels = wgmma.dq_kernels = wgmma.dkdv_kernels = FpaKernels::wgmma;
+    mma_sync.dq_kernels = FpaKernels::mma_sync;
+    mma_sync.forward_kernels = mma_sync.dkdv_kernels = FpaKernels::wgmma;
+    qattn::cuda::sage_forward(cfg.sage, s, b.qkv.get(), b.o.get(), b.stats.get(), b.work.get(), nullptr, wgmma);
+    auto backward = [&](const qattn::cuda::SageTiles& tiles) {
+      b.dqkv.poison();
+      qattn::test::poison_shared_memory();
+      qattn::cuda::sage_backward(cfg.sage, s, b.qkv.get(), b.o.get(), b.dout.get(), b.stats.get(), b.dqkv.get(),
+                                 b.work.get(), nullptr, tiles);
+      return slot_of(b.dqkv.download(), s, 0);  // dQ
+    };
+    const std::vector<float> first = backward(wgmma), second = backward(wgmma), reference = backward(mma_sync);
+    double err = 0, ref = 0;
+    size_t not_finite = 0;
+    for (size_t i = 0; i < first.size(); ++i) {
+      not_finite += !std::isfinite(first[i]);
+      err += (double(first[i]) - reference[i]) * (double(first[i]) - reference[i]);
+      ref += double(reference[i]) * reference[i];
+    }
+    const double rel = std::sqrt(err / ref);
+    std::printf("sage wgmma backward  (B,H,T,d)=(%d,%d,%4d,%3d): dQ not finite %zu, same bits twice %d, rel L2 vs "
+                "mma.sync dQ %.1e\n",
+                s.B, s.H, s.T, s.d, not_finite, same_bits(first, second) ? 1 : 0, rel);
+    INFO("(B,H,T,d)=(" << s.B << "," << s.H << "," << s.T << "," << s.d << ")");
+    CHECK(not_finite == 0);
+    CHECK(same_bits(first, second));
+    CHECK(rel < 2e-3);  // the family-agreement bound of the forward and dQ test above
+  }
+}
+
 namespace {
 
 // Forward and backward with the given tile shape; outputs, statistics and
