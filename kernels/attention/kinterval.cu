@@ -18,6 +18,12 @@
 // The probability STE's dS is the exact softmax gradient: its backward runs
 // FPA's forward (exact L and output, hence δ) and FPA's dQ pass, then the
 // dK/dV pass above with exact P for dK and p̂ for dV.
+// Where the dK/dV pass needs nothing from the dQ pass (detached extrema: no
+// routing; the probability STE) the wgmma family runs the two in one launch,
+// as FPA's backward does (dkdv_dq_kernel).
+// The dK/dV pass computes p̂ᵀ from Sᵀ while dPᵀ is still on the tensor cores
+// (d = 64; d = 128 has no registers for it), and the dQ pass folds 1/Ẑ into the
+// weights' exponents per row.
 //
 // Rounding x STE (the rule), calibration and which indices pass 1 tracks are
 // compile-time options; K, the window, detach and the window mask are run-time values.
