@@ -553,14 +553,6 @@ bool forward_on_wgmma(const SageParams& p, const SageTiles& tiles) {
                       ", pv = " + precision_name(p.pv8) + ")");
 }
 bool dq_on_wgmma(const SageParams& p, const SageTiles& tiles) {
-  // automatic keeps mma.sync here too: in tools/sage_tiles.cu (device calls 11-12,
-  // 2026-11-29) the wgmma dQ kernel gave dQ differing between two runs on the
-  // same inputs at (8, 12, 1024, 64) and values near 1e35 at T = 4096, though
-  // every GPU test then passed; and it was no faster (backward 4.585 vs 4.576 ms
-  // at (4, 16, 4096, 128)). The cause, found afterwards by reading: it used Q̂ and
-  // dO without waiting for their copies (now waited for). The fix has not run on
-  // a GPU yet; the "[sage-wgmma]" many-heads test is the one that must pass first.
-  if (tiles.dq_kernels == FpaKernels::automatic) return false;
   return on_wgmma(tiles.dq_kernels, p.qk8 && p.dq8 && !p.dp8 && !p.tile_scales, "dq_kernels",
                   "attention.sage.precision.qk = dq = int8, dp = bf16, bwd_granularity rowcol (got qk = " +
                       precision_name(p.qk8) + ", dq = " + precision_name(p.dq8) + ", dp = " +
@@ -568,11 +560,6 @@ bool dq_on_wgmma(const SageParams& p, const SageTiles& tiles) {
 }
 
 bool dkdv_on_wgmma(const SageParams& p, const SageTiles& tiles) {
-  // automatic keeps mma.sync here: the wgmma dK/dV kernel runs its dV and dK
-  // products one 64-column slice at a time and measured slower (device call 10,
-  // 2026-11-29: sage backward 5.321 ms against 4.447 with mma.sync dK/dV at
-  // (4, 16, 4096, 128)). wgmma runs it when asked for (tests, tools/sage_tiles.cu).
-  if (tiles.dkdv_kernels == FpaKernels::automatic) return false;
   return on_wgmma(tiles.dkdv_kernels, p.qk8 && p.dv8 && p.dk8 && !p.dp8 && !p.tile_scales, "dkdv_kernels",
                   "attention.sage.precision.qk = dv = dk = int8, dp = bf16, bwd_granularity rowcol (got qk = " +
                       precision_name(p.qk8) + ", dv = " + precision_name(p.dv8) + ", dk = " +
@@ -716,12 +703,21 @@ SageTiles sage_default_tiles(int d) {
   // way and with 8 warps loads each query block once per 128 keys.
   // d = 128: every kernel holds 8 warps per SM at most (registers), and the
   // 4-warp dK/dV kernel only 4 (116 KB of shared memory).
-  // The wgmma forward (automatic on Hopper) is faster than mma.sync's at d = 128
-  // and slower at d = 64 (tools/sage_tiles.cu, 2026-11-29, without the pre-pass:
-  // 0.911 vs 1.089 ms at (4, 16, 4096, 128); 0.099 vs 0.084 at (8, 12, 1024, 64),
-  // 0.599 vs 0.518 at (4, 12, 4096, 64)), so d = 64 keeps mma.sync.
-  if (d == 64) return {4, 4, 8, FpaKernels::mma_sync};
-  return {8, 8, 8};
+  SageTiles tiles = d == 64 ? SageTiles{4, 4, 8} : SageTiles{8, 8, 8};
+  // The families, measured by tools/sage_tiles.cu on an H200 (2026-11-29, times
+  // without the pre-pass):
+  // - forward: wgmma (automatic) at d = 128, 0.911 vs 1.089 ms at (4, 16, 4096,
+  //   128); mma.sync at d = 64, where the wgmma one is slower (0.099 vs 0.084 ms
+  //   at (8, 12, 1024, 64), 0.599 vs 0.518 at (4, 12, 4096, 64));
+  // - dK/dV: mma.sync; the wgmma kernel runs its dV and dK products one 64-column
+  //   slice at a time and is slower (5.108 vs 4.205 ms backward at (4, 16, 4096, 128));
+  // - dQ: mma.sync; the wgmma kernel read Q̂ and dO before their copies had
+  //   landed (dQ changed between runs at 48-96 heads, up to ~1e35 at T = 4096,
+  //   though every GPU test then passed). The wait is in now but has not run on
+  //   a GPU: the "[sage-wgmma]" many-heads test must pass first.
+  tiles.forward_kernels = d == 128 ? FpaKernels::automatic : FpaKernels::mma_sync;
+  tiles.dq_kernels = tiles.dkdv_kernels = FpaKernels::mma_sync;
+  return tiles;
 }
 
 void sage_forward(const SageOptions& opt, const AttentionShape& s, const bf16* qkv, bf16* o, float* stats,

@@ -32,10 +32,9 @@ int sage_row_stats(const SageOptions& opt);
 //   dK/dV    sage_dkdv_sm90.cuh: qk = dv = dk = int8, dp = bf16, bwd_granularity
 //            rowcol (the defaults)
 // *_kernels = mma_sync forces mma.sync; wgmma forces wgmma and throws where it
-// cannot run (no sm_90a, other options). automatic is wgmma for the forward
-// only: the wgmma dK/dV kernel is slower than its mma.sync one, and the wgmma dQ
-// kernel has an open fault (sage.cu, dq_on_wgmma); sage_default_tiles asks for
-// the mma.sync forward at d = 64, where it is the faster one.
+// cannot run (no sm_90a, other options); automatic is wgmma where it runs.
+// sage_default_tiles, what training runs, names the family of each kernel
+// (measured choices, sage.cu): wgmma for the forward at d = 128 only.
 struct SageTiles {
   int forward, dq, dkdv;
   FpaKernels forward_kernels = FpaKernels::automatic;

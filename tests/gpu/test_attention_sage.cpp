@@ -172,6 +172,7 @@ bool wgmma_dkdv_runs(const SageOptions& opt) {
 // (wgmma only where it runs these options; the others on mma.sync).
 qattn::cuda::SageTiles family_tiles(const SageOptions& opt, int d, FpaKernels family) {
   qattn::cuda::SageTiles tiles = qattn::cuda::sage_default_tiles(d);
+  if (family == FpaKernels::automatic) return tiles;  // as attention_forward runs it
   const bool wgmma = family == FpaKernels::wgmma;
   tiles.forward_kernels = wgmma && !wgmma_forward_runs(opt) ? FpaKernels::mma_sync : family;
   tiles.dq_kernels = wgmma && !wgmma_dq_runs(opt) ? FpaKernels::mma_sync : family;
