@@ -596,20 +596,17 @@ void forward(const SageParams& p, const SageTiles& tiles, bool on_wgmma, cudaStr
   });
 }
 
+// The backward kernels' parameters besides their tensor maps.
+SageBackwardSm90Common backward_sm90_common(const SageParams& p) {
+  return {p.ws, p.stats, p.row_terms, p.dqkv, p.softmax, p.B, p.H, p.T, p.c, p.smooth_q};
+}
+
 // The wgmma dQ: tensor maps over the pre-pass's int8 and bf16 copies.
 template <int D, class Softmax>
 void dq_sm90(const SageParams& p, cudaStream_t stream) {
   const SageWorkspace& ws = p.ws;
   const uint64_t heads = static_cast<uint64_t>(p.B) * p.H;
-  SageDqSm90Params f{};
-  f.ws = ws;
-  f.stats = p.stats;
-  f.row_terms = p.row_terms;
-  f.dqkv = p.dqkv;
-  f.softmax = p.softmax;
-  f.B = p.B, f.H = p.H, f.T = p.T;
-  f.c = p.c;
-  f.smooth_q = p.smooth_q;
+  SageDqSm90Params f{backward_sm90_common(p)};
   f.q = sm90::make_int8_tensor_map(ws.q.i8, heads * ws.Tp, D, D, D);
   f.k = sm90::make_int8_tensor_map(ws.k.i8, heads * ws.Tp, D, D, D);
   f.kt = sm90::make_int8_tensor_map(ws.k.i8t, heads * D, ws.Tp, ws.Tp, kTile);
@@ -624,15 +621,7 @@ template <int D, class Softmax>
 void dkdv_sm90(const SageParams& p, cudaStream_t stream) {
   const SageWorkspace& ws = p.ws;
   const uint64_t heads = static_cast<uint64_t>(p.B) * p.H;
-  SageDkDvSm90Params f{};
-  f.ws = ws;
-  f.stats = p.stats;
-  f.row_terms = p.row_terms;
-  f.dqkv = p.dqkv;
-  f.softmax = p.softmax;
-  f.B = p.B, f.H = p.H, f.T = p.T;
-  f.c = p.c;
-  f.smooth_q = p.smooth_q;
+  SageDkDvSm90Params f{backward_sm90_common(p)};
   f.k = sm90::make_int8_tensor_map(ws.k.i8, heads * ws.Tp, D, D, D);
   f.q = sm90::make_int8_tensor_map(ws.q.i8, heads * ws.Tp, D, D, D);
   f.qt = sm90::make_int8_tensor_map(ws.q.i8t, heads * D, ws.Tp, ws.Tp, kTile);

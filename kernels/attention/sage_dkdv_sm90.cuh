@@ -26,20 +26,12 @@
 #include "attention/feeds.cuh"
 #include "attention/int8_operands.cuh"
 #include "attention/quant.cuh"
-#include "attention/sage_forward_sm90.cuh"  // kSm90Rows
+#include "attention/sage_sm90.cuh"
 #include "attention/sage_softmax.cuh"
 
 namespace qattn::cuda::sage {
 
-struct SageDkDvSm90Params {
-  SageWorkspace ws;
-  const float* stats;      // (B, H, T, Softmax::kStatFloats): the forward's L, or RowStats
-  const float* row_terms;  // (B, H, Tp, Softmax::kTermFloats): δ, or the dQ kernel's row sweep
-  bf16* dqkv;              // (B, T, 3, H, d)
-  SoftmaxOptions softmax;  // the K-interval block's
-  int B, H, T;
-  float c;                 // 1 / sqrt(d)
-  bool smooth_q;
+struct SageDkDvSm90Params : SageBackwardSm90Common {
   CUtensorMap k, q;        // K̂, Q̂ (B·H·Tp, d) int8, boxes (64, d)
   CUtensorMap qt, dot;     // Q̂ᵀ, dÔᵀ (B·H·d, Tp) int8, T permuted, boxes (64, 64)
   CUtensorMap v, dout;     // bf16(V), bf16(dO) (B·H·Tp, d), boxes (64, 64)

@@ -19,20 +19,12 @@
 #include "attention/feeds.cuh"
 #include "attention/int8_operands.cuh"
 #include "attention/quant.cuh"
-#include "attention/sage_forward_sm90.cuh"  // kSm90Rows
+#include "attention/sage_sm90.cuh"
 #include "attention/sage_softmax.cuh"
 
 namespace qattn::cuda::sage {
 
-struct SageDqSm90Params {
-  SageWorkspace ws;
-  const float* stats;      // (B, H, T, Softmax::kStatFloats) saved by the forward
-  float* row_terms;        // (B, H, Tp, Softmax::kTermFloats): δ, or the K-interval sweep's terms (written)
-  bf16* dqkv;              // (B, T, 3, H, d): the q slot is written
-  SoftmaxOptions softmax;  // the K-interval block's
-  int B, H, T;
-  float c;                 // 1 / sqrt(d)
-  bool smooth_q;
+struct SageDqSm90Params : SageBackwardSm90Common {
   CUtensorMap q, k;        // Q̂, K̂ (B·H·Tp, d) int8, boxes (64, d)
   CUtensorMap kt;          // K̂ᵀ (B·H·d, Tp) int8, boxes (64, 64)
   CUtensorMap dout, v;     // bf16(dO), bf16(V) (B·H·Tp, d), boxes (64, 64)

@@ -22,11 +22,10 @@
 #include "attention/feeds.cuh"
 #include "attention/int8_operands.cuh"
 #include "attention/quant.cuh"
+#include "attention/sage_sm90.cuh"
 #include "attention/sage_softmax.cuh"
 
 namespace qattn::cuda::sage {
-
-constexpr int kSm90Rows = 2 * flash::sm90::kWarpgroupRows;  // query rows per block
 
 struct SageForwardSm90Params {
   SageWorkspace ws;
