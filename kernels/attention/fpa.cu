@@ -37,9 +37,6 @@ using FpaTiles = std::conditional_t<
     KernelTiles<ForwardTraits<64, 4, 2, 64>, DkDvTraits<64, 4, 1, 64>, DqTraits<64, 4, 2, 64>>,
     KernelTiles<ForwardTraits<128, 8, 1, 128>, DkDvTraits<128, 8, 1, 64>, DqTraits<128, 8, 1, 64>>>;
 
-template <int D>
-using FpaTilesSm90 = sm90::FpaTiles<D>;
-
 template <class Tiles, class Params>
 void launch_forward(const AttentionShape& s, const Params& p, void (*kernel)(Params),
                     cudaStream_t stream) {
@@ -54,8 +51,8 @@ void forward(const AttentionShape& s, const bf16* qkv, bf16* o, float* lse, FpaK
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const ForwardParams p{qkv, o, lse, s.B, s.H, s.T, scale * kLog2e};
   if (resolve_kernels(kernels, "FPA attention") == FpaKernels::wgmma) {
-    using Tr = typename FpaTilesSm90<D>::Forward;
-    return launch_forward<FpaTilesSm90<D>>(s, sm90::tma_params(p, D),
+    using Tr = typename sm90::FpaTiles<D>::Forward;
+    return launch_forward<sm90::FpaTiles<D>>(s, sm90::tma_params(p, D),
                                            sm90::flash_forward_kernel<Tr, OnlineSoftmax<1>>, stream);
   }
   using Tr = typename FpaTiles<D>::Forward;
@@ -80,7 +77,7 @@ void backward(const AttentionShape& s, const bf16* qkv, const bf16* o, const bf1
   const BackwardParams p{qkv, o, dout, lse, delta, dqkv, s.B, s.H, s.T, scale, scale * kLog2e};
   attention_delta(p, D, stream);
   if (resolve_kernels(kernels, "FPA attention") == FpaKernels::wgmma) {
-    using Tiles = FpaTilesSm90<D>;
+    using Tiles = sm90::FpaTiles<D>;
     return launch_backward<Tiles>(
         s, sm90::tma_params(p, D),
         sm90::flash_backward_kernel<typename Tiles::DkDv, typename Tiles::Dq, OnlineSoftmax<1>>,
@@ -98,7 +95,7 @@ template <int D>
 void backward_dq(const AttentionShape& s, const BackwardParams& p, FpaKernels kernels,
                  cudaStream_t stream) {
   if (resolve_kernels(kernels, "FPA attention") == FpaKernels::wgmma) {
-    using Dq = typename FpaTilesSm90<D>::Dq;
+    using Dq = typename sm90::FpaTiles<D>::Dq;
     return launch(sm90::flash_backward_dq_kernel<Dq, OnlineSoftmax<1>>,
                   dim3(ceil_div(s.T, Dq::kBlockM), s.H, s.B), Dq::kThreads, Dq::kSmemBytes,
                   stream, sm90::tma_params(p, D));
