@@ -698,14 +698,18 @@ SageTiles sage_default_tiles(int d) {
   // - forward: wgmma (automatic) at d = 128, 0.911 vs 1.089 ms at (4, 16, 4096,
   //   128); mma.sync at d = 64, where the wgmma one is slower (0.099 vs 0.084 ms
   //   at (8, 12, 1024, 64), 0.599 vs 0.518 at (4, 12, 4096, 64));
-  // - dK/dV: mma.sync; the wgmma kernel runs its dV and dK products one 64-column
-  //   slice at a time and is slower (5.108 vs 4.205 ms backward at (4, 16, 4096, 128));
-  // - dQ: mma.sync; the wgmma kernel read Q̂ and dO before their copies had
-  //   landed (dQ changed between runs at 48-96 heads, up to ~1e35 at T = 4096,
-  //   though every GPU test then passed). The wait is in now but has not run on
-  //   a GPU: the "[sage-wgmma]" many-heads test must pass first.
+  // - dK/dV: wgmma (automatic): backward 0.338 vs 0.386 ms at (8, 12, 1024,
+  //   64), 1.740 vs 2.063 at (4, 12, 4096, 64), 3.507 vs 4.603 at (4, 16, 4096,
+  //   128), 11.522 vs 15.596 at (1, 16, 16384, 128) (dQ on mma.sync in both;
+  //   2026-11-29, 21:47 UTC, once its per-entry causal mask was compiled out
+  //   of the fully visible steps, with_mask);
+  // - dQ: wgmma (automatic): backward 4.983 ms with all three on wgmma against
+  //   5.493 with dK/dV on wgmma and dQ on mma.sync at (4, 16, 4096, 128), 17.278
+  //   against 19.127 at (1, 16, 16384, 128), 3.098 against 3.153 at (4, 12,
+  //   4096, 64) (21:27 UTC, after the fix of its unwaited Q̂/dO copies; the
+  //   "[sage-wgmma]" many-heads test passes).
   tiles.forward_kernels = d == 128 ? FpaKernels::automatic : FpaKernels::mma_sync;
-  tiles.dq_kernels = tiles.dkdv_kernels = FpaKernels::mma_sync;
+  tiles.dq_kernels = tiles.dkdv_kernels = FpaKernels::automatic;
   return tiles;
 }
 

@@ -12,16 +12,17 @@
 // keys each (one block each, so one s_K per warpgroup), and a producer
 // warpgroup: one thread copies K̂ (128, d) and bf16 V (128, d) once, then per
 // 64-query step Q̂ (64, d), Q̂ᵀ and dÔᵀ (d, 64) (T permuted, kPermuted) and bf16
-// dO (64, d) into a two-stage ring, one warp the queries' saved statistics (L,
+// dO (64, d) into a three-stage ring, one warp the queries' saved statistics (L,
 // or RowStats) and row terms (δ, or the row sweep's). Per warpgroup and query
 // block i from the diagonal (transposed tiles, keys x queries):
 //   Sᵀ = K̂ Q̂ᵀ (s32, wgmma ss) and dPᵀ = V dOᵀ (fp32, bf16 wgmma ss) issued back
 //   to back; Sᵀ · s_K s_Q (+ smooth_q bias) -> Pᵀ (masked 0) while dPᵀ runs ->
 //   ψ(Pᵀ) per row (per key) into s8 A fragments -> dSᵀ = Pᵀ ∘ (dPᵀ − δ) (the
-//   policy's grad) -> ψ(dSᵀ) per row into s8 A fragments (P and dS in fp32 are
-//   then dead) -> per 64 columns of d: dV += P̂ᵀ dÔ · s_P s_dO, then dK +=
-//   dŜᵀ Q̂ · s_dS s_Q (s32, wgmma rs, B the transposed copies, folded into the
-//   fp32 accumulators) -> smooth_q: dK += c (dSᵀ 1) μ_Qᵀ.
+//   policy's grad) -> ψ(dSᵀ) per row into s8 A fragments -> dV += P̂ᵀ dÔ ·
+//   s_P s_dO and dK += dŜᵀ Q̂ · s_dS s_Q (s32, wgmma rs, B the transposed
+//   copies, folded into the fp32 accumulators; at d = 64 dV's runs while dSᵀ is
+//   made and dK's into the next step, see kDeferred) -> smooth_q: dK += c (dSᵀ
+//   1) μ_Qᵀ.
 #pragma once
 #include "attention/feeds.cuh"
 #include "attention/int8_operands.cuh"
@@ -43,7 +44,7 @@ struct SageDkDvSm90Params : SageBackwardSm90Common {
 // end dK and dV (128, d) bf16 are staged from offset 0.
 template <int D, class Softmax>
 struct SageDkDvSm90Layout {
-  using Feed = flash::TmaFeed<256, true>;
+  using Feed = flash::TmaFeed<256, true, 3>;  // consume_deferred
   static constexpr int kK = 0, kV = kK + kSm90Rows * D, kStage0 = kV + kSm90Rows * D * 2;
   // Offsets within a stage.
   static constexpr int kQ = 0, kQt = kQ + kSageBlock * D, kDot = kQt + D * kSageBlock;
@@ -127,8 +128,49 @@ __global__ void __launch_bounds__(flash::sm90::block_threads<2>(), 1)
   float dk_acc[1][D / 8][4], dv_acc[1][D / 8][4];  // (64, d) rows of dK, dV of the warpgroup; this warp's 16
   zero(dk_acc);
   zero(dv_acc);
+  // The products over the step's queries: dV += P̂ᵀ dÔ · s_P s_dO and dK +=
+  // dŜᵀ Q̂ · s_dS s_Q, each as s32 sums of 64 columns of d at a time (B the
+  // transposed copy's rows of those columns), folded into the fp32 accumulators.
+  constexpr int kChunk = 64, kChunkTiles = kChunk / 8, kChunks = D / kChunk;
+  uint32_t p_hat[1][kKSteps][4], ds_hat[1][kKSteps][4];  // P̂ᵀ, dŜᵀ (64 keys, 64 queries) s8 A fragments
+  float dv_scale[2], dk_scale[2];                        // of the thread's two keys
+  auto issue = [&](int (&sum)[1][kChunkTiles][4], bool dv, int chunk, int s) {
+    const Int8SmemTile<kChunk, kQueries> bt{(dv ? dot_tile(s) : qt_tile(s)).data + chunk * kChunk * kQueries};
+    biased_zero(sum[0]);
+    issue_s8_rs(sum, dv ? p_hat : ds_hat, bt);
+  };
+  auto fold = [&](bool dv, int chunk, const int (&sum)[1][kChunkTiles][4]) {
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) {  // constant indices into the accumulators
+      if (c != chunk) continue;
+#pragma unroll
+      for (int dt = 0; dt < kChunkTiles; ++dt) {
+        if (dv)
+          add_biased<kQueries>(dv_acc[0][c * kChunkTiles + dt], sum[0][dt], dv_scale);
+        else
+          add_biased<kQueries>(dk_acc[0][c * kChunkTiles + dt], sum[0][dt], dk_scale);
+      }
+    }
+  };
+  // d = 64: dV's product is issued as soon as P̂ᵀ is packed and runs while dSᵀ
+  // is made; dK's runs into the next step, whose Sᵀ and dPᵀ are issued before
+  // both are waited for and folded (the stage is released a step late,
+  // consume_deferred). d = 128 has no registers for that beside dK and dV in
+  // fp32 (128 per thread): after dŜᵀ, per 64 columns, dV's and dK's products
+  // are issued together and dV's is folded while dK's runs. The loop stays
+  // rolled: ptxas gives every wgmma of unrolled code accumulator registers of
+  // its own, which spills at d = 128.
+  constexpr bool kDeferred = D == 64;
+  int sums[2][1][kChunkTiles][4];  // (64 keys, 64 columns) biased s32 of dV and dK
+  bool in_flight = false;          // d = 64: the last step's two products
+  auto fold_in_flight = [&](auto pending) {  // pending: groups issued after them, left in flight
+    wait_for<decltype(pending)::value>(sums[0], sums[1], p_hat, ds_hat);
+    fold(true, 0, sums[0]);
+    fold(false, 0, sums[1]);
+  };
+
   feed.resident(resident);
-  feed.consume(q_first, ws.blocks, queries, [&](int i, int s) {
+  feed.consume_deferred(q_first, ws.blocks, queries, [&](int i, int s) {
     const int q0 = i * kQueries;
     // Every key of the warpgroup after every query of the block, or past T (uniform).
     if (wg_key0 > q0 + kQueries - 1 || wg_key0 >= p.T) return;
@@ -144,6 +186,9 @@ __global__ void __launch_bounds__(flash::sm90::block_threads<2>(), 1)
     issue_s8_ss(st_sum, k_tile, wg_row0, q_tile(s));
     float dp[1][kNTiles][4];  // (64 keys, 64 queries): dPᵀ, runs while Pᵀ is made
     issue_ss(dp, v_tile, wg_row0, do_tile(s));
+    if constexpr (kDeferred) {
+      if (in_flight) fold_in_flight(std::integral_constant<int, 2>{});  // Sᵀ and dPᵀ run on
+    }
     wait_for<1>(st_sum);
     float score[1][kNTiles][4];  // Sᵀ
     biased_to_scores<D>(score, st_sum[0], s_k * s_q);
@@ -154,33 +199,34 @@ __global__ void __launch_bounds__(flash::sm90::block_threads<2>(), 1)
 #pragma unroll
         for (int e = 0; e < 4; ++e) score[0][nt][e] += bias[frag_row(e)];
     }
+    // w(nt, e) = f(nt, e, key, query index) where the key sees the query, else
+    // 0, over the warp's (16 keys, 64 queries); the mask only off the diagonal.
     float w[1][kNTiles][4];  // Pᵀ, then dSᵀ
+    auto visible_entries = [&](auto&& f) {
+      with_mask(all_visible, [&](auto unmasked) {
 #pragma unroll
-    for (int nt = 0; nt < kNTiles; ++nt)
+        for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int key = warp_key0 + frag_row(e), qi = frag_col(nt, e);
-        w[0][nt][e] = all_visible || visible(key, q0 + qi) ? softmax.probability(query_row(qi), score[0][nt][e])
-                                                           : 0.0f;
-      }
+          for (int e = 0; e < 4; ++e) {
+            const int key = warp_key0 + frag_row(e), qi = frag_col(nt, e);
+            w[0][nt][e] = unmasked || visible(key, q0 + qi) ? f(nt, e, key, qi) : 0.0f;
+          }
+      });
+    };
+    visible_entries([&](int nt, int e, int, int qi) { return softmax.probability(query_row(qi), score[0][nt][e]); });
     float s_p[2], inv_s_p[2];  // ψ's scale of each of the thread's two keys
     weight_scales<1>(w, false, nullptr, s_p, inv_s_p);
-    uint32_t p_hat[1][kKSteps][4];  // P̂ᵀ (64 keys, 64 queries) s8 A fragments over the permuted queries
     pack_weights(p_hat[0], w, inv_s_p);
-    wait_for<0>(dp);
-#pragma unroll
-    for (int nt = 0; nt < kNTiles; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int key = warp_key0 + frag_row(e), qi = frag_col(nt, e);
-        w[0][nt][e] = all_visible || visible(key, q0 + qi)
-                          ? softmax.grad(query_row(qi), score[0][nt][e], w[0][nt][e], dp[0][nt][e], key)
-                          : 0.0f;
-      }
+    dv_scale[0] = s_p[0] * s_do, dv_scale[1] = s_p[1] * s_do;
+    if constexpr (kDeferred) issue(sums[0], true, 0, s);
+    wait_for<kDeferred ? 1 : 0>(dp);
+    visible_entries([&](int nt, int e, int key, int qi) {
+      return softmax.grad(query_row(qi), score[0][nt][e], w[0][nt][e], dp[0][nt][e], key);
+    });
     float s_ds[2], inv_s_ds[2];
     weight_scales<1>(w, false, nullptr, s_ds, inv_s_ds);
-    uint32_t ds_hat[1][kKSteps][4];  // dŜᵀ, as P̂ᵀ
     pack_weights(ds_hat[0], w, inv_s_ds);
+    dk_scale[0] = s_ds[0] * s_q, dk_scale[1] = s_ds[1] * s_q;
     float ds_sum[2] = {0.0f, 0.0f};  // smooth_q: dSᵀ 1 of the thread's two keys, unquantised
     if (p.smooth_q) {
 #pragma unroll
@@ -191,37 +237,18 @@ __global__ void __launch_bounds__(flash::sm90::block_threads<2>(), 1)
       ds_sum[1] = row_sum4(ds_sum[1]);
     }
 
-    // dV += P̂ᵀ dÔ · s_P s_dO and dK += dŜᵀ Q̂ · s_dS s_Q, 64 columns of d per
-    // job: one s32 product (B the transposed copy's rows of those columns),
-    // then its sum folded into fp32. The loop stays rolled: ptxas gives every
-    // wgmma of unrolled code accumulator registers of its own, which at d = 128
-    // next to dK and dV in fp32 would spill.
-    const float dv_scale[2] = {s_p[0] * s_do, s_p[1] * s_do}, dk_scale[2] = {s_ds[0] * s_q, s_ds[1] * s_q};
-    constexpr int kChunk = 64, kChunkTiles = kChunk / 8;
+    if constexpr (kDeferred) {
+      issue(sums[1], false, 0, s);
+      in_flight = true;
+    } else {  // per 64 columns of d: dK's product runs while dV's is folded
 #pragma unroll 1
-    for (int job = 0; job < 2 * (D / kChunk); ++job) {
-      const bool dv = job % 2 == 0;  // else dK
-      const int chunk = job / 2;
-      uint32_t a[1][kKSteps][4];  // P̂ᵀ or dŜᵀ
-#pragma unroll
-      for (int ks = 0; ks < kKSteps; ++ks)
-#pragma unroll
-        for (int r = 0; r < 4; ++r) a[0][ks][r] = dv ? p_hat[0][ks][r] : ds_hat[0][ks][r];
-      const Int8SmemTile<kChunk, kQueries> bt{(dv ? dot_tile(s) : qt_tile(s)).data + chunk * kChunk * kQueries};
-      int sum[1][kChunkTiles][4];  // (64 keys, 64 columns), biased s32
-      biased_zero(sum[0]);
-      issue_s8_rs(sum, a, bt);
-      wait_for<0>(sum, a);
-#pragma unroll
-      for (int c = 0; c < D / kChunk; ++c) {  // constant indices into the accumulators
-        if (c != chunk) continue;
-#pragma unroll
-        for (int dt = 0; dt < kChunkTiles; ++dt) {
-          if (dv)
-            add_biased<kQueries>(dv_acc[0][c * kChunkTiles + dt], sum[0][dt], dv_scale);
-          else
-            add_biased<kQueries>(dk_acc[0][c * kChunkTiles + dt], sum[0][dt], dk_scale);
-        }
+      for (int chunk = 0; chunk < kChunks; ++chunk) {
+        issue(sums[0], true, chunk, s);
+        issue(sums[1], false, chunk, s);
+        wait_for<1>(sums[0], p_hat);
+        fold(true, chunk, sums[0]);
+        wait_for<0>(sums[1], ds_hat);
+        fold(false, chunk, sums[1]);
       }
     }
     if (p.smooth_q) {  // dK_j += c (dSᵀ 1) μ_Qiᵀ
@@ -231,6 +258,8 @@ __global__ void __launch_bounds__(flash::sm90::block_threads<2>(), 1)
 #pragma unroll
         for (int e = 0; e < 4; ++e) dk_acc[0][dt][e] += p.c * ds_sum[e / 2] * mu_q[frag_col(dt, e)];
     }
+  }, [&] {
+    if (kDeferred && in_flight) fold_in_flight(std::integral_constant<int, 0>{});
   });
 
   // Every product of both warpgroups is done and every copy has landed: stage
