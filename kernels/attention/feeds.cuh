@@ -95,12 +95,11 @@ struct CpAsyncFeed {
 
 // ---------------------------------------------------------------------------
 // kRowValues: steps copy per-row values too (a second producer warp does).
-// kStages_: the ring's stages; consume_deferred holds one more than consume.
-template <int kConsumerThreads_, bool kRowValues, int kStages_ = 2>
+template <int kConsumerThreads_, bool kRowValues>
 struct TmaFeed {
   static constexpr int kConsumerThreads = kConsumerThreads_;
   static constexpr int kThreads = kConsumerThreads_ + 128;  // and the producer warpgroup
-  static constexpr int kStages = kStages_;
+  static constexpr int kStages = 2;
   static constexpr int kBarrierBytes = (1 + 2 * kStages) * 8;
   static_assert(kConsumerThreads == 256, "sm90's register split is for two consumer warpgroups");
 
@@ -203,23 +202,6 @@ struct TmaFeed {
       ring.wait_full(step_);
       body(i, sm90::Ring<kStages>::stage(step_));
       ring.release(step_);
-    }
-  }
-  // As consume, but step i's stage is released only after body(i + 1) has run,
-  // or after drain() at the end: for bodies whose last products still read the
-  // stage when they return and are waited for in the next step. With 3 stages
-  // the producer still copies one step ahead.
-  template <class Step, class Body, class Drain>
-  __device__ void consume_deferred(int first, int last, Step&&, Body&& body, Drain&& drain) {
-    static_assert(kStages >= 3, "a deferred release holds two stages");
-    for (int i = first; i < last; ++i, ++step_) {
-      ring.wait_full(step_);
-      body(i, sm90::Ring<kStages>::stage(step_));
-      if (i > first) ring.release(step_ - 1);
-    }
-    if (last > first) {
-      drain();
-      ring.release(step_ - 1);
     }
   }
   __device__ void sync() { sm90::consumers_sync<kConsumerThreads / 128>(); }

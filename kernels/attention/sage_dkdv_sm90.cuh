@@ -12,7 +12,7 @@
 // keys each (one block each, so one s_K per warpgroup), and a producer
 // warpgroup: one thread copies K̂ (128, d) and bf16 V (128, d) once, then per
 // 64-query step Q̂ (64, d), Q̂ᵀ and dÔᵀ (d, 64) (T permuted, kPermuted) and bf16
-// dO (64, d) into a three-stage ring, one warp the queries' saved statistics (L,
+// dO (64, d) into a two-stage ring, one warp the queries' saved statistics (L,
 // or RowStats) and row terms (δ, or the row sweep's). Per warpgroup and query
 // block i from the diagonal (transposed tiles, keys x queries):
 //   Sᵀ = K̂ Q̂ᵀ (s32, wgmma ss) and dPᵀ = V dOᵀ (fp32, bf16 wgmma ss) issued back
@@ -20,9 +20,8 @@
 //   ψ(Pᵀ) per row (per key) into s8 A fragments -> dSᵀ = Pᵀ ∘ (dPᵀ − δ) (the
 //   policy's grad) -> ψ(dSᵀ) per row into s8 A fragments -> dV += P̂ᵀ dÔ ·
 //   s_P s_dO and dK += dŜᵀ Q̂ · s_dS s_Q (s32, wgmma rs, B the transposed
-//   copies, folded into the fp32 accumulators; at d = 64 dV's runs while dSᵀ is
-//   made and dK's into the next step, see kDeferred) -> smooth_q: dK += c (dSᵀ
-//   1) μ_Qᵀ.
+//   copies, per 64 columns of d, folded into the fp32 accumulators, dV's while
+//   dK's runs) -> smooth_q: dK += c (dSᵀ 1) μ_Qᵀ.
 #pragma once
 #include "attention/feeds.cuh"
 #include "attention/int8_operands.cuh"
@@ -44,7 +43,7 @@ struct SageDkDvSm90Params : SageBackwardSm90Common {
 // end dK and dV (128, d) bf16 are staged from offset 0.
 template <int D, class Softmax>
 struct SageDkDvSm90Layout {
-  using Feed = flash::TmaFeed<256, true, 3>;  // consume_deferred
+  using Feed = flash::TmaFeed<256, true>;
   static constexpr int kK = 0, kV = kK + kSm90Rows * D, kStage0 = kV + kSm90Rows * D * 2;
   // Offsets within a stage.
   static constexpr int kQ = 0, kQt = kQ + kSageBlock * D, kDot = kQt + D * kSageBlock;
@@ -152,25 +151,10 @@ __global__ void __launch_bounds__(flash::sm90::block_threads<2>(), 1)
       }
     }
   };
-  // d = 64: dV's product is issued as soon as P̂ᵀ is packed and runs while dSᵀ
-  // is made; dK's runs into the next step, whose Sᵀ and dPᵀ are issued before
-  // both are waited for and folded (the stage is released a step late,
-  // consume_deferred). d = 128 has no registers for that beside dK and dV in
-  // fp32 (128 per thread): after dŜᵀ, per 64 columns, dV's and dK's products
-  // are issued together and dV's is folded while dK's runs. The loop stays
-  // rolled: ptxas gives every wgmma of unrolled code accumulator registers of
-  // its own, which spills at d = 128.
-  constexpr bool kDeferred = D == 64;
   int sums[2][1][kChunkTiles][4];  // (64 keys, 64 columns) biased s32 of dV and dK
-  bool in_flight = false;          // d = 64: the last step's two products
-  auto fold_in_flight = [&](auto pending) {  // pending: groups issued after them, left in flight
-    wait_for<decltype(pending)::value>(sums[0], sums[1], p_hat, ds_hat);
-    fold(true, 0, sums[0]);
-    fold(false, 0, sums[1]);
-  };
 
   feed.resident(resident);
-  feed.consume_deferred(q_first, ws.blocks, queries, [&](int i, int s) {
+  feed.consume(q_first, ws.blocks, queries, [&](int i, int s) {
     const int q0 = i * kQueries;
     // Every key of the warpgroup after every query of the block, or past T (uniform).
     if (wg_key0 > q0 + kQueries - 1 || wg_key0 >= p.T) return;
@@ -186,9 +170,6 @@ __global__ void __launch_bounds__(flash::sm90::block_threads<2>(), 1)
     issue_s8_ss(st_sum, k_tile, wg_row0, q_tile(s));
     float dp[1][kNTiles][4];  // (64 keys, 64 queries): dPᵀ, runs while Pᵀ is made
     issue_ss(dp, v_tile, wg_row0, do_tile(s));
-    if constexpr (kDeferred) {
-      if (in_flight) fold_in_flight(std::integral_constant<int, 2>{});  // Sᵀ and dPᵀ run on
-    }
     wait_for<1>(st_sum);
     float score[1][kNTiles][4];  // Sᵀ
     biased_to_scores<D>(score, st_sum[0], s_k * s_q);
@@ -218,8 +199,7 @@ __global__ void __launch_bounds__(flash::sm90::block_threads<2>(), 1)
     weight_scales<1>(w, false, nullptr, s_p, inv_s_p);
     pack_weights(p_hat[0], w, inv_s_p);
     dv_scale[0] = s_p[0] * s_do, dv_scale[1] = s_p[1] * s_do;
-    if constexpr (kDeferred) issue(sums[0], true, 0, s);
-    wait_for<kDeferred ? 1 : 0>(dp);
+    wait_for<0>(dp);
     visible_entries([&](int nt, int e, int key, int qi) {
       return softmax.grad(query_row(qi), score[0][nt][e], w[0][nt][e], dp[0][nt][e], key);
     });
@@ -237,19 +217,17 @@ __global__ void __launch_bounds__(flash::sm90::block_threads<2>(), 1)
       ds_sum[1] = row_sum4(ds_sum[1]);
     }
 
-    if constexpr (kDeferred) {
-      issue(sums[1], false, 0, s);
-      in_flight = true;
-    } else {  // per 64 columns of d: dK's product runs while dV's is folded
+    // Per 64 columns of d, dV's and dK's products are issued together and dV's
+    // is folded while dK's runs. The loop stays rolled: ptxas gives every wgmma
+    // of unrolled code accumulator registers of its own, which spills at d = 128.
 #pragma unroll 1
-      for (int chunk = 0; chunk < kChunks; ++chunk) {
-        issue(sums[0], true, chunk, s);
-        issue(sums[1], false, chunk, s);
-        wait_for<1>(sums[0], p_hat);
-        fold(true, chunk, sums[0]);
-        wait_for<0>(sums[1], ds_hat);
-        fold(false, chunk, sums[1]);
-      }
+    for (int chunk = 0; chunk < kChunks; ++chunk) {
+      issue(sums[0], true, chunk, s);
+      issue(sums[1], false, chunk, s);
+      wait_for<1>(sums[0], p_hat);
+      fold(true, chunk, sums[0]);
+      wait_for<0>(sums[1], ds_hat);
+      fold(false, chunk, sums[1]);
     }
     if (p.smooth_q) {  // dK_j += c (dSᵀ 1) μ_Qiᵀ
       const float* mu_q = ws.query_mean + (scale0 + i) * D;
@@ -258,8 +236,6 @@ __global__ void __launch_bounds__(flash::sm90::block_threads<2>(), 1)
 #pragma unroll
         for (int e = 0; e < 4; ++e) dk_acc[0][dt][e] += p.c * ds_sum[e / 2] * mu_q[frag_col(dt, e)];
     }
-  }, [&] {
-    if (kDeferred && in_flight) fold_in_flight(std::integral_constant<int, 0>{});
   });
 
   // Every product of both warpgroups is done and every copy has landed: stage
