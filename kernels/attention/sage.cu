@@ -701,7 +701,7 @@ SageTiles sage_default_tiles(int d) {
   // - dK/dV: wgmma (automatic): backward 0.338 vs 0.386 ms at (8, 12, 1024,
   //   64), 1.740 vs 2.063 at (4, 12, 4096, 64), 3.507 vs 4.603 at (4, 16, 4096,
   //   128), 11.522 vs 15.596 at (1, 16, 16384, 128) (dQ on mma.sync in both;
-  //   2026-11-29, 21:47 UTC, once its per-entry causal mask was compiled out
+  //   2026-11-29, 21:43 UTC, once its per-entry causal mask was compiled out
   //   of the fully visible steps, with_mask);
   // - dQ: wgmma (automatic): backward 4.983 ms with all three on wgmma against
   //   5.493 with dK/dV on wgmma and dQ on mma.sync at (4, 16, 4096, 128), 17.278
