@@ -78,13 +78,6 @@ __device__ __forceinline__ float column_sum(const bf16* tile, int rows, int col)
   return sum;
 }
 
-// ψ's level of x with scale s, as the CPU reference: round(x / s), half away
-// from zero, as a byte. The division is IEEE, not x·(1/s): the levels are the
-// correctly rounded quotient's, bit for bit those of any earlier version.
-__device__ __forceinline__ uint32_t quantise_level(float x, float s) {
-  return static_cast<uint32_t>(static_cast<int>(roundf(x / s))) & 0xFFu;
-}
-
 // Grid (blocks, B·H): column sums of K over the block's valid rows.
 template <int D>
 __global__ void __launch_bounds__(kQuantThreads) key_block_sums_kernel(const QuantiseParams p) {
@@ -201,24 +194,32 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantBlocksPerSm) quantise_ker
   // The natural copies, one 16-byte (bf16) or 8-byte (int8) store per chunk;
   // the levels also into shared memory for the transposed copy.
   const size_t natural0 = (static_cast<size_t>(bh) * ws.Tp + t0) * D;  // row t0 of (B·H, Tp, d)
+  auto write_copies = [&](auto level) {
 #pragma unroll
-  for (int k = 0; k < C::kPerThread; ++k) {
-    const int r = C::row(k);
-    if (copies.bf) store8_f32(out.bf + natural0 + r * D + ch0, x[k]);
-    if (!copies.i8 && !copies.i8t) continue;
-    uint32_t word[2];
+    for (int k = 0; k < C::kPerThread; ++k) {
+      const int r = C::row(k);
+      if (copies.bf) store8_f32(out.bf + natural0 + r * D + ch0, x[k]);
+      if (!copies.i8 && !copies.i8t) continue;
+      uint32_t word[2];
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      word[half] = 0;
+      for (int half = 0; half < 2; ++half) {
+        word[half] = 0;
 #pragma unroll
-      for (int i = 0; i < 4; ++i) word[half] |= quantise_level(x[k][4 * half + i], scale) << (8 * i);
+        for (int i = 0; i < 4; ++i) word[half] |= level(x[k][4 * half + i]) << (8 * i);
+      }
+      if (copies.i8) *reinterpret_cast<uint2*>(out.i8 + natural0 + r * D + ch0) = make_uint2(word[0], word[1]);
+      if (copies.i8t) {
+        uint32_t* level_row = reinterpret_cast<uint32_t*>(levels + r * C::kLevelRow + ch0);
+        level_row[0] = word[0];
+        level_row[1] = word[1];
+      }
     }
-    if (copies.i8) *reinterpret_cast<uint2*>(out.i8 + natural0 + r * D + ch0) = make_uint2(word[0], word[1]);
-    if (copies.i8t) {
-      uint32_t* level_row = reinterpret_cast<uint32_t*>(levels + r * C::kLevelRow + ch0);
-      level_row[0] = word[0];
-      level_row[1] = word[1];
-    }
+  };
+  if (scale >= kReciprocalScaleMin) {  // uniform over the block
+    const float inv_scale = __frcp_rn(scale);
+    write_copies([&](float v) { return quantise_level(v, scale, inv_scale); });
+  } else {
+    write_copies([&](float v) { return quantise_level_by_division(v, scale); });
   }
   if (!copies.i8t) return;
   __syncthreads();

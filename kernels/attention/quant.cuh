@@ -69,4 +69,33 @@ void sage_quantise(const SageOptions& opt, const AttentionShape& s, const bf16* 
                    const bf16* o, const bf16* dout, const SageWorkspace& ws, const SageCopies& copies,
                    cudaStream_t stream);
 
+#ifdef __CUDACC__
+// ψ's level of x at scale s (SPEC §3): round(x / s), half away from zero, as the
+// CPU reference rounds, as a byte (two's complement).
+//
+// By definition: an IEEE division and roundf. Each costs the pre-pass a
+// conversion-unit instruction per element (MUFU.RCP, F2I; 16 per clock per SM on
+// sm_90, a quarter of the FP32 rate), which bound the kernel.
+__device__ __forceinline__ uint32_t quantise_level_by_division(float x, float s) {
+  return static_cast<uint32_t>(static_cast<int>(roundf(x / s))) & 0xFFu;
+}
+// The same on the FP32 pipes, given r = 1/s rounded to nearest (once per block):
+// q = x·r is within about an ulp of x/s, and one correction by the exact
+// residual x − q·s (an FMA) gives the correctly rounded quotient (Markstein's
+// step; the GPU test "sage pre-pass: ψ's levels by reciprocal equal those by
+// division" compares the two on random and near-tie inputs). Then n = round to
+// nearest even of |q| by adding and subtracting 2^23, a tie (|q| − n = ½)
+// moved away from zero, and the signed level's byte from the 1.5·2^23 bias
+// (int8_operands.cuh). Needs a normal 1/s: s ≥ kReciprocalScaleMin.
+constexpr float kReciprocalScaleMin = 0x1p-120f;
+__device__ __forceinline__ uint32_t quantise_level(float x, float s, float r) {
+  const float q0 = x * r;
+  const float q = fmaf(fmaf(-q0, s, x), r, q0);
+  const float a = fabsf(q);
+  float n = (a + 8388608.0f) - 8388608.0f;  // |q| < 2^22
+  if (a - n == 0.5f) n += 1.0f;
+  return __float_as_uint(copysignf(n, q) + 12582912.0f) & 0xFFu;
+}
+#endif  // __CUDACC__
+
 }  // namespace qattn::cuda

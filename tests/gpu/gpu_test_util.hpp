@@ -99,4 +99,9 @@ inline double rel_l2(const std::vector<float>& a, const std::vector<float>& b) {
 // Fills every SM's shared memory with 0x7F bytes and waits (shared_memory_poison.cu).
 void poison_shared_memory();
 
+// ψ's level of each (x[i], s[i]) on the device by quant.cuh's quantise_level (a
+// reciprocal per scale) and by quantise_level_by_division (quant_levels.cu).
+void quant_levels(const std::vector<float>& x, const std::vector<float>& s, std::vector<uint32_t>& by_reciprocal,
+                  std::vector<uint32_t>& by_division);
+
 }  // namespace qattn::test

@@ -443,6 +443,50 @@ TEST_CASE("sage pre-pass: quantised c(Q - mu_Q), K - mu_K, V, dO, scales, means,
   }
 }
 
+// The pre-pass rounds x / s by a reciprocal per block and one correction
+// (quant.cuh): its levels must be the definition's, round(x / s) by an IEEE
+// division, on any input. 4M pairs per run from the run's seed: scales of
+// blocks with max |x| from 2^-100 to 2^40, x uniform in [−max, max], and the
+// hard cases: exact ties (k + ½)·s, integers k·s, and the floats next to both.
+TEST_CASE("sage pre-pass: ψ's levels by reciprocal equal those by division", "[sage]") {
+  std::mt19937_64& gen = qattn::test::rng();
+  std::uniform_real_distribution<float> unit(-1.0f, 1.0f), exponent(-100.0f, 40.0f);
+  std::uniform_int_distribution<int> level(-127, 126);
+  constexpr int kScales = 1 << 14, kPerScale = 256;
+  std::vector<float> x, s;
+  x.reserve(static_cast<size_t>(kScales) * kPerScale);
+  s.reserve(x.capacity());
+  for (int si = 0; si < kScales; ++si) {
+    const float amax = std::ldexp(0.5f + 0.5f * std::abs(unit(gen)), static_cast<int>(exponent(gen)));
+    const float scale = amax / 127.0f;
+    for (int k = 0; k < kPerScale; ++k) {
+      const float tie = (static_cast<float>(level(gen)) + 0.5f) * scale, whole = static_cast<float>(level(gen)) * scale;
+      const float toward = k % 2 ? INFINITY : -INFINITY;
+      float v = 0.0f;
+      switch (k % 5) {
+        case 0: v = unit(gen) * amax; break;
+        case 1: v = tie; break;
+        case 2: v = std::nextafter(tie, toward); break;
+        case 3: v = whole; break;
+        case 4: v = std::nextafter(whole, toward); break;
+      }
+      x.push_back(std::max(-amax, std::min(amax, v)));
+      s.push_back(scale);
+    }
+  }
+  std::vector<uint32_t> by_reciprocal, by_division;
+  qattn::test::quant_levels(x, s, by_reciprocal, by_division);
+  long long differ = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (by_reciprocal[i] == by_division[i]) continue;
+    if (differ++ < 5)
+      std::printf("  x = %a, s = %a: level %d by reciprocal, %d by division\n", x[i], s[i],
+                  static_cast<int8_t>(by_reciprocal[i]), static_cast<int8_t>(by_division[i]));
+  }
+  std::printf("psi levels: %zu pairs, %lld differ\n", x.size(), differ);
+  CHECK(differ == 0);
+}
+
 TEST_CASE("sage on the GPU matches the CPU sage reference, forward and backward", "[sage]") {
   struct Case {
     const char* name;
