@@ -114,9 +114,9 @@ __device__ __forceinline__ void barrier_arrive_expect_bytes(uint64_t* bar, uint3
 }
 // Waits until the phase with this parity (0, 1, 0, ... for the 1st, 2nd, 3rd use)
 // completed. The suspend-time hint (10 ms, an upper bound: the thread wakes when
-// the phase completes) keeps a waiting warp suspended instead of retrying about
-// every 30 cycles: spinning producer warps issued 11% of the instructions of
-// the sage dK/dV kernel (ncu source counters, 2026-11-29).
+// the phase completes) lets a waiting warp sleep rather than retry: without it
+// the producer warps' retries were 11% of the instructions of a sage dK/dV
+// launch (about 4 million; ncu source counters, H200, 2026-11-29).
 __device__ __forceinline__ void barrier_wait(uint64_t* bar, uint32_t parity) {
   asm volatile(
       "{\n.reg .pred done;\n"
