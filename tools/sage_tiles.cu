@@ -3,9 +3,10 @@
 // quantisation pre-pass, as training runs them) for every SageTiles choice of
 // the mma.sync kernels at the shapes of issue #7, default options, and checks
 // that every choice's outputs equal the default's bit for bit. Then the
-// forward's and the backward's pre-pass alone, and the forward and the backward
-// with each kernel family (wgmma where the device and build have it; on Hopper
-// the default for the forward only: sage.cuh), with how far the
+// forward's and the backward's pre-pass alone, the forward and the backward
+// with all kernels on each family (wgmma where the device and build have it;
+// sage_default_tiles picks per kernel, sage.cuh), and the backward with each
+// combination of the dQ and the dK/dV kernels' families, with how far the
 // outputs differ from mma.sync's.
 // Random normal inputs, CUDA events, median of 20 runs after 3 warm-ups.
 //
@@ -101,28 +102,31 @@ void sweep(int B, int H, int T, int d) {
                 name, fwd, fwd_flops / (fwd * 1e9), fwd - prepass, name, bwd, fwd + bwd,
                 max_difference(o_now, first_o), max_difference(dqkv_now, first_dqkv));
   }
-  // The backward with its dK/dV kernel on each family, after the mma.sync
-  // forward (the statistics the default tiles' gradients above came from).
+  // The backward with its dQ and dK/dV kernels on each family, after the
+  // mma.sync forward (the statistics the default tiles' gradients above came from).
   SageTiles mma_sync = dflt;
   mma_sync.forward_kernels = mma_sync.dq_kernels = mma_sync.dkdv_kernels = FpaKernels::mma_sync;
   sage_forward(opt, s, qkv, o, stats, ws, nullptr, mma_sync);
   const float bwd_prepass =
       median_ms([&] { sage_quantise(opt, s, qkv, o, dout, parts, sage_copies(opt, true), nullptr); });
   std::printf("  backward pre-pass alone: %7.3f ms\n", bwd_prepass);
-  for (const auto& [family, name] : families) {
-    SageTiles tiles = mma_sync;
-    tiles.dkdv_kernels = family;
-    const float bwd = median_ms([&] { sage_backward(opt, s, qkv, o, dout, stats, dqkv, ws, nullptr, tiles); });
-    const std::vector<bf16> dqkv_now = download(dqkv, n_qkv);
-    double worst[3] = {0, 0, 0};  // dQ, dK, dV
-    for (size_t i = 0; i < n_qkv; ++i) {
-      const size_t slot = (i / (size_t(H) * d)) % 3;
-      worst[slot] = std::max(worst[slot], std::abs(double(__bfloat162float(dqkv_now[i])) -
-                                                   __bfloat162float(first_dqkv[i])));
+  for (const auto& [dq_family, dq_name] : families) {
+    for (const auto& [family, name] : families) {
+      SageTiles tiles = mma_sync;
+      tiles.dq_kernels = dq_family;
+      tiles.dkdv_kernels = family;
+      const float bwd = median_ms([&] { sage_backward(opt, s, qkv, o, dout, stats, dqkv, ws, nullptr, tiles); });
+      const std::vector<bf16> dqkv_now = download(dqkv, n_qkv);
+      double worst[3] = {0, 0, 0};  // dQ, dK, dV
+      for (size_t i = 0; i < n_qkv; ++i) {
+        const size_t slot = (i / (size_t(H) * d)) % 3;
+        worst[slot] = std::max(worst[slot], std::abs(double(__bfloat162float(dqkv_now[i])) -
+                                                     __bfloat162float(first_dqkv[i])));
+      }
+      std::printf("  backward, dQ on %-8s dK/dV on %-8s %7.3f ms (%5.1f TFLOP/s) with the pre-pass, %7.3f ms "
+                  "without; max |diff| from mma.sync: dQ %.1e dK %.1e dV %.1e\n",
+                  dq_name, name, bwd, 2.5 * fwd_flops / (bwd * 1e9), bwd - bwd_prepass, worst[0], worst[1], worst[2]);
     }
-    std::printf("  backward, dK/dV on %-8s %7.3f ms (%5.1f TFLOP/s) with the pre-pass, %7.3f ms without; max |diff| "
-                "from mma.sync: dQ %.1e dK %.1e dV %.1e\n",
-                name, bwd, 2.5 * fwd_flops / (bwd * 1e9), bwd - bwd_prepass, worst[0], worst[1], worst[2]);
   }
   for (void* p : {(void*)qkv, (void*)dqkv, (void*)o, (void*)dout, (void*)stats, ws}) CUDA_CHECK(cudaFree(p));
 }
