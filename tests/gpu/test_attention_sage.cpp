@@ -1,8 +1,9 @@
 // SageBwd INT8 attention on the GPU (SPEC §3), on fresh random inputs (seed
 // printed by gpu_test_util.hpp), outputs poisoned with NaN first:
 // - the quantisation pre-pass against SPEC §3 computed here in fp64 (levels
-//   within one int8 step, scales to fp32 rounding, the transposed copy exact,
-//   μ_K, μ_Q, smooth_q's bias, δ; padded rows zero in every copy);
+//   equal except within 1e-4 of a rounding tie, scales to fp32 rounding, the
+//   transposed copy exact, μ_K, μ_Q, smooth_q's bias, δ; padded rows zero in
+//   every copy), and its levels by reciprocal equal to those by division;
 // - forward and backward against the CPU sage reference (fp64, same bf16
 //   inputs, same quantisation decisions), four option sets, tail tiles;
 //   the backward deterministic;
@@ -13,10 +14,11 @@
 //   reference with the same block: every calibration x rounding x ste at
 //   K in {4, 16}, d in {64, 128}, T in {64, 1000}, and the other options once;
 // - both families (mma.sync everywhere; on Hopper wgmma for the forward with
-//   qk = pv = int8 and for the dK/dV kernel with qk = dv = dk = int8, dp = bf16,
-//   rowcol) in every check against the CPU reference, and against each other:
-//   same quantised operands and scales, so they agree to fp32 order (forward,
-//   dV) or to dPᵀ's bf16-product sum order (dK);
+//   qk = pv = int8, for dQ with qk = dq = int8, and for dK/dV with qk = dv = dk
+//   = int8, both with dp = bf16, rowcol) in every check against the CPU
+//   reference, and against each other: same quantised operands and scales, so
+//   they agree to fp32 order (forward, dQ, dV) or to dPᵀ's bf16-product sum
+//   order (dK); the wgmma dQ stable over poisoned shared memory at 32-96 heads;
 // - every mma.sync tile shape (SageTiles: 4 or 8 warps per kernel) computes the
 //   default shape's outputs bit for bit, plain sage and with the K-interval block,
 //   on shapes with an odd number of 64-row blocks (a 128-row tile half past T);
