@@ -17,8 +17,8 @@
 //   qk = pv = int8, for dQ with qk = dq = int8, and for dK/dV with qk = dv = dk
 //   = int8, both with dp = bf16, rowcol) in every check against the CPU
 //   reference, and against each other: same quantised operands and scales, so
-//   they agree to fp32 order (forward, dQ, dV) or to dPᵀ's bf16-product sum
-//   order (dK); the wgmma dQ stable over poisoned shared memory at 32-96 heads;
+//   they agree to fp32 order (forward, dV) or to the bf16 dP product's sum
+//   order (dQ, dK); the wgmma dQ stable over poisoned shared memory at 32-96 heads;
 // - every mma.sync tile shape (SageTiles: 4 or 8 warps per kernel) computes the
 //   default shape's outputs bit for bit, plain sage and with the K-interval block,
 //   on shapes with an odd number of 64-row blocks (a 128-row tile half past T);
