@@ -27,8 +27,8 @@ void check_shape(const AttentionShape& s) {
 
 }  // namespace
 
-int attention_row_stats(const AttentionConfig& cfg) {
-  if (cfg.kind == AttentionKind::kinterval) return kinterval_row_stats();
+int attention_row_stats(const AttentionConfig& cfg, int head_dim) {
+  if (cfg.kind == AttentionKind::kinterval) return kinterval_row_stats(cfg.kinterval, head_dim);
   if (cfg.kind == AttentionKind::sage) return sage_row_stats(cfg.sage);
   return 1;  // L = m + log l of c q.k
 }

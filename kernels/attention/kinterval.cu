@@ -6,7 +6,8 @@
 //   pass 1: raw S = Q Kᵀ -> each row's max and min, with their lowest indices
 //           where the backward routes a term to them -> the row's grid (RowStats);
 //   pass 2: S again -> ŵ -> Ẑ = Σ ŵ, O += ŵ V; at the end O /= Ẑ.
-//   Saved per row: the grid, 1/Ẑ, argmax and argmin (8 fp32, RowStats).
+//   Saved per row: the grid, 1/Ẑ, argmax and argmin (8 fp32, RowStats); for the
+//   probability STE also the exact softmax's L and output (Saved).
 // Backward, deterministic (every output element has one writer, sums in a fixed order):
 //   δ = rowsum(dO ∘ O) = ḡ (the skeleton's delta pre-pass; O = p̂ V);
 //   dQ pass (per query block, over key blocks): S, dP, dS_direct by the rule,
@@ -15,8 +16,9 @@
 //   dK/dV pass (per key block, over query blocks, after the dQ pass): Sᵀ, dPᵀ,
 //     p̂ᵀ for dV += p̂ᵀ dO, dSᵀ = dS_direct plus dL/dm_i where the key is row
 //     i's argmax and dL/dℓ_i where it is its argmin, dK += dSᵀ Q.
-// The probability STE's dS is the exact softmax gradient: its backward runs
-// FPA's forward (exact L and output, hence δ) and FPA's dQ pass, then the
+// The probability STE's dS is the exact softmax gradient: its forward's pass 2
+// also computes the exact softmax from pass 1's max (L and output, saved after
+// the RowStats; δ from that output), its backward runs FPA's dQ pass and the
 // dK/dV pass above with exact P for dK and p̂ for dV.
 // Where the dK/dV pass needs nothing from the dQ pass (detached extrema: no
 // routing; the probability STE) the wgmma family runs the two in one launch,
@@ -71,7 +73,10 @@ struct Params {
   float* delta;      // (B, H, T): ḡ = dO·O; for the probability STE the exact softmax's δ
   float* dm;         // (B, H, T): dL/dm of each row (0 when detached)
   float* dl;         // (B, H, T): dL/dℓ of each row
-  const float* lse;  // (B, H, T): the exact softmax's L (probability STE)
+  // The probability STE's exact softmax, saved by the forward beside the RowStats
+  // (Saved, below): its L and output.
+  float* lse;    // (B, H, T)
+  bf16* o_exact; // (B, T, H, d)
   int B, H, T;
   float scale;       // c
   float scale_log2;  // c · log2(e)
@@ -181,8 +186,11 @@ constexpr Indices indices_tracked(Rounding rounding, Calibration calibration) {
   return lerp_minmax ? Indices::both : Indices::argmax;
 }
 
+// kExact (the probability STE): pass 2 also computes the exact softmax, whose
+// L and output (hence δ) that rule's backward needs: p = exp(s − m) with pass
+// 1's max (no rescaling), ℓ_exact = Σ p, O_exact = Σ p V / ℓ_exact.
 template <class Rows, class Feed, class Tr, Rounding kRounding, Calibration kCalibration,
-          Indices kIndices>
+          Indices kIndices, bool kExact>
 __device__ __forceinline__ void forward_block(const Params& p, unsigned char* smem) {
   check_row_group<Rows, Feed, Tr::kBlockM>();
   constexpr int D = Tr::kHeadDim, BM = Tr::kBlockM, BN = Tr::kBlockN, RT = Rows::kRowTiles;
@@ -261,29 +269,41 @@ __device__ __forceinline__ void forward_block(const Params& p, unsigned char* sm
           make_row_stats(row_extremum4<true>(hi[mt][half]), row_extremum4<false>(lo[mt][half]),
                          p.scale, p.grid, kFwm, p.window);
 
-  // Pass 2: the quantised weights, their row sums Ẑ and O = Σ ŵ V.
-  float o_acc[RT][D / 8][4];  // (16 RT, d) rows of O owned by this warp
-  float z[RT][2];             // Ẑ over this thread's columns
+  // Pass 2: the quantised weights, their row sums Ẑ and O = Σ ŵ V (kExact: also
+  // the exact p, ℓ_exact and O_exact).
+  float o_acc[RT][D / 8][4];   // (16 RT, d) rows of O owned by this warp
+  float oe_acc[RT][D / 8][4];  // (16 RT, d) rows of O_exact (kExact)
+  float z[RT][2], l_exact[RT][2];  // Ẑ and ℓ_exact over this thread's columns
   zero(o_acc);
+  if constexpr (kExact) zero(oe_acc);
 #pragma unroll
-  for (int mt = 0; mt < RT; ++mt) z[mt][0] = z[mt][1] = 0.0f;
+  for (int mt = 0; mt < RT; ++mt) z[mt][0] = z[mt][1] = l_exact[mt][0] = l_exact[mt][1] = 0.0f;
   feed.consume(0, n_kblocks, keys_values, [&](int j, int s) {
     const int k0 = j * BN;
     if (k0 > group_row_last) return;
-    float w[RT][BN / 8][4];  // (16 RT, BN): raw scores, then ŵ
+    float w[RT][BN / 8][4];   // (16 RT, BN): raw scores, then ŵ
+    float pe[RT][BN / 8][4];  // (16 RT, BN): the exact p (kExact)
     Rows::scores(w, q_a, kv.k(s));
     for_each_acc<RT, BN / 8>([&](int mt, int nt, int e) {
       const RowStats& r = st[mt][e / 2];
+      const float raw = w[mt][nt][e];
       // Future keys (u past the grid) are hidden below; minmax never has u < 0.
-      const float u = grid_position(r, w[mt][nt][e]);
+      const float u = grid_position(r, raw);
       const float on_grid =
           grid_weight<kRounding>(kRounding == Rounding::lerp ? fmaxf(u, 0.0f) : u, r, p.grid);
       w[mt][nt][e] = kFwm && u < 0.0f ? 0.0f : on_grid;
+      if constexpr (kExact) pe[mt][nt][e] = fast_exp2(fmaf(raw, p.scale_log2, -r.w_base));
     });
-    hide_future_keys<RT, BN / 8>(k0, row_first,
-                                 [&](int mt, int nt, int e) { w[mt][nt][e] = 0.0f; });
-    for_each_acc<RT, BN / 8>([&](int mt, int nt, int e) { z[mt][e / 2] += w[mt][nt][e]; });
+    hide_future_keys<RT, BN / 8>(k0, row_first, [&](int mt, int nt, int e) {
+      w[mt][nt][e] = 0.0f;
+      if constexpr (kExact) pe[mt][nt][e] = 0.0f;
+    });
+    for_each_acc<RT, BN / 8>([&](int mt, int nt, int e) {
+      z[mt][e / 2] += w[mt][nt][e];
+      if constexpr (kExact) l_exact[mt][e / 2] += pe[mt][nt][e];
+    });
     Rows::accumulate(o_acc, w, kv.v(s));  // O += ŵ V
+    if constexpr (kExact) Rows::accumulate(oe_acc, pe, kv.v(s));  // O_exact += p V
   });
 
   RowStats* stats = p.stats + (static_cast<size_t>(b) * p.H + h) * p.T;  // (T)
@@ -292,28 +312,48 @@ __device__ __forceinline__ void forward_block(const Params& p, unsigned char* sm
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       st[mt][half].inv_z = 1.0f / row_sum4(z[mt][half]);
+      const float l = kExact ? row_sum4(l_exact[mt][half]) : 1.0f, inv_l = 1.0f / l;
 #pragma unroll
       for (int dt = 0; dt < D / 8; ++dt) {
         o_acc[mt][dt][2 * half] *= st[mt][half].inv_z;
         o_acc[mt][dt][2 * half + 1] *= st[mt][half].inv_z;
+        if constexpr (kExact) {
+          oe_acc[mt][dt][2 * half] *= inv_l;
+          oe_acc[mt][dt][2 * half + 1] *= inv_l;
+        }
       }
       const int row = row_first + acc_row(mt, 2 * half);
-      if (threadIdx.x % 4 == 0 && row < p.T) stats[row] = st[mt][half];
+      if (threadIdx.x % 4 == 0 && row < p.T) {
+        stats[row] = st[mt][half];
+        // L = c m + log ℓ_exact, as FPA's forward saves it.
+        if constexpr (kExact)
+          p.lse[(static_cast<size_t>(b) * p.H + h) * p.T + row] =
+              (st[mt][half].w_base + __log2f(l)) * kLn2;
+      }
     }
-  // Stage O in the Q tile: a warp writes only rows its own group read.
+  // Stage O in the Q tile (a warp writes only rows its own group read) and
+  // O_exact in the K/V stages, once both groups are done with them.
+  const SmemTile<BM, D> oe_tile{kv_stages};
+  static_assert(4 * BN >= BM, "the K/V stages hold a (BM, d) tile");
+  if constexpr (kExact) feed.sync();
   store_acc(q_tile, o_acc, warp_row0, 1.0f);
+  if constexpr (kExact) store_acc(oe_tile, oe_acc, warp_row0, 1.0f);
   feed.sync();
-  store_tile<Feed::kConsumerThreads>(q_tile, p.o + head_offset(b, q0, h, p.T, p.H, D),
-                                     static_cast<size_t>(p.H) * D, p.T - q0);
+  const size_t ld_o = static_cast<size_t>(p.H) * D;
+  store_tile<Feed::kConsumerThreads>(q_tile, p.o + head_offset(b, q0, h, p.T, p.H, D), ld_o,
+                                     p.T - q0);
+  if constexpr (kExact)
+    store_tile<Feed::kConsumerThreads>(oe_tile, p.o_exact + head_offset(b, q0, h, p.T, p.H, D),
+                                       ld_o, p.T - q0);
 }
 
 template <class Rows, class Feed, class Tr, Rounding kRounding, Calibration kCalibration,
-          Indices kIndices>
+          Indices kIndices, bool kExact>
 __global__ void __launch_bounds__(Feed::kThreads, 1)
     forward_kernel(const __grid_constant__ Params p) {
   extern __shared__ __align__(1024) unsigned char smem[];
   if constexpr (Rows::kCompiledHere)
-    forward_block<Rows, Feed, Tr, kRounding, kCalibration, kIndices>(p, smem);
+    forward_block<Rows, Feed, Tr, kRounding, kCalibration, kIndices, kExact>(p, smem);
 }
 
 // ---------------------------------------------------------------------------
@@ -706,6 +746,12 @@ struct MmaSyncFamily {
       D == 64,
       KernelTiles<ForwardTraits<64, 4, 2, 64>, DkDvTraits<64, 8, 1, 64>, DqTraits<64, 8, 1, 64>>,
       KernelTiles<ForwardTraits<128, 8, 1, 64>, DkDv128, Dq128>>;
+  // The forward with the exact softmax beside (probability STE): a second d-wide
+  // accumulator, so 16 rows per warp at d = 64 too, and 32-key steps at d = 128
+  // (ptxas: 64-key steps spill 156 bytes there, 32-key steps 8-36; Q's
+  // fragments, O and O_exact alone take 160 registers).
+  template <int D>
+  using ExactForward = ForwardTraits<D, 8, 1, D == 64 ? 64 : 32>;
   template <class Tr>
   using Rows = WarpRows<Tr::kRowTiles>;
   template <class Tr, bool kRowValues>
@@ -720,6 +766,10 @@ struct WgmmaFamily {
   template <int D>
   using Tiles = KernelTiles<ForwardTraits<D, 8, 1, 128>, DkDvTraits<D, 8, 1, 64>,
                             std::conditional_t<D == 64, DqTraits<64, 8, 1, 128>, Dq128>>;
+  // With the exact softmax beside (probability STE): 64-key steps at d = 128,
+  // where O, O_exact and 128 keys' scores would not fit in the 240 registers.
+  template <int D>
+  using ExactForward = ForwardTraits<D, 8, 1, D == 64 ? 128 : 64>;
   template <class Tr>
   using Rows = WarpgroupRows;
   template <class Tr, bool kRowValues>
@@ -743,15 +793,30 @@ void check_options(const KIntervalOptions& opt) {
                                 " is not allowed (fwm needs a window > 0)");
 }
 
-// Workspace: δ, dL/dm, dL/dℓ, then (probability STE) L and the exact output (B, T, C) bf16.
+// Workspace of the backward: δ, dL/dm, dL/dℓ per row.
 struct Workspace {
-  float *delta, *dm, *dl, *lse;
-  bf16* o_exact;
+  float *delta, *dm, *dl;
 };
 Workspace carve(void* base, const AttentionShape& s) {
   const size_t rows = static_cast<size_t>(s.B) * s.H * s.T;
   float* f = static_cast<float*>(base);
-  return {f, f + rows, f + 2 * rows, f + 3 * rows, reinterpret_cast<bf16*>(f + 4 * rows)};
+  return {f, f + rows, f + 2 * rows};
+}
+
+// What the forward saves for the backward (kinterval_row_stats floats per row):
+// the RowStats (B, H, T), then for the probability STE the exact softmax's
+// output (B, T, H, d) bf16 and L (B, H, T).
+struct Saved {
+  RowStats* stats;
+  bf16* o_exact;  // null but for the probability STE
+  float* lse;     // likewise
+};
+Saved carve_saved(const KIntervalOptions& opt, const AttentionShape& s, const float* base) {
+  const size_t rows = static_cast<size_t>(s.B) * s.H * s.T;
+  RowStats* stats = reinterpret_cast<RowStats*>(const_cast<float*>(base));
+  if (rule_of(opt) != Rule::prob_ste) return {stats, nullptr, nullptr};
+  bf16* o_exact = reinterpret_cast<bf16*>(stats + rows);  // 32-byte aligned, as the RowStats
+  return {stats, o_exact, reinterpret_cast<float*>(o_exact + rows * s.d)};
 }
 
 // The kernels' parameters, once the options are known to be allowed.
@@ -793,21 +858,29 @@ void with_flag(bool b, F&& f) {
   f(std::false_type{});
 }
 
-template <class Family, int D>
-void forward(const KIntervalOptions& opt, const Params& p, cudaStream_t stream) {
-  using Tr = typename Family::template Tiles<D>::Forward;
+template <class Family, int D, Rounding kRounding, Calibration kCal, Indices kIdx, bool kExact>
+void launch_forward(const Params& p, cudaStream_t stream) {
+  using Tr = std::conditional_t<kExact, typename Family::template ExactForward<D>,
+                                typename Family::template Tiles<D>::Forward>;
   using Rows = typename Family::template Rows<Tr>;
   using Feed = typename Family::template Feed<Tr, false>;
-  const dim3 grid(ceil_div(p.T, Tr::kBlockM), p.H, p.B);
+  launch(forward_kernel<Rows, Feed, Tr, kRounding, kCal, kIdx, kExact>,
+         dim3(ceil_div(p.T, Tr::kBlockM), p.H, p.B), Feed::kThreads,
+         Tr::kSmemBytes + Feed::kBarrierBytes, stream, p);
+}
+
+template <class Family, int D>
+void forward(const KIntervalOptions& opt, const Params& p, cudaStream_t stream) {
   with_calibration(opt.calibration, [&](auto calibration) {
+    constexpr Calibration kCal = decltype(calibration)::value;
+    if (rule_of(opt) == Rule::prob_ste)  // nearest rounding, no index tracked
+      return launch_forward<Family, D, Rounding::nearest, kCal, Indices::none, true>(p, stream);
     with_rounding(opt.rounding, [&](auto rounding) {
       with_flag(tracks_indices(opt), [&](auto tracks) {
-        constexpr Calibration kCal = decltype(calibration)::value;
         constexpr Rounding kRounding = decltype(rounding)::value;
         constexpr Indices kIdx =
             decltype(tracks)::value ? indices_tracked(kRounding, kCal) : Indices::none;
-        launch(forward_kernel<Rows, Feed, Tr, kRounding, kCal, kIdx>, grid, Feed::kThreads,
-               Tr::kSmemBytes + Feed::kBarrierBytes, stream, p);
+        launch_forward<Family, D, kRounding, kCal, kIdx, false>(p, stream);
       });
     });
   });
@@ -854,14 +927,10 @@ template <class Family, int D>
 void backward(const KIntervalOptions& opt, const AttentionShape& s, const Params& p, const bf16* o,
               const Workspace& ws, cudaStream_t stream) {
   const Rule rule = rule_of(opt);
-  // The skeleton's delta pre-pass and (probability STE) FPA's dQ pass read these.
-  BackwardParams fb{p.qkv, o,   p.dout, ws.lse,  ws.delta,    p.dqkv,
-                    p.B,   p.H, p.T,    p.scale, p.scale_log2};
-  if (rule == Rule::prob_ste) {
-    // Exact L, and the exact output for δ, from FPA's kernels of the same family.
-    fpa_forward(s, p.qkv, ws.o_exact, ws.lse, stream, Family::kKernels);
-    fb.o = ws.o_exact;
-  }
+  // The skeleton's delta pre-pass and (probability STE) FPA's dQ pass read these:
+  // that rule's δ and L are the exact softmax's, which the forward saved.
+  BackwardParams fb{p.qkv, rule == Rule::prob_ste ? p.o_exact : o,
+                    p.dout, p.lse, ws.delta, p.dqkv, p.B, p.H, p.T, p.scale, p.scale_log2};
   attention_delta(fb, D, stream);
   // dK/dV needs the dQ pass's dL/dm and dL/dℓ unless the extrema are detached or
   // the rule is the probability STE; else the wgmma family runs both in one launch.
@@ -880,7 +949,7 @@ void backward(const KIntervalOptions& opt, const AttentionShape& s, const Params
               p, sm90::BackwardTmaParams{}, stream);
       }
       if constexpr (kRule == Rule::prob_ste)
-        fpa_backward_dq(s, p.qkv, p.dout, ws.lse, ws.delta, p.dqkv, stream, Family::kKernels);
+        fpa_backward_dq(s, p.qkv, p.dout, p.lse, ws.delta, p.dqkv, stream, Family::kKernels);
       else
         launch_dq<Family, D, kRule, kCal>(p, stream);
       launch_dkdv<Family, D, kRule, kCal>(p, stream);
@@ -898,18 +967,20 @@ void backward(const KIntervalOptions& opt, const AttentionShape& s, const Params
 
 }  // namespace
 
-int kinterval_row_stats() { return kRowStats; }
+int kinterval_row_stats(const KIntervalOptions& opt, int head_dim) {
+  // The probability STE's exact output (d bf16 = d / 2 floats) and L.
+  return kRowStats + (rule_of(opt) == Rule::prob_ste ? head_dim / 2 + 1 : 0);
+}
 
-size_t kinterval_workspace_bytes(const KIntervalOptions& opt, const AttentionShape& s) {
-  const size_t rows = static_cast<size_t>(s.B) * s.H * s.T;
-  const size_t exact = rule_of(opt) == Rule::prob_ste ? rows * s.d * sizeof(bf16) : 0;
-  return 4 * rows * sizeof(float) + exact;
+size_t kinterval_workspace_bytes(const KIntervalOptions&, const AttentionShape& s) {
+  return 3 * static_cast<size_t>(s.B) * s.H * s.T * sizeof(float);
 }
 
 void kinterval_forward(const KIntervalOptions& opt, const AttentionShape& s, const bf16* qkv,
                        bf16* o, float* stats, cudaStream_t stream, FpaKernels kernels) {
   Params p = make_params(opt, s);
-  p.qkv = qkv, p.o = o, p.stats = reinterpret_cast<RowStats*>(stats);
+  const Saved saved = carve_saved(opt, s, stats);
+  p.qkv = qkv, p.o = o, p.stats = saved.stats, p.o_exact = saved.o_exact, p.lse = saved.lse;
   with_family(kernels, [&](auto family) {
     using Family = decltype(family);
     if constexpr (Family::kKernels == FpaKernels::wgmma) add_tensor_maps(p, s);
@@ -924,8 +995,9 @@ void kinterval_backward(const KIntervalOptions& opt, const AttentionShape& s, co
   const Workspace ws = carve(workspace, s);
   Params p = make_params(opt, s);
   p.qkv = qkv, p.dout = dout, p.dqkv = dqkv;
-  p.stats = reinterpret_cast<RowStats*>(const_cast<float*>(stats));  // read only in the backward
-  p.delta = ws.delta, p.dm = ws.dm, p.dl = ws.dl, p.lse = ws.lse;
+  const Saved saved = carve_saved(opt, s, stats);  // read only in the backward
+  p.stats = saved.stats, p.o_exact = saved.o_exact, p.lse = saved.lse;
+  p.delta = ws.delta, p.dm = ws.dm, p.dl = ws.dl;
   with_family(kernels, [&](auto family) {
     using Family = decltype(family);
     if constexpr (Family::kKernels == FpaKernels::wgmma) add_tensor_maps(p, s);

@@ -8,16 +8,16 @@
 
 namespace qattn::cuda {
 
-// fp32 per (b, h, row) saved by the forward (kinterval_softmax.cuh, RowStats).
-int kinterval_row_stats();
-// Scratch of the backward: δ, dL/dm, dL/dℓ per row, and for the probability STE
-// also the exact softmax's L and output.
+// fp32 per (b, h, row) saved by the forward: the grid (kinterval_softmax.cuh,
+// RowStats) and, for the probability STE, the exact softmax's L and output row.
+int kinterval_row_stats(const KIntervalOptions& opt, int head_dim);
+// Scratch of the backward: δ, dL/dm, dL/dℓ per row.
 size_t kinterval_workspace_bytes(const KIntervalOptions& opt, const AttentionShape& s);
 
 // The kernel family is chosen as FPA's (fpa.cuh, FpaKernels): automatic runs
 // wgmma on Hopper; tests name one to check both on the same device.
 
-// qkv (B, T, 3C) -> o (B, T, C), stats (B, H, T, kinterval_row_stats()).
+// qkv (B, T, 3C) -> o (B, T, C), stats (B, H, T, kinterval_row_stats(opt, d)).
 void kinterval_forward(const KIntervalOptions& opt, const AttentionShape& s, const bf16* qkv,
                        bf16* o, float* stats, cudaStream_t stream,
                        FpaKernels kernels = FpaKernels::automatic);

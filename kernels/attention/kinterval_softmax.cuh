@@ -36,8 +36,9 @@ inline Rule rule_of(const KIntervalOptions& opt) {
   return opt.ste == Ste::weight ? Rule::weight_ste : Rule::prob_ste;
 }
 
-// Saved by the forward for each (b, h, row): the attention_row_stats = 8 fp32
-// of the kind, laid out (B, H, T, 8) as this struct (the two indices are int bits).
+// Saved by the forward for each (b, h, row): 8 fp32 laid out (B, H, T, 8) as
+// this struct (the two indices are int bits), at the start of the kind's saved
+// state (the probability STE adds the exact softmax's output and L after them).
 struct alignas(16) RowStats {
   float g0;       // raw score of the grid's first point g_0 (minmax: ℓ / c; fwm: (m − W) / c)
   float u_scale;  // c / Δ; 0 for a flat row

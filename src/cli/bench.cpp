@@ -155,7 +155,7 @@ void bench_shape(const AttentionConfig& cfg, const AttentionShape& s, const Benc
                  unsigned long long seed) {
   const size_t n_qkv = static_cast<size_t>(s.B) * s.T * 3 * s.H * s.d;
   const size_t n_o = static_cast<size_t>(s.B) * s.T * s.H * s.d;
-  const size_t n_stats = static_cast<size_t>(s.B) * s.H * s.T * cuda::attention_row_stats(cfg);
+  const size_t n_stats = static_cast<size_t>(s.B) * s.H * s.T * cuda::attention_row_stats(cfg, s.d);
   const std::vector<bf16> qkv = random_bf16(n_qkv, seed), dout = random_bf16(n_o, seed + 1);
   DeviceBuffer<bf16> d_qkv(n_qkv), d_o(n_o), d_dout(n_o), d_dqkv(n_qkv);
   DeviceBuffer<float> d_stats(n_stats);

@@ -136,7 +136,7 @@ struct Activations {
       l.qk_raw = a.take<bf16>(qk * N * 2 * C);
       l.qk_rrms = a.take<float>(qk * N * 2 * H);
       l.atty = a.take<bf16>(N * C);
-      l.att_stats = a.take<float>(N * H * cuda::attention_row_stats(att));
+      l.att_stats = a.take<float>(N * H * cuda::attention_row_stats(att, m.head_dim()));
       l.residual2 = a.take<bf16>(N * C);
       l.ln2 = a.take<bf16>(N * C);
       l.ln2_mean = a.take<float>(N);

@@ -48,7 +48,7 @@ AttentionErrors check_fpa(const AttentionShape& s, FpaKernels kernels, unsigned 
   const size_t n_qkv = static_cast<size_t>(s.B) * s.T * 3 * s.H * s.d;
   const size_t n_o = static_cast<size_t>(s.B) * s.T * s.H * s.d;
   const size_t n_stats =
-      static_cast<size_t>(s.B) * s.H * s.T * qattn::cuda::attention_row_stats(cfg);
+      static_cast<size_t>(s.B) * s.H * s.T * qattn::cuda::attention_row_stats(cfg, s.d);
   std::mt19937_64 rng(seed);
   const std::vector<bf16> qkv = random_bf16(n_qkv, rng);  // (B, T, 3, H, d)
   const std::vector<bf16> dout = random_bf16(n_o, rng);   // (B, T, H, d)

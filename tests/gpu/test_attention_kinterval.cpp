@@ -45,6 +45,8 @@ using qattn::test::DeviceBuffer;
 // fp32 accumulation (FPA lands near 3e-3); the quantised weights add the rare
 // nearest-rounding flip where fp32 and fp64 scores straddle a grid boundary.
 constexpr double kTol = 1e-2;
+// The forward's saved state starts with (B, H, T, 8) RowStats (kinterval_softmax.cuh).
+constexpr int kRowStatFloats = 8;
 // dQ and dK of lerp: 2.5e-2. The rule itself amplifies input rounding there:
 // lerp's ŵ is continuous in the score but its derivative jumps by e^Δ at every
 // grid point, so an entry whose score crosses one changes its dS by O(1).
@@ -159,7 +161,7 @@ Outputs run_gpu(const Family& f, const AttentionConfig& cfg, const AttentionShap
   const size_t n_o = static_cast<size_t>(s.B) * s.T * s.H * s.d;
   DeviceBuffer<bf16> qkv(3 * n_o), o(n_o), dout(n_o), dqkv(3 * n_o), dqkv2(3 * n_o);
   DeviceBuffer<float> stats(static_cast<size_t>(s.B) * s.H * s.T *
-                            qattn::cuda::attention_row_stats(cfg));
+                            qattn::cuda::attention_row_stats(cfg, s.d));
   DeviceBuffer<unsigned char> work(qattn::cuda::attention_workspace_bytes(cfg, s));
   qkv.upload(in.qkv);
   dout.upload(in.dout);
@@ -367,7 +369,7 @@ TEST_CASE("K-interval attention: the forward saves the lowest argmax / argmin it
         Case c = make_case(opt, sd, {}, family);
         repeat_first_four_keys(c.in, sd);
         const size_t n_o = static_cast<size_t>(sd.B) * sd.T * sd.H * sd.d;
-        const int n_stats = qattn::cuda::attention_row_stats(c.cfg);
+        const int n_stats = qattn::cuda::attention_row_stats(c.cfg, sd.d);
         DeviceBuffer<bf16> qkv(3 * n_o), o(n_o);
         DeviceBuffer<float> stats(static_cast<size_t>(sd.B) * sd.H * sd.T * n_stats);
         DeviceBuffer<unsigned char> work(qattn::cuda::attention_workspace_bytes(c.cfg, sd));
@@ -393,7 +395,7 @@ TEST_CASE("K-interval attention: the forward saves the lowest argmax / argmin it
               if (dot > s_hi) s_hi = dot, hi = j;
               if (dot < s_lo) s_lo = dot, lo = j;
             }
-            const float* row = &st[(static_cast<size_t>(h) * sd.T + i) * n_stats];
+            const float* row = &st[(static_cast<size_t>(h) * sd.T + i) * kRowStatFloats];
             int gpu_hi, gpu_lo;
             std::memcpy(&gpu_hi, row + 6, sizeof(int));
             std::memcpy(&gpu_lo, row + 7, sizeof(int));
@@ -405,5 +407,45 @@ TEST_CASE("K-interval attention: the forward saves the lowest argmax / argmin it
                          << ", argmin " << wrong_min);
         CHECK(wrong_max == 0);
         CHECK(wrong_min == 0);
+      }
+}
+
+TEST_CASE("K-interval attention: the probability STE's forward saves the exact softmax",
+          "[kinterval]") {
+  // Its backward reads L and the output of softmax(S) from the saved state
+  // (after the RowStats: the output (B, T, H, d) bf16, then L (B, H, T)), in
+  // place of running FPA's forward: both must be FPA's, on the same device and
+  // family, within the rounding of P to bf16 (output) and of fp32 sums (L).
+  KIntervalOptions opt;
+  opt.rounding = Rounding::nearest;
+  opt.ste = Ste::prob;
+  for (const Family& family : every_family())
+    for (const Calibration calibration : {Calibration::minmax, Calibration::fwm})
+      for (const AttentionShape sd : {AttentionShape{2, 3, 1000, 64}, AttentionShape{1, 2, 1024, 128}}) {
+        opt.calibration = calibration;
+        Case c = make_case(opt, sd, {}, family);
+        const size_t rows = static_cast<size_t>(sd.B) * sd.H * sd.T, n_o = rows * sd.d;
+        REQUIRE(qattn::cuda::attention_row_stats(c.cfg, sd.d) == kRowStatFloats + sd.d / 2 + 1);
+        DeviceBuffer<bf16> qkv(3 * n_o), o(n_o), o_fpa(n_o);
+        DeviceBuffer<float> stats(rows * qattn::cuda::attention_row_stats(c.cfg, sd.d)), lse(rows);
+        DeviceBuffer<unsigned char> work(qattn::cuda::attention_workspace_bytes(c.cfg, sd));
+        qkv.upload(c.in.qkv);
+        o.poison(), o_fpa.poison(), stats.poison(), lse.poison();
+        forward_gpu(family, c.cfg, sd, qkv.get(), o.get(), stats.get(), work.get());
+        qattn::cuda::fpa_forward(sd, qkv.get(), o_fpa.get(), lse.get(), nullptr, family.kernels);
+        const std::vector<float> st = stats.download(), lse_fpa = lse.download();
+        std::vector<bf16> o_exact(n_o);
+        std::memcpy(o_exact.data(), st.data() + rows * kRowStatFloats, n_o * sizeof(bf16));
+        const float* lse_saved = st.data() + rows * kRowStatFloats + n_o / 2;
+        double lse_err = 0;
+        for (size_t r = 0; r < rows; ++r)
+          lse_err = std::max(lse_err, std::abs(static_cast<double>(lse_saved[r]) - lse_fpa[r]) /
+                                          std::max(1.0, std::abs(static_cast<double>(lse_fpa[r]))));
+        const double o_err = qattn::test::rel_l2(qattn::test::to_float(o_exact),
+                                                 qattn::test::to_float(o_fpa.download()));
+        INFO(family.name << " " << describe(opt, sd) << ": L max rel err " << lse_err
+                         << ", output rel L2 " << o_err);
+        CHECK(lse_err < 1e-5);
+        CHECK(o_err < 5e-3);
       }
 }

@@ -143,7 +143,7 @@ struct AttentionBuffers {
   AttentionBuffers(const AttentionConfig& cfg, const AttentionShape& s, const std::vector<bf16>& qkv_in,
                    const std::vector<bf16>& dout_in)
       : qkv(qkv_size(s)), o(head_size(s)), dout(head_size(s)), dqkv(qkv_size(s)),
-        stats(static_cast<size_t>(s.B) * s.H * s.T * qattn::cuda::attention_row_stats(cfg)),
+        stats(static_cast<size_t>(s.B) * s.H * s.T * qattn::cuda::attention_row_stats(cfg, s.d)),
         work(qattn::cuda::attention_workspace_bytes(cfg, s)) {
     qkv.upload(qkv_in);
     dout.upload(dout_in);
