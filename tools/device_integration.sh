@@ -56,7 +56,9 @@ for name, count in (("train", (steps + 2) * 524288 + 1025), ("val", 4 * 64 * 102
         f.write(array.array("H", (random.randrange(50257) for _ in range(count))).tobytes())
 PY
 # Each attention setting: its name, attention.kind and further --set arguments.
-SETTINGS=("fpa|fpa|" "sage|sage|" "kinterval|kinterval|" "sage-kinterval|sage|$SAGE_KINTERVAL")
+KINTERVAL_PROB="--set attention.kinterval.rounding=nearest --set attention.kinterval.ste=prob"
+SETTINGS=("fpa|fpa|" "sage|sage|" "kinterval|kinterval|" "kinterval-prob|kinterval|$KINTERVAL_PROB"
+          "sage-kinterval|sage|$SAGE_KINTERVAL")
 for setting in "${SETTINGS[@]}"; do
   IFS='|' read -r name kind sets <<< "$setting"
   # shellcheck disable=SC2086 # $sets is a list of --set arguments
