@@ -125,28 +125,33 @@ __device__ __forceinline__ void copy_row_stats(StagedStats dst, const RowStats* 
   }
 }
 
-// What a query row brings to the dK/dV pass besides its RowStats, 16 bytes in
-// shared memory so that one load fetches it.
-struct alignas(16) QueryValues {
+// What a query row brings to the dK/dV pass besides its RowStats, 8 bytes in
+// shared memory so that one load fetches it; lerp minmax's dL/dℓ comes in an
+// array of its own (a 16-byte struct for all three measured slower for every
+// rule, 2026-12-01: kinterval.md).
+struct alignas(8) QueryValues {
   float delta;   // ḡ = dO·O, or for the probability STE the exact softmax's δ
   float second;  // dL/dm, or for the probability STE the exact L
-  float l_grad;  // dL/dℓ (probability STE: 0)
-  float unused;
 };
 
-// kRows QueryValues into shared memory from three (T) row values (second and
-// l_grad may be null: zeros), this thread's share of `threads`; rows past
-// rows_valid read as 0.
+// kRows QueryValues and (l_dst not null) dL/dℓ into shared memory from three (T)
+// row values (second and l_grad may be null: zeros), this thread's share of
+// `threads`; rows past rows_valid read as 0.
 template <int kRows, class Copier>
-__device__ __forceinline__ void copy_query_values(QueryValues* dst, const float* delta,
+__device__ __forceinline__ void copy_query_values(QueryValues* dst, float* l_dst, const float* delta,
                                                   const float* second, const float* l_grad,
                                                   int rows_valid, int thread, int threads, Copier) {
-  for (int c = thread; c < 3 * kRows; c += threads) {
-    const int r = c / 3, v = c % 3;
-    const float* src = v == 0 ? delta : v == 1 ? second : l_grad;
+  for (int c = thread; c < 2 * kRows; c += threads) {
+    const int r = c / 2, v = c % 2;
+    const float* src = v == 0 ? delta : second;
     const bool valid = r < rows_valid && src != nullptr;
     Copier::copy4(reinterpret_cast<float*>(dst + r) + v, valid ? src + r : delta, valid);
   }
+  if (l_dst != nullptr)
+    for (int r = thread; r < kRows; r += threads) {
+      const bool valid = r < rows_valid && l_grad != nullptr;
+      Copier::copy4(l_dst + r, valid ? l_grad + r : delta, valid);
+    }
 }
 
 // Calls hide(mt, nt, e) for the entries of a warp's (16 kRowTiles rows, 8 kNTiles
@@ -525,12 +530,16 @@ __global__ void __launch_bounds__(Feed::kThreads, 1) dq_kernel(const __grid_cons
 template <int kHeadDim, int kBlockN, int kBlockM>
 constexpr int dkdv_smem_bytes() {
   // K and V tiles, two stages of (Q tile, dO tile), two stages of the queries'
-  // RowStats and QueryValues.
+  // RowStats, QueryValues and dL/dℓ.
   return (2 * kBlockN + 4 * kBlockM) * kHeadDim * 2 +
-         2 * kBlockM * (sizeof(RowStats) + sizeof(QueryValues));
+         2 * kBlockM * (sizeof(RowStats) + sizeof(QueryValues) + sizeof(float));
 }
 
-template <class Rows, class Feed, class Tr, Rule kRule, Calibration kCalibration>
+// kRoutes: the calibration terms enter dSᵀ at the argmax / argmin keys (lerp
+// and the weight STE, extrema not detached); without them the loop has no
+// compares per entry for it (the probability STE; detached, where a launch
+// with the dQ pass beside runs it).
+template <class Rows, class Feed, class Tr, Rule kRule, Calibration kCalibration, bool kRoutes>
 __device__ __forceinline__ void dkdv_block(const Params& p, int k_block, unsigned char* smem) {
   check_row_group<Rows, Feed, Tr::kBlockN>();
   constexpr int D = Tr::kHeadDim, BM = Tr::kBlockM, BN = Tr::kBlockN, RT = Rows::kRowTiles;
@@ -541,6 +550,7 @@ __device__ __forceinline__ void dkdv_block(const Params& p, int k_block, unsigne
   bf16* q_stages = v_tile.data + BN * D;                        // 2 x [(BM, d) Q, (BM, d) dO]
   float4* stat_stages = reinterpret_cast<float4*>(q_stages + 4 * BM * D);  // 2 x [(BM) lo, (BM) hi]
   QueryValues* value_stages = reinterpret_cast<QueryValues*>(stat_stages + 4 * BM);  // 2 x (BM)
+  float* l_grad_stages = reinterpret_cast<float*>(value_stages + 2 * BM);             // 2 x (BM)
 
   const int h = blockIdx.y, b = blockIdx.z;
   const int k0 = k_block * BN;
@@ -549,11 +559,12 @@ __device__ __forceinline__ void dkdv_block(const Params& p, int k_block, unsigne
   const int group_key0 = k0 + Rows::first_row();  // first key of the group
   const size_t ld = static_cast<size_t>(3) * p.H * D;
   const size_t stat0 = (static_cast<size_t>(b) * p.H + h) * p.T;
+  static_assert(!kRoutes || kRule != Rule::prob_ste, "the probability STE has no calibration terms");
   // The row values besides δ: dL/dm and dL/dℓ, or for the probability STE the exact L.
-  // Detached, dL/dm = dL/dℓ = 0 are not read (zeros): dK/dV may run beside the dQ pass.
-  const bool routes = kRule != Rule::prob_ste && !p.detach;
+  // Detached, dL/dm = dL/dℓ = 0 are not read (zeros).
+  const bool routes = kRoutes && !p.detach;
   const float* second = kRule == Rule::prob_ste ? p.lse + stat0 : routes ? p.dm + stat0 : nullptr;
-  const float* l_grad = routes ? p.dl + stat0 : nullptr;
+  const float* l_grad = routes && kLerpMinmax ? p.dl + stat0 : nullptr;
   auto q_stage = [&](int s) { return SmemTile<BM, D>{q_stages + (2 * s) * BM * D}; };
   auto do_stage = [&](int s) { return SmemTile<BM, D>{q_stages + (2 * s + 1) * BM * D}; };
   auto stat_stage = [&](int s) {
@@ -569,7 +580,9 @@ __device__ __forceinline__ void dkdv_block(const Params& p, int k_block, unsigne
     to.tile(do_stage(s), dout_source(p, b, q0, h, D));
     to.rows([&](int thread, int threads, auto copier) {
       copy_row_stats<BM>(stat_stage(s), p.stats + stat0 + q0, p.T - q0, thread, threads, copier);
-      copy_query_values<BM>(value_stages + s * BM, p.delta + stat0 + q0,
+      copy_query_values<BM>(value_stages + s * BM,
+                            kRoutes && kLerpMinmax ? l_grad_stages + s * BM : nullptr,
+                            p.delta + stat0 + q0,
                             second ? second + q0 : nullptr, l_grad ? l_grad + q0 : nullptr,
                             p.T - q0, thread, threads, copier);
     });
@@ -594,6 +607,7 @@ __device__ __forceinline__ void dkdv_block(const Params& p, int k_block, unsigne
     if (group_key0 > q0 + BM - 1 || group_key0 >= p.T) return;
     const StagedStats stats = stat_stage(s);
     const QueryValues* values = value_stages + s * BM;
+    const float* l_grads = l_grad_stages + s * BM;
     typename Rows::template A<BN, D> k_a, v_a;  // the group's rows of K and V (mma.sync: loaded
     k_a.load(k_tile);                           // per step, fewer live registers)
     v_a.load(v_tile);
@@ -653,19 +667,19 @@ __device__ __forceinline__ void dkdv_block(const Params& p, int k_block, unsigne
     if constexpr (!kEarlyDp) Rows::issue_scores(dp, v_a, do_stage(s));
     Rows::accumulate(dv_acc, p_a, do_stage(s));  // dV += p̂ᵀ dO; its wait covers dPᵀ's group too
     Rows::template wait<0>(dp);
-    // dSᵀ = f (dPᵀ − ḡ), plus the calibration terms on the key that is the row's
-    // argmax (argmin; dL/dℓ is 0 but for lerp minmax); detached, dL/dm = dL/dℓ = 0.
+    // dSᵀ = f (dPᵀ − ḡ), plus (kRoutes) the calibration terms on the key that is the
+    // row's argmax (argmin; dL/dℓ is 0 but for lerp minmax); detached, dL/dm = dL/dℓ = 0.
     // Hidden entries have f = 0, and their key is never the argmax or argmin
     // (a visible key; a query past T has zero values).
     for_each_acc<RT, BM / 8>([&](int mt, int nt, int e) {
       const int qi = acc_col(nt, e);
       const QueryValues q = values[qi];
       float ds = (dp[mt][nt][e] - q.delta) * w[mt][nt][e];
-      if constexpr (kRule != Rule::prob_ste) {
+      if constexpr (kRoutes) {
         const float4 r = stats.hi[qi];
         const int key = warp_key0 + acc_row(mt, e);
         if (key == __float_as_int(r.z)) ds += q.second;
-        if (kLerpMinmax && key == __float_as_int(r.w)) ds += q.l_grad;
+        if (kLerpMinmax && key == __float_as_int(r.w)) ds += l_grads[qi];
       }
       dp[mt][nt][e] = ds;
     });
@@ -687,7 +701,7 @@ template <class Rows, class Feed, class Tr, Rule kRule, Calibration kCalibration
 __global__ void __launch_bounds__(Feed::kThreads, 1) dkdv_kernel(const __grid_constant__ Params p) {
   extern __shared__ __align__(1024) unsigned char smem[];
   if constexpr (Rows::kCompiledHere)
-    dkdv_block<Rows, Feed, Tr, kRule, kCalibration>(p, blockIdx.x, smem);
+    dkdv_block<Rows, Feed, Tr, kRule, kCalibration, kRule != Rule::prob_ste>(p, blockIdx.x, smem);
 }
 
 // The dQ half of a combined launch (below): K-interval's dQ blocks, or FPA's
@@ -724,7 +738,7 @@ __global__ void __launch_bounds__(Feed::kThreads, 1)
   if constexpr (Rows::kCompiledHere) {
     const int n_kv_blocks = (p.T + Tr::kBlockN - 1) / Tr::kBlockN;
     if (static_cast<int>(blockIdx.x) < n_kv_blocks)
-      dkdv_block<Rows, Feed, Tr, kRule, kCalibration>(p, blockIdx.x, smem);
+      dkdv_block<Rows, Feed, Tr, kRule, kCalibration, false>(p, blockIdx.x, smem);
     else
       Dq::run(p, fpa, gridDim.x - 1 - blockIdx.x, smem);
   }
