@@ -22,7 +22,8 @@ int attention_row_stats(const AttentionConfig& cfg, int head_dim);
 // Bytes of scratch the kind needs for one call (quantised copies, fp32 accumulators).
 size_t attention_workspace_bytes(const AttentionConfig& cfg, const AttentionShape& s);
 
-// qkv (B, T, 3C) bf16 -> o (B, T, C) bf16, stats B H T attention_row_stats fp32.
+// qkv (B, T, 3C) bf16 -> o (B, T, C) bf16; stats: attention_row_stats(cfg, d) fp32 per
+// (b, h, row), laid out by the kind.
 void attention_forward(const AttentionConfig& cfg, const AttentionShape& s,
                        const __nv_bfloat16* qkv, __nv_bfloat16* o, float* stats, void* workspace,
                        cudaStream_t stream);

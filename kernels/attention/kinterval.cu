@@ -75,8 +75,8 @@ struct Params {
   float* dl;         // (B, H, T): dL/dℓ of each row
   // The probability STE's exact softmax, saved by the forward beside the RowStats
   // (Saved, below): its L and output.
-  float* lse;    // (B, H, T)
-  bf16* o_exact; // (B, T, H, d)
+  float* lse;     // (B, H, T)
+  bf16* o_exact;  // (B, T, H, d)
   int B, H, T;
   float scale;       // c
   float scale_log2;  // c · log2(e)
@@ -138,9 +138,10 @@ struct alignas(8) QueryValues {
 // row values (second and l_grad may be null: zeros), this thread's share of
 // `threads`; rows past rows_valid read as 0.
 template <int kRows, class Copier>
-__device__ __forceinline__ void copy_query_values(QueryValues* dst, float* l_dst, const float* delta,
-                                                  const float* second, const float* l_grad,
-                                                  int rows_valid, int thread, int threads, Copier) {
+__device__ __forceinline__ void copy_query_values(QueryValues* dst, float* l_dst,
+                                                  const float* delta, const float* second,
+                                                  const float* l_grad, int rows_valid, int thread,
+                                                  int threads, Copier) {
   for (int c = thread; c < 2 * kRows; c += threads) {
     const int r = c / 2, v = c % 2;
     const float* src = v == 0 ? delta : second;
@@ -559,7 +560,7 @@ __device__ __forceinline__ void dkdv_block(const Params& p, int k_block, unsigne
   const int group_key0 = k0 + Rows::first_row();  // first key of the group
   const size_t ld = static_cast<size_t>(3) * p.H * D;
   const size_t stat0 = (static_cast<size_t>(b) * p.H + h) * p.T;
-  static_assert(!kRoutes || kRule != Rule::prob_ste, "the probability STE has no calibration terms");
+  static_assert(!kRoutes || kRule != Rule::prob_ste, "the probability STE routes nothing");
   // The row values besides δ: dL/dm and dL/dℓ, or for the probability STE the exact L.
   // Detached, dL/dm = dL/dℓ = 0 are not read (zeros).
   const bool routes = kRoutes && !p.detach;

@@ -421,7 +421,8 @@ TEST_CASE("K-interval attention: the probability STE's forward saves the exact s
   opt.ste = Ste::prob;
   for (const Family& family : every_family())
     for (const Calibration calibration : {Calibration::minmax, Calibration::fwm})
-      for (const AttentionShape sd : {AttentionShape{2, 3, 1000, 64}, AttentionShape{1, 2, 1024, 128}}) {
+      for (const AttentionShape sd :
+           {AttentionShape{2, 3, 1000, 64}, AttentionShape{1, 2, 1024, 128}}) {
         opt.calibration = calibration;
         Case c = make_case(opt, sd, {}, family);
         const size_t rows = static_cast<size_t>(sd.B) * sd.H * sd.T, n_o = rows * sd.d;
