@@ -127,8 +127,8 @@ __device__ __forceinline__ void copy_row_stats(StagedStats dst, const RowStats* 
 
 // What a query row brings to the dK/dV pass besides its RowStats, 8 bytes in
 // shared memory so that one load fetches it; lerp minmax's dL/dℓ comes in an
-// array of its own (a 16-byte struct for all three measured slower for every
-// rule, 2026-12-01: kinterval.md).
+// array of its own (one 16-byte struct of all three measured slower for each of
+// the four benchmarked settings, 2026-12-01: kinterval.md).
 struct alignas(8) QueryValues {
   float delta;   // ḡ = dO·O, or for the probability STE the exact softmax's δ
   float second;  // dL/dm, or for the probability STE the exact L
@@ -298,7 +298,7 @@ __device__ __forceinline__ void forward_block(const Params& p, unsigned char* sm
       const float on_grid =
           grid_weight<kRounding>(kRounding == Rounding::lerp ? fmaxf(u, 0.0f) : u, r, p.grid);
       w[mt][nt][e] = kFwm && u < 0.0f ? 0.0f : on_grid;
-      if constexpr (kExact) pe[mt][nt][e] = fast_exp2(fmaf(raw, p.scale_log2, -r.w_base));
+      if constexpr (kExact) pe[mt][nt][e] = unquantised_weight(r, raw, p.scale_log2);
     });
     hide_future_keys<RT, BN / 8>(k0, row_first, [&](int mt, int nt, int e) {
       w[mt][nt][e] = 0.0f;
@@ -334,7 +334,7 @@ __device__ __forceinline__ void forward_block(const Params& p, unsigned char* sm
         // L = c m + log ℓ_exact, as FPA's forward saves it.
         if constexpr (kExact)
           p.lse[(static_cast<size_t>(b) * p.H + h) * p.T + row] =
-              (st[mt][half].w_base + __log2f(l)) * kLn2;
+              log_sum_exp(st[mt][half].w_base, l);
       }
     }
   // Stage O in the Q tile (a warp writes only rows its own group read) and
@@ -537,9 +537,10 @@ constexpr int dkdv_smem_bytes() {
 }
 
 // kRoutes: the calibration terms enter dSᵀ at the argmax / argmin keys (lerp
-// and the weight STE, extrema not detached); without them the loop has no
-// compares per entry for it (the probability STE; detached, where a launch
-// with the dQ pass beside runs it).
+// and the weight STE); without them the loop has no compares per entry for
+// them. Off in the one-launch backward (dkdv_dq_kernel: the probability STE and
+// detached extrema); the two-launch one (dkdv_kernel, which the mma.sync family
+// also runs detached) routes, with zeros when detached.
 template <class Rows, class Feed, class Tr, Rule kRule, Calibration kCalibration, bool kRoutes>
 __device__ __forceinline__ void dkdv_block(const Params& p, int k_block, unsigned char* smem) {
   check_row_group<Rows, Feed, Tr::kBlockN>();
@@ -652,7 +653,7 @@ __device__ __forceinline__ void dkdv_block(const Params& p, int k_block, unsigne
               pw[e] = grid_value(nearest_point(u), r, p.grid) * inv_z;
               if constexpr (kRule == Rule::weight_ste) {  // w = exp(s − m) in place of ŵ
                 const float h = kFwm && u < p.mask_below ? 0.0f : r.inv_z;
-                f = fast_exp2(fmaf(raw, p.scale_log2, -r.w_base)) * h;
+                f = unquantised_weight(r, raw, p.scale_log2) * h;
               } else {  // exact P = exp(c r − L)
                 f = fast_exp2(fmaf(raw, p.scale_log2, -values[acc_col(nt, e)].second * kLog2e));
               }

@@ -23,6 +23,13 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
+// The saved statistic L = c m + log l (natural log) from the row's base
+// c m log2(e) and its sum l: every kind that saves an exact softmax for the
+// backward's P = exp(c s − L) (probability) saves it this way.
+__device__ __forceinline__ float log_sum_exp(float base_log2, float sum) {
+  return (base_log2 + __log2f(sum)) * kLn2;
+}
+
 // Max / sum over the four threads that share a row.
 __device__ __forceinline__ float row_max4(float v) {
   v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
@@ -113,7 +120,7 @@ struct OnlineSoftmax {
       for (int half = 0; half < 2; ++half) {
         const int row = row0 + mt * 16 + g + half * 8;
         if (row < rows_valid)
-          lse[row] = (row_max[mt][half] * scale_log2 + __log2f(row_sum[mt][half])) * kLn2;
+          lse[row] = log_sum_exp(row_max[mt][half] * scale_log2, row_sum[mt][half]);
       }
   }
 

@@ -26,7 +26,7 @@
 namespace qattn::cuda::sage {
 
 using flash::fast_exp2;
-using flash::kLn2;
+using flash::log_sum_exp;
 using flash::kLog2e;
 using flash::row_sum4;
 using flash::with_mask;
@@ -216,7 +216,7 @@ struct KIntervalSoftmax {
   // Backward row sweep, one visible entry.
   __device__ void accumulate(RowSums& a, const kinterval::RowStats& r, float score, float dp) const {
     if (opt.rule == kinterval::Rule::prob_ste) {  // exact p ∝ exp(S − m): ḡ and L of the exact softmax
-      const float e = fast_exp2(fmaf(score, kLog2e, -r.w_base));
+      const float e = kinterval::unquantised_weight(r, score, kLog2e);
       a.a0 += e;
       a.a1 += e * dp;
       return;
@@ -228,7 +228,8 @@ struct KIntervalSoftmax {
       a.m0 += f.dm, a.m1 += f.dm * dp;
       a.l0 += f.dl, a.l1 += f.dl * dp;
     } else {  // weight STE: ∂L/∂m = −Σ w_j h_j, w = exp(S − m)
-      const float w = opt.mask_window && u < 0.0f ? 0.0f : fast_exp2(fmaf(score, kLog2e, -r.w_base));
+      const float w =
+          opt.mask_window && u < 0.0f ? 0.0f : kinterval::unquantised_weight(r, score, kLog2e);
       a.m0 -= w, a.m1 -= w * dp;
     }
   }
@@ -239,7 +240,7 @@ struct KIntervalSoftmax {
     a.m0 = row_sum4(a.m0), a.m1 = row_sum4(a.m1);
     a.l0 = row_sum4(a.l0), a.l1 = row_sum4(a.l1);
     if (opt.rule == kinterval::Rule::prob_ste)  // L = m + log Σ exp(S − m); no path through m, ℓ
-      return make_float4(a.a1 / a.a0, 0.0f, 0.0f, (r.w_base + __log2f(a.a0)) * kLn2);
+      return make_float4(a.a1 / a.a0, 0.0f, 0.0f, log_sum_exp(r.w_base, a.a0));
     const float gbar = a.a1 * r.inv_z;
     // A flat lerp row has constant weights: nothing flows through m or ℓ.
     if (opt.detach || (opt.rule == kinterval::Rule::lerp && r.u_scale == 0.0f))
@@ -287,7 +288,8 @@ struct KIntervalSoftmax {
       if (opt.rule == kinterval::Rule::lerp)
         ds = kinterval::lerp_grad(u, h, r.st, r.st.u_scale, opt.grid, opt.fwm).ds;
       else
-        ds = opt.mask_window && u < 0.0f ? 0.0f : fast_exp2(fmaf(score, kLog2e, -r.st.w_base)) * h;
+        ds = opt.mask_window && u < 0.0f ? 0.0f
+                                          : kinterval::unquantised_weight(r.st, score, kLog2e) * h;
     }
     if (key == r.st.argmax) ds += r.terms.y;
     if (key == r.st.argmin) ds += r.terms.z;
