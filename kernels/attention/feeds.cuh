@@ -101,7 +101,8 @@ struct TmaFeed {
   static constexpr int kThreads = kConsumerThreads_ + 128;  // and the producer warpgroup
   static constexpr int kStages = 2;
   static constexpr int kBarrierBytes = (1 + 2 * kStages) * 8;
-  static_assert(kConsumerThreads == 256, "sm90's register split is for two consumer warpgroups");
+  static_assert(kConsumerThreads == 256 || kConsumerThreads == 384,
+                "sm90's register split is for two or three consumer warpgroups");
 
   struct Bytes {  // counts the tile bytes of a step, copying nothing
     uint32_t n = 0;
@@ -190,7 +191,7 @@ struct TmaFeed {
     }
   }
 
-  __device__ void consumer_start() { sm90::consumer_registers(); }
+  __device__ void consumer_start() { sm90::consumer_registers<kConsumerThreads / 128>(); }
   // The producer copies them; the consumers wait until they have landed.
   template <class Resident>
   __device__ void resident(Resident&&) {

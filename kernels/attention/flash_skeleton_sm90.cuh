@@ -30,15 +30,25 @@ namespace qattn::cuda::flash::sm90 {
 
 constexpr int kWarpgroupRows = 64;
 
-// Threads of a block: two consumer warpgroups (warps 0 .. 7), then a producer
-// warpgroup, of which one thread issues the copies. The producer gives its
-// registers to the consumers (setmaxnreg): 2 x 128 x 240 + 128 x 24 <= 64 K.
+// Threads of a block: two or three consumer warpgroups (warps 0 .. 4 kWarpgroups - 1),
+// then a producer warpgroup, of which one thread issues the copies. The producer
+// gives its registers to the consumers (setmaxnreg): 2 x 128 x 240 + 128 x 24 and
+// 3 x 128 x 160 + 128 x 24 fit the SM's 64 K. Three warpgroups give each warp
+// scheduler a third warp to switch to where the element-wise work per score is
+// long (K-interval's forward at d = 64), at 160 registers a thread.
 template <int kWarpgroups>
 constexpr int block_threads() {
-  static_assert(kWarpgroups == 2, "the register split below is for two consumer warpgroups");
+  static_assert(kWarpgroups == 2 || kWarpgroups == 3,
+                "the register split below is for two or three consumer warpgroups");
   return 128 * (kWarpgroups + 1);
 }
-constexpr int kConsumerRegisters = 240, kProducerRegisters = 24;
+template <int kWarpgroups>
+constexpr int consumer_register_count() {
+  return kWarpgroups == 2 ? 240 : 160;
+}
+constexpr int kProducerRegisters = 24;
+static_assert(2 * 128 * consumer_register_count<2>() + 128 * kProducerRegisters <= 65536 &&
+              3 * 128 * consumer_register_count<3>() + 128 * kProducerRegisters <= 65536);
 
 // Shapes: kWarpgroups warpgroups, 64 rows each, share a block; kStages-deep rings.
 template <int kHeadDim_, int kWarpgroups_, int kBlockN_, int kStages_ = 2>
@@ -113,8 +123,9 @@ __device__ __forceinline__ bool is_copy_issuer() { return threadIdx.x % 128 == 0
 __device__ __forceinline__ void producer_registers() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegisters));
 }
+template <int kWarpgroups>
 __device__ __forceinline__ void consumer_registers() {
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegisters));
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(consumer_register_count<kWarpgroups>()));
 }
 
 // A ring of kStages stages streamed by the producer: step i uses stage i % kStages.
@@ -204,7 +215,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     }
     return;
   }
-  consumer_registers();
+  consumer_registers<Tr::kWarpgroups>();
 
   const int wg_row0 = warpgroup_row0();
   const int row_first = q0 + warp_row0();  // first query row of the warp
@@ -309,7 +320,7 @@ __device__ __forceinline__ void backward_dkdv_block(const BackwardTmaParams& par
     }
     return;
   }
-  consumer_registers();
+  consumer_registers<Tr::kWarpgroups>();
 
   const int wg_row0 = warpgroup_row0();
   const int wg_key0 = k0 + wg_row0;        // first key of the warpgroup
@@ -403,7 +414,7 @@ __device__ __forceinline__ void backward_dq_block(const BackwardTmaParams& param
     }
     return;
   }
-  consumer_registers();
+  consumer_registers<Tr::kWarpgroups>();
 
   const int wg_row0 = warpgroup_row0();
   const int row_first = q0 + warp_row0();

@@ -38,9 +38,10 @@
 // of 16 or 32 rows with register fragments, fed by cp.async.
 //
 // Tile shapes, wgmma: 2 consumer warpgroups, 128 rows per block (and the producer);
-//   forward 128-key steps; dK/dV 64-query steps; dQ 128-key steps at d=64, 64 at
-//   d=128 (a 128-key dQ step would hold 192 accumulator registers per thread
-//   there, as dK/dV's 64-query step does, of the 240 the producer leaves).
+//   forward 128-key steps, at d = 64 with 3 consumer warpgroups (192 rows);
+//   dK/dV 64-query steps; dQ 128-key steps (at d = 128 its accumulators hold
+//   192 registers per thread, as dK/dV's 64-query step does, of the 240 the
+//   producer leaves).
 // mma.sync: forward d=64 4 warps x 32 rows (FPA's), d=128 8 x 16, 64-key steps;
 // dQ 8 warps x 16 rows, 64-key steps; dK/dV 8 warps x 16 keys, 64-query steps.
 #include <cmath>
@@ -208,7 +209,10 @@ __device__ __forceinline__ void forward_block(const Params& p, unsigned char* sm
   const int q0 = q_block * BM;
   const int warp_row0 = Rows::warp_first_row();  // first row of the warp, within the block
   const int row_first = q0 + warp_row0;          // the warp's first query row
-  const int group_row_last = q0 + Rows::first_row() + Rows::kRows - 1;
+  const int group_row_first = q0 + Rows::first_row();
+  const int group_row_last = group_row_first + Rows::kRows - 1;
+  // A group whose rows all lie past T (in the last block) computes nothing.
+  const bool group_valid = group_row_first < p.T;
   const size_t ld = static_cast<size_t>(3) * p.H * D;
   const KvStages<Tr> kv{kv_stages, p.qkv + qkv_offset(b, 0, 1, h, p.T, p.H, D),
                         p.qkv + qkv_offset(b, 0, 2, h, p.T, p.H, D), ld, p.T};
@@ -242,8 +246,8 @@ __device__ __forceinline__ void forward_block(const Params& p, unsigned char* sm
   feed.consume(0, n_kblocks, keys, [&](int j, int s) {
     if (j == 0) q_a.load(q_tile);
     const int k0 = j * BN;
-    if (k0 > group_row_last) return;  // every key is in the future of every row of the group
-    float r[RT][BN / 8][4];           // (16 RT, BN) raw scores
+    if (k0 > group_row_last || !group_valid) return;  // every key is in the rows' future
+    float r[RT][BN / 8][4];                            // (16 RT, BN) raw scores
     Rows::scores(r, q_a, kv.k(s));
     // NaN fails the comparisons below, and fmaxf / fminf ignore it.
     hide_future_keys<RT, BN / 8>(k0, row_first, [&](int mt, int nt, int e) { r[mt][nt][e] = NAN; });
@@ -286,7 +290,7 @@ __device__ __forceinline__ void forward_block(const Params& p, unsigned char* sm
   for (int mt = 0; mt < RT; ++mt) z[mt][0] = z[mt][1] = l_exact[mt][0] = l_exact[mt][1] = 0.0f;
   feed.consume(0, n_kblocks, keys_values, [&](int j, int s) {
     const int k0 = j * BN;
-    if (k0 > group_row_last) return;
+    if (k0 > group_row_last || !group_valid) return;
     float w[RT][BN / 8][4];   // (16 RT, BN): raw scores, then ŵ
     float pe[RT][BN / 8][4];  // (16 RT, BN): the exact p (kExact)
     Rows::scores(w, q_a, kv.k(s));
@@ -750,18 +754,16 @@ __global__ void __launch_bounds__(Feed::kThreads, 1)
 // Launchers.
 
 // The two kernel families: the row group and the feed of each kernel, and the
-// tiles per head dim. At d = 128 the backward of both uses 8 warps x 16 rows
-// (two warpgroups), 64-query dK/dV and 64-key dQ steps.
-using DkDv128 = DkDvTraits<128, 8, 1, 64>;
-using Dq128 = DqTraits<128, 8, 1, 64>;
-
+// tiles per head dim. The backward of both uses 8 warps x 16 rows (two
+// warpgroups) and 64-query dK/dV steps.
 struct MmaSyncFamily {
   static constexpr FpaKernels kKernels = FpaKernels::mma_sync;
   template <int D>
   using Tiles = std::conditional_t<
       D == 64,
       KernelTiles<ForwardTraits<64, 4, 2, 64>, DkDvTraits<64, 8, 1, 64>, DqTraits<64, 8, 1, 64>>,
-      KernelTiles<ForwardTraits<128, 8, 1, 64>, DkDv128, Dq128>>;
+      KernelTiles<ForwardTraits<128, 8, 1, 64>, DkDvTraits<128, 8, 1, 64>,
+                  DqTraits<128, 8, 1, 64>>>;
   // The forward with the exact softmax beside (probability STE): a second d-wide
   // accumulator, so 16 rows per warp at d = 64 too, and 32-key steps at d = 128
   // (ptxas: 64-key steps spill 156 bytes there, 32-key steps 8-36; Q's
@@ -779,9 +781,14 @@ struct WgmmaFamily {
   // Two consumer warpgroups of 64 rows (the shapes of 8 warps x 16 rows, whose
   // stage layout and shared-memory sizes the kernels share with the mma.sync
   // family), fed by TMA from a producer warpgroup.
+  // The forward at d = 64 has three consumer warpgroups (192 rows, 160 registers a
+  // thread; kinterval.md, "Latest"): a third warp per scheduler to switch to
+  // through its long element-wise work per score. dQ takes 128-key steps at
+  // both head dims (at d = 128 its accumulators hold 192 registers of the 240,
+  // as dK/dV's do; measured faster than 64-key steps, 2026-12-01).
   template <int D>
-  using Tiles = KernelTiles<ForwardTraits<D, 8, 1, 128>, DkDvTraits<D, 8, 1, 64>,
-                            std::conditional_t<D == 64, DqTraits<64, 8, 1, 128>, Dq128>>;
+  using Tiles = KernelTiles<ForwardTraits<D, D == 64 ? 12 : 8, 1, 128>, DkDvTraits<D, 8, 1, 64>,
+                            DqTraits<D, 8, 1, 128>>;
   // With the exact softmax beside (probability STE): 64-key steps at d = 128,
   // where O, O_exact and 128 keys' scores would not fit in the 240 registers.
   template <int D>
