@@ -125,7 +125,8 @@ __device__ __forceinline__ void producer_registers() {
 }
 template <int kWarpgroups>
 __device__ __forceinline__ void consumer_registers() {
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(consumer_register_count<kWarpgroups>()));
+  constexpr int kRegisters = consumer_register_count<kWarpgroups>();
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
 }
 
 // A ring of kStages stages streamed by the producer: step i uses stage i % kStages.
