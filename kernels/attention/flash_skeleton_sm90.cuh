@@ -43,7 +43,7 @@ constexpr int block_threads() {
   return 128 * (kWarpgroups + 1);
 }
 template <int kWarpgroups>
-constexpr int consumer_register_count() {
+__host__ __device__ constexpr int consumer_register_count() {
   return kWarpgroups == 2 ? 240 : 160;
 }
 constexpr int kProducerRegisters = 24;
