@@ -93,55 +93,46 @@ __global__ void __launch_bounds__(flash::sm90::block_threads<2>(), 1)
   }
   feed.consumer_start();
 
-  const int wg_row0 = warpgroup_row0();      // the warpgroup's first row in the tile
-  const int wg_first = q0 + wg_row0;         // and its first query
-  const int first_row = q0 + warp_row0();    // the warp's first query
-  // The warpgroup's quantisation block (a block past the last: the last, as sage.cu).
-  const int q_block = min(wg_first / kSageBlock, ws.blocks - 1);
-  const size_t scale0 = static_cast<size_t>(bh) * ws.blocks;
-  const float s_q = ws.q.scale[scale0 + q_block];
-  const float* scale_k = ws.k.scale + scale0;
-  const float* bias = p.smooth_q ? ws.query_bias + (scale0 + q_block) * ws.Tp : nullptr;
+  const QueryWarpgroup wg(ws, bh, q0, p.smooth_q);
   float* terms = p.row_terms + static_cast<size_t>(bh) * ws.Tp * Softmax::kTermFloats;  // (Tp, kTerm)
   const Softmax softmax(p.softmax);
   typename Softmax::Row rows[2];  // with a row sweep the terms are made below
-  load_rows<Softmax>(rows, p.stats + static_cast<size_t>(bh) * p.T * Softmax::kStatFloats, terms, first_row, p.T);
+  load_rows<Softmax>(rows, p.stats + static_cast<size_t>(bh) * p.T * Softmax::kStatFloats, terms, wg.first_query, p.T);
   feed.resident(resident);  // Q̂ and dO have landed (the step rings count only K̂, V, K̂ᵀ)
 
-  // Key block j holds a key some row of the warpgroup sees (uniform over the
-  // warpgroup); a warp whose rows all precede it gets dS = 0: nothing added.
-  auto sees = [&](int j) { return wg_first < p.T && j * kKeys <= wg_first + kWarpgroupRows - 1; };
+  // A warp whose rows all precede a key block the warpgroup sees gets dS = 0 there:
+  // nothing added.
   // score, dp (64 queries, 64 keys; this warp's 16 rows) = S and dP of key block j.
   auto scores_and_dp = [&](float (&score)[1][kNTiles][4], float (&dp)[1][kNTiles][4], int j, int s) {
     int sum[1][kNTiles][4];
     biased_zero(sum[0]);
-    issue_s8_ss(sum, q_tile, wg_row0, k_tile(s));
-    issue_ss(dp, do_tile, wg_row0, v_tile(s));  // runs while S is converted
+    issue_s8_ss(sum, q_tile, wg.wg_row0, k_tile(s));
+    issue_ss(dp, do_tile, wg.wg_row0, v_tile(s));  // runs while S is converted
     wait_for<1>(sum);
-    biased_to_scores<D>(score, sum[0], s_q * scale_k[j]);
-    add_key_bias(score, bias, j * kKeys);  // score_grads and the sweep mask
+    biased_to_scores<D>(score, sum[0], wg.scale_q * wg.scale_k[j]);
+    add_key_bias(score, wg.bias, j * kKeys);  // score_grads and the sweep mask
     wait_for<0>(dp);
   };
 
   if constexpr (Softmax::kRowPass) {  // the row terms, before any dS is quantised
     typename Softmax::RowSums sums[2];
     feed.consume(0, key_blocks, scores, [&](int j, int s) {
-      if (!sees(j)) return;
+      if (!wg.sees(j, p.T)) return;
       float score[1][kNTiles][4], dp[1][kNTiles][4];
       scores_and_dp(score, dp, j, s);
-      softmax.sweep(sums, score, dp, rows, j * kKeys, first_row, p.T);
+      softmax.sweep(sums, score, dp, rows, j * kKeys, wg.first_query, p.T);
     });
-    softmax.make_terms(rows, sums, terms, first_row, p.T, ws.Tp);
+    softmax.make_terms(rows, sums, terms, wg.first_query, p.T, ws.Tp);
   }
 
   float dq_acc[1][D / 8][4];  // (64, d) rows of dQ of the warpgroup; this warp's 16
   zero(dq_acc);
   feed.consume(0, key_blocks, keys, [&](int j, int s) {
-    if (!sees(j)) return;
+    if (!wg.sees(j, p.T)) return;
     float score[1][kNTiles][4], dp[1][kNTiles][4];  // S, dP
     scores_and_dp(score, dp, j, s);
     float w[1][kNTiles][4];  // dS
-    score_grads(w, score, dp, softmax, rows, j * kKeys, first_row, p.T);
+    score_grads(w, score, dp, softmax, rows, j * kKeys, wg.first_query, p.T);
     float s_ds[2], inv_s_ds[2];  // ψ's scale of each of the thread's two rows
     weight_scales<1>(w, false, nullptr, s_ds, inv_s_ds);
     uint32_t ds_hat[1][kNTiles / 4][4];  // dŜ (64, 64) s8 A fragments over the permuted keys
@@ -150,7 +141,7 @@ __global__ void __launch_bounds__(flash::sm90::block_threads<2>(), 1)
     biased_zero(dq[0]);
     issue_s8_rs(dq, ds_hat, kt_tile(s));
     wait_for<0>(dq, ds_hat);
-    const float row_scale[2] = {s_ds[0] * scale_k[j], s_ds[1] * scale_k[j]};
+    const float row_scale[2] = {s_ds[0] * wg.scale_k[j], s_ds[1] * wg.scale_k[j]};
 #pragma unroll
     for (int dt = 0; dt < D / 8; ++dt) add_biased<kKeys>(dq_acc[0][dt], dq[0][dt], row_scale);
   });

@@ -93,28 +93,18 @@ __global__ void __launch_bounds__(flash::sm90::block_threads<2>(), 1)
   }
   feed.consumer_start();
 
-  const int wg_row0 = warpgroup_row0();                 // the warpgroup's first row in the tile
-  const int wg_first = q0 + wg_row0;                    // and its first query
-  const int first_query = q0 + warp_row0();             // the warp's first query
-  // The warpgroup's quantisation block (a block past the last: the last, as sage.cu).
-  const int q_block = min(wg_first / kSageBlock, ws.blocks - 1);
-  const size_t scale0 = static_cast<size_t>(bh) * ws.blocks;
-  const float scale_q = ws.q.scale[scale0 + q_block];
-  const float* scale_k = ws.k.scale + scale0;
-  const float* scale_v = ws.v.scale + scale0;
-  const float* bias = p.smooth_q ? ws.query_bias + (scale0 + q_block) * ws.Tp : nullptr;
-  // Key block j holds a key some row of the warpgroup sees (uniform over the
-  // warpgroup, as wgmma needs); rows past T see none. A warp whose rows all
-  // precede the block gets a fully masked tile: weights 0, O unchanged.
-  auto sees = [&](int j) { return wg_first < p.T && j * kKeys <= wg_first + kWarpgroupRows - 1; };
+  // A warp whose rows all precede a block the warpgroup sees gets a fully
+  // masked tile: weights 0, O unchanged.
+  const QueryWarpgroup wg(ws, bh, q0, p.smooth_q);
+  const float* scale_v = ws.v.scale + wg.scale0;
   // s (64, 64) = the scores of key block j, masked entries −inf; this warp's 16 rows.
   auto scores = [&](float (&s)[1][kNTiles][4], int j, int stage) {
     int sum[1][kNTiles][4];
     biased_zero(sum[0]);
-    issue_s8_ss(sum, q_tile, wg_row0, k_tile(stage));
+    issue_s8_ss(sum, q_tile, wg.wg_row0, k_tile(stage));
     wait_for<0>(sum);
-    biased_to_scores<D>(s, sum[0], scale_q * scale_k[j]);
-    bias_and_mask(s, bias, j * kKeys, first_query);
+    biased_to_scores<D>(s, sum[0], wg.scale_q * wg.scale_k[j]);
+    bias_and_mask(s, wg.bias, j * kKeys, wg.first_query);
   };
 
   float o_acc[1][D / 8][4];  // (64, d) rows of O of the warpgroup; this warp's 16
@@ -123,7 +113,7 @@ __global__ void __launch_bounds__(flash::sm90::block_threads<2>(), 1)
   feed.resident(resident);
   if constexpr (Softmax::kCalibrates) {  // pass 1: each row's max and min, then its grid
     feed.consume(0, key_blocks, keys, [&](int j, int stage) {
-      if (!sees(j)) return;
+      if (!wg.sees(j, p.T)) return;
       float s[1][kNTiles][4];
       scores(s, j, stage);
       softmax.observe(s, j * kKeys);
@@ -131,7 +121,7 @@ __global__ void __launch_bounds__(flash::sm90::block_threads<2>(), 1)
     softmax.calibrate();
   }
   feed.consume(0, key_blocks, keys_values, [&](int j, int stage) {
-    if (!sees(j)) return;
+    if (!wg.sees(j, p.T)) return;
     float s[1][kNTiles][4];
     scores(s, j, stage);
     softmax.update(s, o_acc);  // s now holds P̃ = exp(S − m), or ŵ
@@ -149,7 +139,7 @@ __global__ void __launch_bounds__(flash::sm90::block_threads<2>(), 1)
   });
 
   softmax.finalize(o_acc);
-  softmax.store(p.stats + static_cast<size_t>(bh) * p.T * Softmax::kStatFloats, first_query, p.T);
+  softmax.store(p.stats + static_cast<size_t>(bh) * p.T * Softmax::kStatFloats, wg.first_query, p.T);
   store_acc(o_tile, o_acc, warp_row0(), 1.0f);
   feed.sync();
   store_tile<256>(o_tile, p.o + (static_cast<size_t>(b) * p.T + q0) * p.H * D + static_cast<size_t>(h) * D,

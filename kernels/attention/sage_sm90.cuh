@@ -10,6 +10,35 @@ namespace qattn::cuda::sage {
 
 constexpr int kSm90Rows = 2 * flash::sm90::kWarpgroupRows;  // rows per block: two warpgroups
 
+// A query warpgroup of the forward or the dQ kernel (64 rows at q0 + its
+// offset in the block of kSm90Rows): its rows lie in one quantisation block, so
+// its S has one scale s_Q s_K per key block (a block past the last: the last,
+// as sage.cu) and one smooth_q bias row; key block j holds a key some row
+// sees (uniform over the warpgroup, as wgmma needs; rows past T see none).
+struct QueryWarpgroup {
+  int wg_row0;           // the warpgroup's first row in the block's tiles
+  int wg_first;          // its first query
+  int first_query;       // the calling warp's first query
+  float scale_q;         // s_Q of its quantisation block
+  const float* scale_k;  // (blocks) s_K of the head's key blocks
+  const float* bias;     // (Tp) the smooth_q bias of its block's queries, or null
+  size_t scale0;         // the head's first block in the workspace's per-block arrays
+
+  __device__ QueryWarpgroup(const SageWorkspace& ws, int bh, int q0, bool smooth_q)
+      : wg_row0(flash::sm90::warpgroup_row0()),
+        wg_first(q0 + wg_row0),
+        first_query(q0 + flash::sm90::warp_row0()),
+        scale0(static_cast<size_t>(bh) * ws.blocks) {
+    const int q_block = min(wg_first / kSageBlock, ws.blocks - 1);
+    scale_q = ws.q.scale[scale0 + q_block];
+    scale_k = ws.k.scale + scale0;
+    bias = smooth_q ? ws.query_bias + (scale0 + q_block) * ws.Tp : nullptr;
+  }
+  __device__ bool sees(int j, int T) const {
+    return wg_first < T && j * kSageBlock <= wg_first + flash::sm90::kWarpgroupRows - 1;
+  }
+};
+
 struct SageBackwardSm90Common {
   SageWorkspace ws;
   const float* stats;      // (B, H, T, Softmax::kStatFloats): the forward's L, or RowStats
