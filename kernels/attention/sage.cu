@@ -567,11 +567,31 @@ bool dkdv_on_wgmma(const SageParams& p, const SageTiles& tiles) {
                       (p.tile_scales ? "tile" : "rowcol") + ")");
 }
 
+// Tensor maps over the pre-pass's copies for the wgmma kernels: a natural int8
+// copy (B·H·Tp, d) in (64, d) boxes, a transposed one (B·H·d, Tp) in boxes of
+// 64 rows by one quantisation block, a bf16 one (B·H·Tp, d) in 64 x 64 boxes.
+template <int D>
+struct WorkspaceMaps {
+  const SageWorkspace& ws;
+  uint64_t heads;
+  explicit WorkspaceMaps(const SageParams& p)
+      : ws(p.ws), heads(static_cast<uint64_t>(p.B) * p.H) {}
+  CUtensorMap natural(const int8_t* x) const {
+    return sm90::make_int8_tensor_map(x, heads * ws.Tp, D, D, D);
+  }
+  CUtensorMap transposed(const int8_t* x) const {
+    return sm90::make_int8_tensor_map(x, heads * D, ws.Tp, ws.Tp, kTile);
+  }
+  CUtensorMap bf16_copy(const bf16* x) const {
+    return sm90::make_tensor_map(x, heads * ws.Tp, D, D);
+  }
+};
+
 // The wgmma forward: tensor maps over the pre-pass's int8 copies.
 template <int D, class Softmax>
 void forward_sm90(const SageParams& p, cudaStream_t stream) {
   const SageWorkspace& ws = p.ws;
-  const uint64_t heads = static_cast<uint64_t>(p.B) * p.H;
+  const WorkspaceMaps<D> maps(p);
   SageForwardSm90Params f{};
   f.ws = ws;
   f.stats = p.stats_out;
@@ -579,9 +599,9 @@ void forward_sm90(const SageParams& p, cudaStream_t stream) {
   f.softmax = p.softmax;
   f.B = p.B, f.H = p.H, f.T = p.T;
   f.smooth_q = p.smooth_q;
-  f.q = sm90::make_int8_tensor_map(ws.q.i8, heads * ws.Tp, D, D, D);
-  f.k = sm90::make_int8_tensor_map(ws.k.i8, heads * ws.Tp, D, D, D);
-  f.vt = sm90::make_int8_tensor_map(ws.v.i8t, heads * D, ws.Tp, ws.Tp, kTile);
+  f.q = maps.natural(ws.q.i8);
+  f.k = maps.natural(ws.k.i8);
+  f.vt = maps.transposed(ws.v.i8t);
   launch(sage_forward_sm90_kernel<D, Softmax>, dim3(ceil_div(ws.blocks, kSm90Rows / kTile), p.B * p.H),
          sm90::block_threads<2>(), SageForwardSm90Layout<D>::kBytes, stream, f);
 }
@@ -605,13 +625,13 @@ SageBackwardSm90Common backward_sm90_common(const SageParams& p) {
 template <int D, class Softmax>
 void dq_sm90(const SageParams& p, cudaStream_t stream) {
   const SageWorkspace& ws = p.ws;
-  const uint64_t heads = static_cast<uint64_t>(p.B) * p.H;
+  const WorkspaceMaps<D> maps(p);
   SageDqSm90Params f{backward_sm90_common(p)};
-  f.q = sm90::make_int8_tensor_map(ws.q.i8, heads * ws.Tp, D, D, D);
-  f.k = sm90::make_int8_tensor_map(ws.k.i8, heads * ws.Tp, D, D, D);
-  f.kt = sm90::make_int8_tensor_map(ws.k.i8t, heads * D, ws.Tp, ws.Tp, kTile);
-  f.dout = sm90::make_tensor_map(ws.dout.bf, heads * ws.Tp, D, D);
-  f.v = sm90::make_tensor_map(ws.v.bf, heads * ws.Tp, D, D);
+  f.q = maps.natural(ws.q.i8);
+  f.k = maps.natural(ws.k.i8);
+  f.kt = maps.transposed(ws.k.i8t);
+  f.dout = maps.bf16_copy(ws.dout.bf);
+  f.v = maps.bf16_copy(ws.v.bf);
   launch(sage_dq_sm90_kernel<D, Softmax>, dim3(ceil_div(ws.blocks, kSm90Rows / kTile), p.B * p.H),
          sm90::block_threads<2>(), SageDqSm90Layout<D>::kBytes, stream, f);
 }
@@ -620,14 +640,14 @@ void dq_sm90(const SageParams& p, cudaStream_t stream) {
 template <int D, class Softmax>
 void dkdv_sm90(const SageParams& p, cudaStream_t stream) {
   const SageWorkspace& ws = p.ws;
-  const uint64_t heads = static_cast<uint64_t>(p.B) * p.H;
+  const WorkspaceMaps<D> maps(p);
   SageDkDvSm90Params f{backward_sm90_common(p)};
-  f.k = sm90::make_int8_tensor_map(ws.k.i8, heads * ws.Tp, D, D, D);
-  f.q = sm90::make_int8_tensor_map(ws.q.i8, heads * ws.Tp, D, D, D);
-  f.qt = sm90::make_int8_tensor_map(ws.q.i8t, heads * D, ws.Tp, ws.Tp, kTile);
-  f.dot = sm90::make_int8_tensor_map(ws.dout.i8t, heads * D, ws.Tp, ws.Tp, kTile);
-  f.v = sm90::make_tensor_map(ws.v.bf, heads * ws.Tp, D, D);
-  f.dout = sm90::make_tensor_map(ws.dout.bf, heads * ws.Tp, D, D);
+  f.k = maps.natural(ws.k.i8);
+  f.q = maps.natural(ws.q.i8);
+  f.qt = maps.transposed(ws.q.i8t);
+  f.dot = maps.transposed(ws.dout.i8t);
+  f.v = maps.bf16_copy(ws.v.bf);
+  f.dout = maps.bf16_copy(ws.dout.bf);
   launch(sage_dkdv_sm90_kernel<D, Softmax>, dim3(ceil_div(ws.blocks, kSm90Rows / kTile), p.B * p.H),
          sm90::block_threads<2>(), SageDkDvSm90Layout<D, Softmax>::kBytes, stream, f);
 }
