@@ -190,7 +190,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   auto k_tile = [&](int j) { return SmemTile<BN, D>{k_tiles + Ring<S>::stage(j) * BN * D}; };
   auto v_tile = [&](int j) { return SmemTile<BN, D>{v_tiles + Ring<S>::stage(j) * BN * D}; };
 
-  const int q_block = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const BlockIndex at = last_first(block_by_rank());
+  const int q_block = at.block, h = at.h, b = at.b;
   const int q0 = q_block * BM;
   const int n_kblocks = (min(p.T, q0 + BM) + BN - 1) / BN;  // causal: up to the last row
   if (threadIdx.x == 0) {
@@ -264,7 +265,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 // producer warp their (L, δ) with ordinary loads and stores (a TMA row copy
 // would need T to be a multiple of 4).
 template <class Tr, class Softmax>
-__device__ __forceinline__ void backward_dkdv_block(const BackwardTmaParams& params, int k_block,
+__device__ __forceinline__ void backward_dkdv_block(const BackwardTmaParams& params, BlockIndex at,
                                                     unsigned char* smem) {
   constexpr int D = Tr::kHeadDim, BM = Tr::kBlockM, BN = Tr::kBlockN, S = Tr::kStages;
   const BackwardParams& p = params.p;
@@ -281,8 +282,8 @@ __device__ __forceinline__ void backward_dkdv_block(const BackwardTmaParams& par
   auto lse_slot = [&](int i) { return stat_slots + 2 * Ring<S>::stage(i) * BM; };
   auto delta_slot = [&](int i) { return stat_slots + (2 * Ring<S>::stage(i) + 1) * BM; };
 
-  const int h = blockIdx.y, b = blockIdx.z;
-  const int k0 = k_block * BN;
+  const int h = at.h, b = at.b;
+  const int k0 = at.block * BN;
   // Causal: queries before the block's first key see none of it.
   const int i_first = k0 / BM, n_steps = (p.T + BM - 1) / BM - i_first;
   const size_t stat0 = (static_cast<size_t>(b) * p.H + h) * p.T;  // (b, h) slice of L and δ
@@ -375,7 +376,7 @@ __device__ __forceinline__ void backward_dkdv_block(const BackwardTmaParams& par
 // dQ of one query block; each warpgroup owns 64 query rows. The producer
 // streams (K, V) of each key block.
 template <class Tr, class Softmax>
-__device__ __forceinline__ void backward_dq_block(const BackwardTmaParams& params, int q_block,
+__device__ __forceinline__ void backward_dq_block(const BackwardTmaParams& params, BlockIndex at,
                                                   unsigned char* smem) {
   constexpr int D = Tr::kHeadDim, BM = Tr::kBlockM, BN = Tr::kBlockN, S = Tr::kStages;
   const BackwardParams& p = params.p;
@@ -389,7 +390,7 @@ __device__ __forceinline__ void backward_dq_block(const BackwardTmaParams& param
     return SmemTile<BN, D>{kv_tiles + (2 * Ring<S>::stage(j) + 1) * BN * D};
   };
 
-  const int h = blockIdx.y, b = blockIdx.z;
+  const int q_block = at.block, h = at.h, b = at.b;
   const int q0 = q_block * BM;
   const int n_kblocks = (min(p.T, q0 + BM) + BN - 1) / BN;
   if (threadIdx.x == 0) {
@@ -469,13 +470,13 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     flash_backward_dq_kernel(const __grid_constant__ BackwardTmaParams params) {
 #if QATTN_SM90A_DEVICE
   extern __shared__ __align__(1024) unsigned char smem[];
-  backward_dq_block<Tr, Softmax>(params, gridDim.x - 1 - blockIdx.x, smem);
+  backward_dq_block<Tr, Softmax>(params, last_first(block_by_rank()), smem);
 #endif
 }
 
-// The backward as one launch, grid and block order as flash_backward_kernel:
-// dK/dV blocks first (key block 0, which sees every query, leading), then dQ
-// blocks (the last query block leading).
+// The backward as one launch, grid as flash_backward_kernel's, blocks ranked over
+// all heads (block_by_rank): dK/dV blocks first (key block 0, which sees every
+// query, leading), then dQ blocks (the last query block leading).
 template <class DkDvTr, class DqTr, class Softmax>
 __global__ void __launch_bounds__(DkDvTr::kThreads, 1)
     flash_backward_kernel(const __grid_constant__ BackwardTmaParams params) {
@@ -484,10 +485,11 @@ __global__ void __launch_bounds__(DkDvTr::kThreads, 1)
                 "both halves of the launch share its block size");
   extern __shared__ __align__(1024) unsigned char smem[];
   const int n_kv_blocks = (params.p.T + DkDvTr::kBlockN - 1) / DkDvTr::kBlockN;
-  if (static_cast<int>(blockIdx.x) < n_kv_blocks)
-    backward_dkdv_block<DkDvTr, Softmax>(params, blockIdx.x, smem);
+  const BlockIndex at = block_by_rank();
+  if (at.block < n_kv_blocks)
+    backward_dkdv_block<DkDvTr, Softmax>(params, at, smem);
   else
-    backward_dq_block<DqTr, Softmax>(params, gridDim.x - 1 - blockIdx.x, smem);
+    backward_dq_block<DqTr, Softmax>(params, last_first(at), smem);
 #endif
 }
 

@@ -205,7 +205,8 @@ __device__ __forceinline__ void forward_block(const Params& p, unsigned char* sm
   const SmemTile<BM, D> q_tile{reinterpret_cast<bf16*>(smem)};  // (BM, d)
   bf16* kv_stages = q_tile.data + BM * D;                       // 2 x [(BN, d) K, (BN, d) V]
 
-  const int q_block = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const BlockIndex at = last_first(block_by_rank());
+  const int q_block = at.block, h = at.h, b = at.b;
   const int q0 = q_block * BM;
   const int warp_row0 = Rows::warp_first_row();  // first row of the warp, within the block
   const int row_first = q0 + warp_row0;          // the warp's first query row
@@ -369,7 +370,7 @@ __global__ void __launch_bounds__(Feed::kThreads, 1)
 // ---------------------------------------------------------------------------
 // dQ for the lerp and weight-STE rules. Grid (ceil(T / kBlockM), H, B).
 template <class Rows, class Feed, class Tr, Rule kRule, Calibration kCalibration>
-__device__ __forceinline__ void dq_block(const Params& p, int q_block, unsigned char* smem) {
+__device__ __forceinline__ void dq_block(const Params& p, BlockIndex at, unsigned char* smem) {
   static_assert(kRule != Rule::prob_ste, "the probability STE uses FPA's dQ pass");
   check_row_group<Rows, Feed, Tr::kBlockM>();
   constexpr int D = Tr::kHeadDim, BM = Tr::kBlockM, BN = Tr::kBlockN, RT = Rows::kRowTiles;
@@ -378,7 +379,7 @@ __device__ __forceinline__ void dq_block(const Params& p, int q_block, unsigned 
   const SmemTile<BM, D> do_tile{q_tile.data + BM * D};          // (BM, d)
   bf16* kv_stages = do_tile.data + BM * D;                      // 2 x [(BN, d) K, (BN, d) V]
 
-  const int h = blockIdx.y, b = blockIdx.z;
+  const int q_block = at.block, h = at.h, b = at.b;
   const int q0 = q_block * BM;
   const int warp_row0 = Rows::warp_first_row();
   const int row_first = q0 + warp_row0;
@@ -525,7 +526,7 @@ template <class Rows, class Feed, class Tr, Rule kRule, Calibration kCalibration
 __global__ void __launch_bounds__(Feed::kThreads, 1) dq_kernel(const __grid_constant__ Params p) {
   extern __shared__ __align__(1024) unsigned char smem[];
   if constexpr (Rows::kCompiledHere)
-    dq_block<Rows, Feed, Tr, kRule, kCalibration>(p, gridDim.x - 1 - blockIdx.x, smem);
+    dq_block<Rows, Feed, Tr, kRule, kCalibration>(p, last_first(block_by_rank()), smem);
 }
 
 // ---------------------------------------------------------------------------
@@ -546,7 +547,7 @@ constexpr int dkdv_smem_bytes() {
 // detached extrema); the two-launch one (dkdv_kernel, which the mma.sync family
 // also runs detached) routes, with zeros when detached.
 template <class Rows, class Feed, class Tr, Rule kRule, Calibration kCalibration, bool kRoutes>
-__device__ __forceinline__ void dkdv_block(const Params& p, int k_block, unsigned char* smem) {
+__device__ __forceinline__ void dkdv_block(const Params& p, BlockIndex at, unsigned char* smem) {
   check_row_group<Rows, Feed, Tr::kBlockN>();
   constexpr int D = Tr::kHeadDim, BM = Tr::kBlockM, BN = Tr::kBlockN, RT = Rows::kRowTiles;
   constexpr bool kFwm = kCalibration == Calibration::fwm;
@@ -558,8 +559,8 @@ __device__ __forceinline__ void dkdv_block(const Params& p, int k_block, unsigne
   QueryValues* value_stages = reinterpret_cast<QueryValues*>(stat_stages + 4 * BM);  // 2 x (BM)
   float* l_grad_stages = reinterpret_cast<float*>(value_stages + 2 * BM);             // 2 x (BM)
 
-  const int h = blockIdx.y, b = blockIdx.z;
-  const int k0 = k_block * BN;
+  const int h = at.h, b = at.b;
+  const int k0 = at.block * BN;
   const int warp_row0 = Rows::warp_first_row();  // first key of the warp, within the block
   const int warp_key0 = k0 + warp_row0;
   const int group_key0 = k0 + Rows::first_row();  // first key of the group
@@ -707,7 +708,8 @@ template <class Rows, class Feed, class Tr, Rule kRule, Calibration kCalibration
 __global__ void __launch_bounds__(Feed::kThreads, 1) dkdv_kernel(const __grid_constant__ Params p) {
   extern __shared__ __align__(1024) unsigned char smem[];
   if constexpr (Rows::kCompiledHere)
-    dkdv_block<Rows, Feed, Tr, kRule, kCalibration, kRule != Rule::prob_ste>(p, blockIdx.x, smem);
+    dkdv_block<Rows, Feed, Tr, kRule, kCalibration, kRule != Rule::prob_ste>(p, block_by_rank(),
+                                                                             smem);
 }
 
 // The dQ half of a combined launch (below): K-interval's dQ blocks, or FPA's
@@ -716,25 +718,26 @@ template <class Rows, class Feed, class Tr, Rule kRule, Calibration kCalibration
 struct KIntervalDq {
   static constexpr int kBlockM = Tr::kBlockM, kThreads = Feed::kThreads;
   static constexpr int kSmemBytes = Tr::kSmemBytes + Feed::kBarrierBytes;
-  __device__ static void run(const Params& p, const sm90::BackwardTmaParams&, int q_block,
+  __device__ static void run(const Params& p, const sm90::BackwardTmaParams&, BlockIndex at,
                              unsigned char* smem) {
-    dq_block<Rows, Feed, Tr, kRule, kCalibration>(p, q_block, smem);
+    dq_block<Rows, Feed, Tr, kRule, kCalibration>(p, at, smem);
   }
 };
 template <class Tr>
 struct FpaDq {
   static constexpr int kBlockM = Tr::kBlockM, kThreads = Tr::kThreads;
   static constexpr int kSmemBytes = Tr::kSmemBytes;
-  __device__ static void run(const Params&, const sm90::BackwardTmaParams& fpa, int q_block,
+  __device__ static void run(const Params&, const sm90::BackwardTmaParams& fpa, BlockIndex at,
                              unsigned char* smem) {
-    sm90::backward_dq_block<Tr, OnlineSoftmax<1>>(fpa, q_block, smem);
+    sm90::backward_dq_block<Tr, OnlineSoftmax<1>>(fpa, at, smem);
   }
 };
 
 // dK/dV and dQ blocks in one launch where dK/dV needs nothing from the dQ pass
-// (extrema detached, or the probability STE): FPA's backward order, dK/dV blocks
-// first (key block 0, which sees every query, leading), then dQ blocks (the last
-// query block leading), so that the dQ blocks fill the tail of the dK/dV waves.
+// (extrema detached, or the probability STE): FPA's backward order, blocks ranked
+// over all heads, dK/dV blocks first (key block 0, which sees every query,
+// leading), then dQ blocks (the last query block leading), so that the dQ blocks
+// fill the tail of the dK/dV waves.
 template <class Rows, class Feed, class Tr, class Dq, Rule kRule, Calibration kCalibration>
 __global__ void __launch_bounds__(Feed::kThreads, 1)
     dkdv_dq_kernel(const __grid_constant__ Params p,
@@ -743,10 +746,11 @@ __global__ void __launch_bounds__(Feed::kThreads, 1)
   extern __shared__ __align__(1024) unsigned char smem[];
   if constexpr (Rows::kCompiledHere) {
     const int n_kv_blocks = (p.T + Tr::kBlockN - 1) / Tr::kBlockN;
-    if (static_cast<int>(blockIdx.x) < n_kv_blocks)
-      dkdv_block<Rows, Feed, Tr, kRule, kCalibration, false>(p, blockIdx.x, smem);
+    const BlockIndex at = block_by_rank();
+    if (at.block < n_kv_blocks)
+      dkdv_block<Rows, Feed, Tr, kRule, kCalibration, false>(p, at, smem);
     else
-      Dq::run(p, fpa, gridDim.x - 1 - blockIdx.x, smem);
+      Dq::run(p, fpa, last_first(at), smem);
   }
 }
 

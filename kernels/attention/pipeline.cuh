@@ -32,6 +32,28 @@ __device__ __forceinline__ void pipelined(int first, int last, Load&& load, Body
   }
 }
 
+// A block's place in a grid (blocks per head, H, B): which of its head's blocks
+// it is, and the head.
+struct BlockIndex {
+  int block, h, b;
+};
+// Ranked over all heads in the order the hardware launches blocks (x fastest):
+// first every head's block 0, then every head's block 1, and so on. A kernel
+// whose block 0 is its longest (causal) then ends on every head's shortest
+// blocks, and its last wave is short.
+__device__ __forceinline__ BlockIndex block_by_rank() {
+  const unsigned heads = gridDim.y * gridDim.z;
+  const unsigned linear = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+  const unsigned bh = linear % heads;
+  return {static_cast<int>(linear / heads), static_cast<int>(bh % gridDim.y),
+          static_cast<int>(bh / gridDim.y)};
+}
+
+// Query blocks (whose causal loop grows with the block) by rank, the last first.
+__device__ __forceinline__ BlockIndex last_first(BlockIndex at) {
+  return {static_cast<int>(gridDim.x) - 1 - at.block, at.h, at.b};
+}
+
 // Raises the kernel's dynamic shared-memory limit (above 48 KB needs it) and launches it.
 template <class... Params>
 void launch(void (*kernel)(Params...), dim3 grid, int threads, int smem_bytes, cudaStream_t stream,

@@ -219,7 +219,8 @@ __global__ void __launch_bounds__(Tr::kThreads) sage_forward_kernel(const SagePa
   extern __shared__ __align__(128) unsigned char smem[];
   const SmemPlan<1, 2> plan = forward_plan<Tr>(p);
   const SageWorkspace& ws = p.ws;
-  const int q_tile = gridDim.x - 1 - blockIdx.x, bh = blockIdx.y, b = bh / p.H, h = bh % p.H;
+  const BlockIndex at = last_first(block_by_rank());  // grid (tiles, B H): at.h is b H + h
+  const int q_tile = at.block, bh = at.h, b = bh / p.H, h = bh % p.H;
   const int q0 = q_tile * Tr::kRows;
   const int row0 = (threadIdx.x / 32) * 16;  // the warp's first row in the tile
   const int first_query = q0 + row0;          // of the warp
@@ -286,7 +287,8 @@ __global__ void __launch_bounds__(Tr::kThreads) sage_backward_dkdv_kernel(const 
   __shared__ float scratch[2][Tr::kWarps];  // per-tile scales of Pᵀ and dSᵀ
   const SmemPlan<2, 6> plan = dkdv_plan<Tr, Softmax>(p);
   const SageWorkspace& ws = p.ws;
-  const int k_tile = blockIdx.x, bh = blockIdx.y, b = bh / p.H, h = bh % p.H;
+  const BlockIndex at = block_by_rank();  // grid (tiles, B H): at.h is b H + h
+  const int k_tile = at.block, bh = at.h, b = bh / p.H, h = bh % p.H;
   const int k0 = k_tile * Tr::kRows;
   const int row0 = (threadIdx.x / 32) * 16;  // the warp's first key in the tile
   // The warp's quantisation block (a block past the last: the last, see load_natural).
@@ -405,7 +407,8 @@ __global__ void __launch_bounds__(Tr::kThreads) sage_backward_dq_kernel(const Sa
   __shared__ float scratch[Tr::kWarps];  // per-tile scale of dS
   const SmemPlan<2, 3> plan = dq_plan<Tr>(p);
   const SageWorkspace& ws = p.ws;
-  const int q_tile = gridDim.x - 1 - blockIdx.x, bh = blockIdx.y, b = bh / p.H, h = bh % p.H;
+  const BlockIndex at = last_first(block_by_rank());  // grid (tiles, B H): at.h is b H + h
+  const int q_tile = at.block, bh = at.h, b = bh / p.H, h = bh % p.H;
   const int q0 = q_tile * Tr::kRows;
   const int row0 = (threadIdx.x / 32) * 16;  // the warp's first row in the tile
   // The warp's quantisation block (a block past the last: the last, see load_natural).

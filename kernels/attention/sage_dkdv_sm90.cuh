@@ -82,8 +82,9 @@ __global__ void __launch_bounds__(flash::sm90::block_threads<2>(), 1)
   auto stats_slot = [&](int s) { return reinterpret_cast<float*>(stage(s) + Layout::kStats); };  // (64, kStat)
   auto terms_slot = [&](int s) { return reinterpret_cast<float*>(stage(s) + Layout::kTerms); };  // (64, kTerm)
 
-  const int bh = blockIdx.y, b = bh / p.H, h = bh % p.H;
-  const int k0 = blockIdx.x * kSm90Rows;
+  const BlockIndex at = block_by_rank();  // grid (tiles, B H): at.h is b H + h
+  const int bh = at.h, b = bh / p.H, h = bh % p.H;
+  const int k0 = at.block * kSm90Rows;
   const int head_row0 = bh * ws.Tp;  // the head's first row in the natural copies
   const float* stats_src = p.stats + static_cast<size_t>(bh) * p.T * kStat;        // (T, kStat)
   const float* terms_src = p.row_terms + static_cast<size_t>(bh) * ws.Tp * kTerm;  // (Tp, kTerm)

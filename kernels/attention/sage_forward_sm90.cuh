@@ -70,7 +70,8 @@ __global__ void __launch_bounds__(flash::sm90::block_threads<2>(), 1)
   };
   const SmemTile<kSm90Rows, D> o_tile{reinterpret_cast<bf16*>(smem + Layout::kO)};  // (128, d)
 
-  const int q_tile_index = gridDim.x - 1 - blockIdx.x, bh = blockIdx.y, b = bh / p.H, h = bh % p.H;
+  const BlockIndex at = last_first(block_by_rank());  // grid (tiles, B H): at.h is b H + h
+  const int q_tile_index = at.block, bh = at.h, b = bh / p.H, h = bh % p.H;
   const int q0 = q_tile_index * kSm90Rows;
   const int key_blocks = min(ws.blocks, (q0 + kSm90Rows - 1) / kKeys + 1);  // up to the tile's diagonal
   const int head_row0 = bh * ws.Tp;  // the head's first row in the natural copies

@@ -285,6 +285,25 @@ TEST_CASE("K-interval attention: long sequences, every option combination", "[ki
   check_cases(cases);
 }
 
+TEST_CASE("K-interval attention: many heads, blocks ranked over all heads", "[kinterval]") {
+  // The kernels launch every head's longest block first (block_by_rank, pipeline.cuh):
+  // a block's head and place come from its rank. Several waves of blocks; the first
+  // and the last head are compared, for each rule (the probability STE and
+  // detached lerp run the one-launch backward on Hopper).
+  std::vector<Case> cases;
+  for (const AttentionShape& s : {AttentionShape{8, 12, 512, 64}, AttentionShape{4, 16, 512, 128}})
+    for (const auto& opt : every_option_combination(4)) {
+      const bool lerp = opt.rounding == Rounding::lerp;
+      const bool wanted = (lerp && opt.calibration == Calibration::minmax && opt.ste == Ste::weight) ||
+                          (!lerp && !opt.detach_extrema && opt.calibration == Calibration::fwm);
+      if (!wanted || opt.ste_window_mask) continue;
+      cases.push_back(make_case(opt, s, {0, s.B * s.H - 1}));
+    }
+  // Per shape: lerp minmax attached and detached, the weight and the probability STE (fwm).
+  REQUIRE(cases.size() == 8);
+  check_cases(cases);
+}
+
 TEST_CASE("K-interval attention: the mma.sync kernels on Hopper, every option combination",
           "[kinterval]") {
   // Where automatic is mma.sync, the cases above have checked it.
