@@ -541,6 +541,22 @@ constexpr int dkdv_smem_bytes() {
          2 * kBlockM * (sizeof(RowStats) + sizeof(QueryValues) + sizeof(float));
 }
 
+// Bit q set: query q of a kQueries-query step has its argmax (kMin: or argmin)
+// among the kKeys keys from key0 (a warp's keys). Two queries a lane, one ballot each.
+template <int kQueries, int kKeys, bool kMin>
+__device__ __forceinline__ uint64_t queries_routing_to(int key0, const StagedStats& stats) {
+  static_assert(kQueries == 64, "a ballot per 32 queries, two of them");
+  uint64_t bits = 0;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const float4 r = stats.hi[32 * half + threadIdx.x % 32];
+    const bool hit = static_cast<unsigned>(__float_as_int(r.z) - key0) < kKeys ||
+                     (kMin && static_cast<unsigned>(__float_as_int(r.w) - key0) < kKeys);
+    bits |= static_cast<uint64_t>(__ballot_sync(0xffffffffu, hit)) << (32 * half);
+  }
+  return bits;
+}
+
 // kRoutes: the calibration terms enter dSᵀ at the argmax / argmin keys (lerp
 // and the weight STE); without them the loop has no compares per entry for
 // them. Off in the one-launch backward (dkdv_dq_kernel: the probability STE and
@@ -678,18 +694,31 @@ __device__ __forceinline__ void dkdv_block(const Params& p, BlockIndex at, unsig
     // row's argmax (argmin; dL/dℓ is 0 but for lerp minmax); detached, dL/dm = dL/dℓ = 0.
     // Hidden entries have f = 0, and their key is never the argmax or argmin
     // (a visible key; a query past T has zero values).
-    for_each_acc<RT, BM / 8>([&](int mt, int nt, int e) {
-      const int qi = acc_col(nt, e);
-      const QueryValues q = values[qi];
-      float ds = (dp[mt][nt][e] - q.delta) * w[mt][nt][e];
-      if constexpr (kRoutes) {
-        const float4 r = stats.hi[qi];
-        const int key = warp_key0 + acc_row(mt, e);
-        if (key == __float_as_int(r.z)) ds += q.second;
-        if (kLerpMinmax && key == __float_as_int(r.w)) ds += l_grads[qi];
+    // Few of a step's queries route to one of the warp's 16 RT keys: a bit per query
+    // that may (a ballot over the step's queries), and the per-entry compares only
+    // in the 8-query tiles that have one.
+    uint64_t routing = 0;
+    if constexpr (kRoutes) routing = queries_routing_to<BM, 16 * RT, kLerpMinmax>(warp_key0, stats);
+#pragma unroll
+    for (int mt = 0; mt < RT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < BM / 8; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          dp[mt][nt][e] = (dp[mt][nt][e] - values[acc_col(nt, e)].delta) * w[mt][nt][e];
+        if constexpr (kRoutes) {
+          if (((routing >> (8 * nt)) & 0xffu) != 0) {  // uniform over the warp
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int qi = acc_col(nt, e);
+              const float4 r = stats.hi[qi];
+              const int key = warp_key0 + acc_row(mt, e);
+              if (key == __float_as_int(r.z)) dp[mt][nt][e] += values[qi].second;
+              if (kLerpMinmax && key == __float_as_int(r.w)) dp[mt][nt][e] += l_grads[qi];
+            }
+          }
+        }
       }
-      dp[mt][nt][e] = ds;
-    });
     Rows::accumulate(dk_acc, dp, q_stage(s));  // dK += dSᵀ Q
   });
 
