@@ -60,6 +60,7 @@ template <int kThreads_>
 struct CpAsyncFeed {
   static constexpr int kThreads = kThreads_, kConsumerThreads = kThreads_;
   static constexpr int kBarrierBytes = 0;
+  static constexpr bool kZeroFillsBeforeRow0 = false;  // a tile may not start before row 0
 
   struct Target {
     template <int kRows, int kCols>
@@ -101,6 +102,8 @@ struct TmaFeed {
   static constexpr int kThreads = kConsumerThreads_ + 128;  // and the producer warpgroup
   static constexpr int kStages = 2;
   static constexpr int kBarrierBytes = (1 + 2 * kStages) * 8;
+  // TMA zero-fills a tile's rows before row 0 of its matrix (negative coordinates).
+  static constexpr bool kZeroFillsBeforeRow0 = true;
   static_assert(kConsumerThreads == 256 || kConsumerThreads == 384,
                 "sm90's register split is for two or three consumer warpgroups");
 

@@ -207,13 +207,18 @@ __device__ __forceinline__ void forward_block(const Params& p, unsigned char* sm
 
   const BlockIndex at = last_first(block_by_rank());
   const int q_block = at.block, h = at.h, b = at.b;
-  const int q0 = q_block * BM;
+  // Where the feed allows, the blocks end at T, so that a block short of BM rows
+  // (T mod BM of them) is the first, which sees the fewest keys, not the last,
+  // which sees them all (the 192-row blocks at d = 64 and T = 1024 or 2048);
+  // its rows before 0 read zeros (the first batch) or the previous batch's rows.
+  const int q0 = Feed::kZeroFillsBeforeRow0 ? p.T - (static_cast<int>(gridDim.x) - q_block) * BM
+                                            : q_block * BM;
   const int warp_row0 = Rows::warp_first_row();  // first row of the warp, within the block
   const int row_first = q0 + warp_row0;          // the warp's first query row
   const int group_row_first = q0 + Rows::first_row();
   const int group_row_last = group_row_first + Rows::kRows - 1;
-  // A group whose rows all lie past T (in the last block) computes nothing.
-  const bool group_valid = group_row_first < p.T;
+  // A group whose rows all lie outside [0, T) (in the first or last block) computes nothing.
+  const bool group_valid = group_row_first < p.T && group_row_last >= 0;
   const size_t ld = static_cast<size_t>(3) * p.H * D;
   const KvStages<Tr> kv{kv_stages, p.qkv + qkv_offset(b, 0, 1, h, p.T, p.H, D),
                         p.qkv + qkv_offset(b, 0, 2, h, p.T, p.H, D), ld, p.T};
@@ -334,7 +339,7 @@ __device__ __forceinline__ void forward_block(const Params& p, unsigned char* sm
         }
       }
       const int row = row_first + acc_row(mt, 2 * half);
-      if (threadIdx.x % 4 == 0 && row < p.T) {
+      if (threadIdx.x % 4 == 0 && row >= 0 && row < p.T) {
         stats[row] = st[mt][half];
         // L = c m + log ℓ_exact, as FPA's forward saves it.
         if constexpr (kExact)
@@ -351,11 +356,12 @@ __device__ __forceinline__ void forward_block(const Params& p, unsigned char* sm
   if constexpr (kExact) store_acc(oe_tile, oe_acc, warp_row0, 1.0f);
   feed.sync();
   const size_t ld_o = static_cast<size_t>(p.H) * D;
-  store_tile<Feed::kConsumerThreads>(q_tile, p.o + head_offset(b, q0, h, p.T, p.H, D), ld_o,
-                                     p.T - q0);
+  const int first = max(0, -q0);  // the block's first row in [0, T)
+  store_tile<Feed::kConsumerThreads>(q_tile, p.o + head_offset(b, q0 + first, h, p.T, p.H, D),
+                                     ld_o, p.T - q0, first);
   if constexpr (kExact)
-    store_tile<Feed::kConsumerThreads>(oe_tile, p.o_exact + head_offset(b, q0, h, p.T, p.H, D),
-                                       ld_o, p.T - q0);
+    store_tile<Feed::kConsumerThreads>(
+        oe_tile, p.o_exact + head_offset(b, q0 + first, h, p.T, p.H, D), ld_o, p.T - q0, first);
 }
 
 template <class Rows, class Feed, class Tr, Rounding kRounding, Calibration kCalibration,

@@ -87,10 +87,11 @@ __device__ __forceinline__ void load_row_values_async(float* dst, const float* s
     cp_async_4(dst + r, src + (r < rows_valid ? r : 0), r < rows_valid);
 }
 
-// The tile back to global memory with 16-byte stores; rows past rows_valid are skipped.
+// Rows [first_row, rows_valid) of the tile back to global memory, row first_row
+// at dst, with 16-byte stores.
 template <int kThreads, int kRows, int kCols>
 __device__ __forceinline__ void store_tile(SmemTile<kRows, kCols> tile, bf16* dst, size_t ld,
-                                           int rows_valid) {
+                                           int rows_valid, int first_row = 0) {
   constexpr int kChunks = kRows * SmemTile<kRows, kCols>::kChunksPerRow;
   static_assert(kChunks % kThreads == 0, "tile chunks must split evenly over the threads");
 #pragma unroll
@@ -98,8 +99,8 @@ __device__ __forceinline__ void store_tile(SmemTile<kRows, kCols> tile, bf16* ds
     const int c = i * kThreads + threadIdx.x;
     const int row = c / SmemTile<kRows, kCols>::kChunksPerRow;
     const int col = (c % SmemTile<kRows, kCols>::kChunksPerRow) * 8;
-    if (row < rows_valid) {
-      *reinterpret_cast<int4*>(dst + row * ld + col) =
+    if (row >= first_row && row < rows_valid) {
+      *reinterpret_cast<int4*>(dst + (row - first_row) * ld + col) =
           *reinterpret_cast<const int4*>(tile.at(row, col));
     }
   }
