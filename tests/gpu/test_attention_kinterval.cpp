@@ -42,8 +42,7 @@ using qattn::test::bf16;
 using qattn::test::DeviceBuffer;
 
 // Rel. L2 of O, dQ, dK, dV against the fp64 reference. bf16 operands with
-// fp32 accumulation (FPA lands near 3e-3); the quantised weights add the rare
-// nearest-rounding flip where fp32 and fp64 scores straddle a grid boundary.
+// fp32 accumulation (FPA lands near 3e-3): lerp's O and dV.
 constexpr double kTol = 1e-2;
 // The forward's saved state starts with (B, H, T, 8) RowStats (kinterval_softmax.cuh).
 constexpr int kRowStatFloats = 8;
@@ -63,6 +62,16 @@ constexpr int kRowStatFloats = 8;
 // derived per case: a per-case bound would need each entry's distance to its
 // grid point, which the test does not compute.
 constexpr double kTolLerpGrad = 2.5e-2;
+// Nearest rounding, all four: 2.5e-2. A score within the fp32-fp64 difference
+// of a rounding boundary (u = a + ½) takes the next grid value on one side, a
+// jump of e^Δ in its weight (e^Δ ≈ 7 at K = 4 minmax on these inputs), which a
+// row of few keys feels in full. Misses of kTol measured on the H200, each one
+// case of a full run: mma.sync K = 4 minmax nearest weight STE (1, 2, 1000, 64),
+// O 1.29e-2 and dV 1.49e-2 (detached, seed 2609948017, 2026-12-01) and dQ 1.14e-2,
+// dK 1.22e-2 (seed 2527159404); the sage composition (test_attention_sage.cpp)
+// O 1.13e-2 (seed 4059917141, the same digits when replayed). Bugs in the
+// rule move these by O(1), not by a factor of two.
+constexpr double kTolNearest = 2.5e-2;
 // |Σ_j dK_j| / sqrt(Σ_j |dK_j|²): 0 in exact arithmetic when every dS row sums to 0.
 constexpr double kTolRowSum = 1e-2;
 
@@ -218,11 +227,12 @@ void check_cases(std::vector<Case>& cases) {
     INFO(cases[i].family.name << " " << describe(cases[i].cfg.kinterval, cases[i].s)
          << ": rel L2 o " << e.o << " dq " << e.dq << " dk " << e.dk << " dv " << e.dv);
     const KIntervalOptions& k = cases[i].cfg.kinterval;
-    const double grad_tol = k.rounding == Rounding::lerp ? kTolLerpGrad : kTol;
-    CHECK(e.o < kTol);
+    const bool lerp = k.rounding == Rounding::lerp;
+    const double tol = lerp ? kTol : kTolNearest, grad_tol = lerp ? kTolLerpGrad : kTolNearest;
+    CHECK(e.o < tol);
     CHECK(e.dq < grad_tol);
     CHECK(e.dk < grad_tol);
-    CHECK(e.dv < kTol);
+    CHECK(e.dv < tol);
   }
   std::printf("kinterval: %zu cases (%s), worst rel L2 of o/dq/dk/dv %.2e\n", cases.size(),
               cases.empty() ? "-" : cases.front().family.name, worst);
