@@ -169,7 +169,8 @@ __device__ __forceinline__ void consumers_sync() {
 }
 
 // ---------------------------------------------------------------------------
-// Forward. Grid (ceil(T / kBlockM), H, B); the heaviest (last) query blocks start first.
+// Forward. Grid (ceil(T / kBlockM), H, B); every head's heaviest (last) query block starts
+// first (block_by_rank).
 // The producer copies Q, then K_j and V_j into rings of their own, so S_j = Q K_jᵀ
 // starts while V_j is still on its way. Per consumer warpgroup and key block j:
 //   S = c Q Kᵀ -> causal mask -> online softmax (m, l; O rescaled) -> O += P V;

@@ -177,7 +177,8 @@ __device__ __forceinline__ void check_row_group() {
 }
 
 // ---------------------------------------------------------------------------
-// Forward. Grid (ceil(T / kBlockM), H, B); the heaviest (last) query blocks start first.
+// Forward. Grid (ceil(T / kBlockM), H, B); every head's heaviest (last) query block starts
+// first (block_by_rank).
 // kIndices: the extrema whose key the backward routes a calibration term to
 // (index tracking costs a compare and two selects per score; the values alone one min or max).
 enum class Indices { none, argmax, both };

@@ -212,7 +212,8 @@ __device__ __forceinline__ void store_rows(SmemTile<kRows, D> tile, bf16* base, 
 }
 
 // ---------------------------------------------------------------------------
-// Forward. Grid (query tiles, B·H); the heaviest (last) query tiles start first.
+// Forward. Grid (query tiles, B·H); every head's heaviest (last) query tile starts
+// first (block_by_rank).
 template <class Tr, class Softmax>
 __global__ void __launch_bounds__(Tr::kThreads) sage_forward_kernel(const SageParams p) {
   constexpr int D = Tr::D, kThreads = Tr::kThreads;
@@ -399,7 +400,8 @@ __global__ void __launch_bounds__(Tr::kThreads) sage_backward_dkdv_kernel(const 
 }
 
 // ---------------------------------------------------------------------------
-// dQ. Grid (query tiles, B·H); the heaviest (last) query tiles start first.
+// dQ. Grid (query tiles, B·H); every head's heaviest (last) query tile starts
+// first (block_by_rank).
 template <class Tr, class Softmax>
 __global__ void __launch_bounds__(Tr::kThreads) sage_backward_dq_kernel(const SageParams p) {
   constexpr int D = Tr::D, kThreads = Tr::kThreads;

@@ -43,7 +43,8 @@ struct SageDqSm90Layout {
   static_assert(kDo % 1024 == 0 && kStages % 1024 == 0 && kStage % 1024 == 0 && kKt % 1024 == 0);
 };
 
-// Grid (ceil(blocks / 2), B·H); the heaviest (last) query tiles start first.
+// Grid (ceil(blocks / 2), B·H); every head's heaviest (last) query tile starts
+// first (block_by_rank).
 template <int D, class Softmax>
 __global__ void __launch_bounds__(flash::sm90::block_threads<2>(), 1)
     sage_dq_sm90_kernel(const __grid_constant__ SageDqSm90Params params) {

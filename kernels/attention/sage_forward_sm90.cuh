@@ -48,7 +48,8 @@ struct SageForwardSm90Layout {
   static_assert(kK % 1024 == 0 && kVt % 1024 == 0 && kO % 1024 == 0);
 };
 
-// Grid (ceil(blocks / 2), B·H); the heaviest (last) query tiles start first.
+// Grid (ceil(blocks / 2), B·H); every head's heaviest (last) query tile starts
+// first (block_by_rank).
 template <int D, class Softmax>
 __global__ void __launch_bounds__(flash::sm90::block_threads<2>(), 1)
     sage_forward_sm90_kernel(const __grid_constant__ SageForwardSm90Params params) {
