@@ -38,7 +38,8 @@
 // of 16 or 32 rows with register fragments, fed by cp.async.
 //
 // Tile shapes, wgmma: 2 consumer warpgroups, 128 rows per block (and the producer);
-//   forward 128-key steps, at d = 64 with 3 consumer warpgroups (192 rows);
+//   forward 128-key steps, at d = 64 with 3 consumer warpgroups (192 rows), its
+//   blocks ending at T (the short one first);
 //   dK/dV 64-query steps; dQ 128-key steps (at d = 128 its accumulators hold
 //   192 registers per thread, as dK/dV's 64-query step does, of the 240 the
 //   producer leaves).

@@ -1,7 +1,8 @@
 // What the main loops and launchers of every attention kind share (FPA and
 // K-interval through flash_skeleton.cuh, SageBwd in sage.cu): the two-stage
-// cp.async pipeline over a kernel's steps, and the launch of a kernel whose
-// dynamic shared memory may exceed the default 48 KB.
+// cp.async pipeline over a kernel's steps, the order of a grid's blocks over the
+// heads (block_by_rank), and the launch of a kernel whose dynamic shared memory
+// may exceed the default 48 KB.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -37,9 +38,10 @@ __device__ __forceinline__ void pipelined(int first, int last, Load&& load, Body
 struct BlockIndex {
   int block, h, b;
 };
-// Ranked over all heads in the order the hardware launches blocks (x fastest):
-// first every head's block 0, then every head's block 1, and so on. A kernel
-// whose block 0 is its longest (causal) then ends on every head's shortest
+// Ranked over all heads in the order the hardware starts blocks (x, then y, then
+// z: what the block scheduler does, not a CUDA guarantee, and only a matter of
+// speed): first every head's block 0, then every head's block 1, and so on. A
+// kernel whose block 0 is its longest (causal) then ends on every head's shortest
 // blocks, and its last wave is short.
 __device__ __forceinline__ BlockIndex block_by_rank() {
   const unsigned heads = gridDim.y * gridDim.z;
