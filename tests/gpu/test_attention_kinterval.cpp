@@ -42,7 +42,8 @@ using qattn::test::bf16;
 using qattn::test::DeviceBuffer;
 
 // Rel. L2 of O, dQ, dK, dV against the fp64 reference. bf16 operands with
-// fp32 accumulation (FPA lands near 3e-3): lerp's O and dV.
+// fp32 accumulation (FPA lands near 3e-3); the quantised weights add the rare
+// nearest-rounding flip where fp32 and fp64 scores straddle a grid boundary.
 constexpr double kTol = 1e-2;
 // The forward's saved state starts with (B, H, T, 8) RowStats (kinterval_softmax.cuh).
 constexpr int kRowStatFloats = 8;
@@ -62,15 +63,16 @@ constexpr int kRowStatFloats = 8;
 // derived per case: a per-case bound would need each entry's distance to its
 // grid point, which the test does not compute.
 constexpr double kTolLerpGrad = 2.5e-2;
-// Nearest rounding, all four: 2.5e-2. A score within the fp32-fp64 difference
-// of a rounding boundary (u = a + ½) takes the next grid value on one side, a
-// jump of e^Δ in its weight (e^Δ ≈ 7 at K = 4 minmax on these inputs), which a
-// row of few keys feels in full. Misses of kTol measured on the H200, each one
-// case of a full run: mma.sync K = 4 minmax nearest weight STE (1, 2, 1000, 64),
-// O 1.29e-2 and dV 1.49e-2 (detached, seed 2609948017, 2026-12-01) and dQ 1.14e-2,
-// dK 1.22e-2 (seed 2527159404); the sage composition (test_attention_sage.cpp)
-// O 1.13e-2 (seed 4059917141, the same digits when replayed). Bugs in the
-// rule move these by O(1), not by a factor of two.
+// dQ and dK of nearest rounding under the weight STE: 2.5e-2 too. A score within
+// the GPU's rounding of a rounding boundary (u = a + ½) takes the next grid value,
+// e^Δ away, and the weight STE's dS carries ŵ through Ẑ and ḡ: the same tool
+// over 200 draws (2026-12-01, workstation, `build-gpu/kinterval_sensitivity 200`)
+// moved K = 4 minmax nearest weight-STE dQ and dK by up to 1.9e-2 (d = 64) and
+// 2.2e-2 (d = 128), means 1.4e-4 and 2.6e-4, and one H200 run missed 1e-2 with
+// dQ 1.14e-2, dK 1.22e-2 (mma.sync, (1, 2, 1000, 64), seed 2527159404). Its O and
+// dV keep kTol: the tool moved them by at most 2.5e-3 (d = 64) and 9.3e-3
+// (d = 128), and the one H200 miss of O and dV at d = 64 (1.29e-2, 1.49e-2,
+// mma.sync, detached, seed 2609948017) is more than that explains: not traced.
 constexpr double kTolNearest = 2.5e-2;
 // |Σ_j dK_j| / sqrt(Σ_j |dK_j|²): 0 in exact arithmetic when every dS row sums to 0.
 constexpr double kTolRowSum = 1e-2;
@@ -228,11 +230,11 @@ void check_cases(std::vector<Case>& cases) {
          << ": rel L2 o " << e.o << " dq " << e.dq << " dk " << e.dk << " dv " << e.dv);
     const KIntervalOptions& k = cases[i].cfg.kinterval;
     const bool lerp = k.rounding == Rounding::lerp;
-    const double tol = lerp ? kTol : kTolNearest, grad_tol = lerp ? kTolLerpGrad : kTolNearest;
-    CHECK(e.o < tol);
+    const double grad_tol = lerp ? kTolLerpGrad : k.ste == Ste::weight ? kTolNearest : kTol;
+    CHECK(e.o < kTol);
     CHECK(e.dq < grad_tol);
     CHECK(e.dk < grad_tol);
-    CHECK(e.dv < tol);
+    CHECK(e.dv < kTol);
   }
   std::printf("kinterval: %zu cases (%s), worst rel L2 of o/dq/dk/dv %.2e\n", cases.size(),
               cases.empty() ? "-" : cases.front().family.name, worst);

@@ -635,17 +635,14 @@ TEST_CASE("sage with the K-interval softmax block matches the CPU sage reference
     // Grid-exact inputs: Q, K, V quantise to the same levels on both sides, so
     // what is left is bf16 outputs and the P̃ / dS levels (measured <= 2.2e-3 in
     // two H200 runs, 2026-11-29): 1e-2 for all four, tighter than plain sage's
-    // 2e-2 for the gradients, whose pre-pass levels flip. Nearest rounding's
-    // grid flips (a score within fp32 rounding of u = a + ½) move O and dV by
-    // more: 1.13e-2 and 1.05e-2 at K = 16 minmax, probability STE, (1, 2, 64, 128),
-    // wgmma (seed 4059917141, the same digits when replayed; mma.sync 1.6e-3 on
-    // those inputs), so 2.5e-2 there, as in test_attention_kinterval.cpp.
-    const bool nearest = c.cfg.sage.softmax->rounding == Rounding::nearest;
-    const double tol_o = nearest ? 2.5e-2 : 1e-2;
-    CHECK(c.e.o < tol_o);
+    // 2e-2 for the gradients, whose pre-pass levels flip. One case misses it
+    // deterministically for seed 4059917141 (K = 16 minmax nearest probability STE,
+    // (1, 2, 64, 128), wgmma: O 1.13e-2, dV 1.05e-2; mma.sync 1.6e-3 on the same
+    // inputs, whose int8 scores the two families share), not traced.
+    CHECK(c.e.o < 1e-2);
     CHECK(c.e.dq < 1e-2);
     CHECK(c.e.dk < 1e-2);
-    CHECK(c.e.dv < tol_o);
+    CHECK(c.e.dv < 1e-2);
   }
 }
 
