@@ -705,8 +705,9 @@ __device__ __forceinline__ void dkdv_block(const Params& p, BlockIndex at, unsig
     // Few of a step's queries route to one of the warp's 16 RT keys: a bit per query
     // that may (a ballot over the step's queries), and the per-entry compares only
     // in the 8-query tiles that have one.
-    uint64_t routing = 0;
-    if constexpr (kRoutes) routing = queries_routing_to<BM, 16 * RT, kLerpMinmax>(warp_key0, stats);
+    uint64_t routing = 0;  // detached: nothing to route, no compares
+    if constexpr (kRoutes)
+      if (routes) routing = queries_routing_to<BM, 16 * RT, kLerpMinmax>(warp_key0, stats);
 #pragma unroll
     for (int mt = 0; mt < RT; ++mt)
 #pragma unroll

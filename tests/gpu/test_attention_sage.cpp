@@ -131,6 +131,7 @@ std::vector<float> slot_of(const std::vector<bf16>& v, const AttentionShape& s, 
 // Outputs of one forward + backward on the GPU.
 struct GpuRun {
   std::vector<bf16> o, dqkv;  // (B, T, H, d), (B, T, 3, H, d)
+  std::vector<float> stats;   // (B, H, T, row_stats): what the forward saved
 };
 
 // Device buffers of one attention call: the inputs uploaded; the outputs, the
@@ -215,7 +216,7 @@ GpuRun run_gpu(const AttentionConfig& cfg, const AttentionShape& s, const std::v
                                       b.work.get(), nullptr);
     return b.dqkv.download();
   };
-  GpuRun r{b.o.download(), backward()};
+  GpuRun r{b.o.download(), backward(), b.stats.download()};
   const std::vector<bf16> again = backward();
   CHECK(std::memcmp(again.data(), r.dqkv.data(), again.size() * sizeof(bf16)) == 0);
   return r;
@@ -603,22 +604,20 @@ TEST_CASE("sage with the K-interval softmax block matches the CPU sage reference
         composed_config(minmax_lerp, dp_int8), composed_config(fwm_weight, tile), composed_config(minmax_lerp, tile),
         composed_config(minmax_lerp, smooth_q)})
     cases.push_back({cfg, tail});
-  // Each case on every family.
+  // Each case on every family, on the same inputs. Scores of standard deviation
+  // ~2 (Q, K ~ N(0, 1.5²)): fwm's 8-nat window cuts keys off. Grid-exact Q, K, V:
+  // both sides quantise them to the same levels.
   std::vector<Case> per_family;
-  for (const Case& c : cases)
+  for (Case& c : cases) {
+    c.qkv = grid_exact_qkv(c.s, 1.5f);
+    c.dout = random_heads(c.s);
     for (const auto& [family, family_name] : sage_families(c.cfg.sage)) {
       per_family.push_back(c);
       per_family.back().family = family, per_family.back().family_name = family_name;
     }
-  cases = std::move(per_family);
-
-  // Scores of standard deviation ~2 (Q, K ~ N(0, 1.5²)): fwm's 8-nat window cuts
-  // keys off. Grid-exact Q, K, V: both sides quantise them to the same levels.
-  for (Case& c : cases) {
-    c.qkv = grid_exact_qkv(c.s, 1.5f);
-    c.dout = random_heads(c.s);
-    c.run = run_gpu(c.cfg, c.s, c.qkv, c.dout, c.family);
   }
+  cases = std::move(per_family);
+  for (Case& c : cases) c.run = run_gpu(c.cfg, c.s, c.qkv, c.dout, c.family);
 #pragma omp parallel for schedule(dynamic)
   for (size_t i = 0; i < cases.size(); ++i) {
     Case& c = cases[i];
@@ -643,6 +642,35 @@ TEST_CASE("sage with the K-interval softmax block matches the CPU sage reference
     CHECK(c.e.dq < 1e-2);
     CHECK(c.e.dk < 1e-2);
     CHECK(c.e.dv < 1e-2);
+  }
+  // The families against each other on the same inputs. Their int8 scores are
+  // the same integers times the same fp32 scale, so each row's grid (its max and
+  // min, their indices, and what follows from them) must be the same bits, and
+  // every weight the same; O then differs by the fp32 order of the sums (Ẑ, P̂V̂).
+  for (size_t i = 1; i < cases.size(); ++i) {
+    const Case &a = cases[i - 1], &b = cases[i];
+    if (a.qkv != b.qkv || a.family == b.family) continue;  // not two families of one case
+    INFO(describe(b.cfg, b.s) << ": " << a.family_name << " against " << b.family_name);
+    constexpr int kFields = 8;  // kinterval::RowStats, in this order:
+    REQUIRE(qattn::cuda::attention_row_stats(b.cfg, b.s.d) == kFields);
+    static const char* const kField[kFields] = {"g0", "u_scale", "step", "rho", "w_base", "inv_z", "argmax", "argmin"};
+    int mismatched_rows = 0;
+    for (size_t row = 0; row * kFields < a.run.stats.size(); ++row)
+      for (int f = 0; f < kFields; ++f) {
+        const float x = a.run.stats[row * kFields + f], y = b.run.stats[row * kFields + f];
+        const bool same = f == 5 ? std::fabs(x - y) <= 1e-6f * std::fabs(x) : std::memcmp(&x, &y, 4) == 0;
+        if (same) continue;
+        if (++mismatched_rows <= 4)
+          std::printf("sage+kinterval families  %s: row %zu %s %a against %a\n", describe(b.cfg, b.s).c_str(),
+                      row, kField[f], x, y);
+        break;
+      }
+    const double o = qattn::test::rel_l2(qattn::test::to_float(b.run.o), qattn::test::to_float(a.run.o));
+    const double dv = qattn::test::rel_l2(slot_of(b.run.dqkv, b.s, 2), slot_of(a.run.dqkv, b.s, 2));
+    std::printf("sage+kinterval families  %-62s rel L2: o %.2e  dv %.2e, rows whose grid differs %d\n",
+                describe(b.cfg, b.s).c_str(), o, dv, mismatched_rows);
+    CHECK(mismatched_rows == 0);
+    CHECK(o < 1e-3);
   }
 }
 
