@@ -68,7 +68,7 @@ using namespace kinterval;
 
 struct Params {
   const bf16* qkv;   // (B, T, 3, H, d)
-  bf16* o;           // (B, T, H, d): the forward's output
+  bf16* o;           // (B, T, H, d): the forward's output, which the d = 64 dQ pass reads (δ)
   const bf16* dout;  // (B, T, H, d)
   bf16* dqkv;        // (B, T, 3, H, d)
   RowStats* stats;   // (B, H, T)
@@ -88,9 +88,9 @@ struct Params {
   // ste_window_mask (below the window), else −inf (none); a threshold, not a branch.
   float mask_below;
   bool detach;  // no derivative through m and ℓ
-  // The activations as TMA tensor maps (qkv: (B T, 3 H d); dout: (B T, H d)) for
+  // The activations as TMA tensor maps (qkv: (B T, 3 H d); dout, o: (B T, H d)) for
   // the TMA feed; unused by the cp.async feed.
-  CUtensorMap qkv_map, dout_map;
+  CUtensorMap qkv_map, dout_map, o_map;
 };
 
 // The (rows x d) tile at row t0 of slot (0 q, 1 k, 2 v) of head h, batch b, and of dout.
@@ -98,15 +98,21 @@ __device__ __forceinline__ TileSource qkv_source(const Params& p, int b, int t0,
                                                  int d) {
   return {p.qkv, &p.qkv_map, 3 * p.H * d, b * p.T + t0, (slot * p.H + h) * d, p.T - t0};
 }
+// The (rows x d) tile at row t0 of head h, batch b, of a (B, T, H, d) activation.
+__device__ __forceinline__ TileSource head_source(const Params& p, const bf16* x,
+                                                  const CUtensorMap* map, int b, int t0, int h,
+                                                  int d) {
+  return {x, map, p.H * d, b * p.T + t0, h * d, p.T - t0};
+}
 __device__ __forceinline__ TileSource dout_source(const Params& p, int b, int t0, int h, int d) {
-  return {p.dout, &p.dout_map, p.H * d, b * p.T + t0, h * d, p.T - t0};
+  return head_source(p, p.dout, &p.dout_map, b, t0, h, d);
 }
 
 // The dK/dV pass stages each query's RowStats as two arrays of 16-byte halves:
 // a quad's four threads read columns two apart, which as 32-byte structs would
 // put two of them on the same banks.
 struct StagedStats {
-  float4* lo;  // (rows) g0, u_scale, step, rho
+  float4* lo;  // (rows) u_offset, u_scale, step, rho
   float4* hi;  // (rows) w_base, inv_z, argmax, argmin
   __device__ RowStats load(int i) const {
     const float4 a = lo[i], b = hi[i];
@@ -375,9 +381,52 @@ __global__ void __launch_bounds__(Feed::kThreads, 1)
     forward_block<Rows, Feed, Tr, kRounding, kCalibration, kIndices, kExact>(p, smem);
 }
 
+// δ = dO·O of this thread's two rows per row tile, from the block's (BM, d) dO and
+// O tiles: each of a row's four threads sums its accumulator columns, then the
+// four add their shares (rows past T: 0). Thread 0 of each four stores it to
+// delta_out (the (b, h) slice of the row values) for the dK/dV pass.
+template <int kRowTiles, int BM, int D>
+__device__ __forceinline__ void row_deltas(float (&delta)[kRowTiles][2], SmemTile<BM, D> do_tile,
+                                           SmemTile<BM, D> o_tile, int warp_row0, int row_first,
+                                           int T, float* delta_out) {
+#pragma unroll
+  for (int mt = 0; mt < kRowTiles; ++mt)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = warp_row0 + acc_row(mt, 2 * half);  // within the block
+      float sum = 0.0f;
+#pragma unroll
+      for (int dt = 0; dt < D / 8; ++dt) {
+        const int col = acc_col(dt, 0);
+        const float2 g = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(do_tile.at(r, col)));
+        const float2 o = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(o_tile.at(r, col)));
+        sum = fmaf(g.x, o.x, fmaf(g.y, o.y, sum));
+      }
+      const int row = row_first + acc_row(mt, 2 * half);
+      delta[mt][half] = row < T ? row_sum4(sum) : 0.0f;
+      if (row < T && threadIdx.x % 4 == 0) delta_out[row] = delta[mt][half];
+    }
+}
+
 // ---------------------------------------------------------------------------
 // dQ for the lerp and weight-STE rules. Grid (ceil(T / kBlockM), H, B).
-template <class Rows, class Feed, class Tr, Rule kRule, Calibration kCalibration>
+// kDelta: the block computes its rows' δ = dO·O itself (from a resident O tile)
+// and stores it for the dK/dV pass, in place of the skeleton's delta pre-pass:
+// the two-launch backward at d = 64, where dK/dV runs after the dQ pass anyway
+// (one launch and one read of dO fewer: lerp's backward 0.231 → 0.228 ms at
+// (8, 12, 1024, 64), 2026-12-01). At d = 128 the third resident tile made the dQ
+// pass slower than the pre-pass it saves (kinterval.md); a one-launch backward
+// runs the pre-pass.
+template <int D>
+constexpr bool dq_computes_delta() {
+  return D == 64;
+}
+template <class Tr, bool kDelta>
+constexpr int dq_smem_bytes() {
+  return Tr::kSmemBytes + (kDelta ? Tr::kBlockM * Tr::kHeadDim * 2 : 0);
+}
+
+template <class Rows, class Feed, class Tr, Rule kRule, Calibration kCalibration, bool kDelta>
 __device__ __forceinline__ void dq_block(const Params& p, BlockIndex at, unsigned char* smem) {
   static_assert(kRule != Rule::prob_ste, "the probability STE uses FPA's dQ pass");
   check_row_group<Rows, Feed, Tr::kBlockM>();
@@ -386,6 +435,7 @@ __device__ __forceinline__ void dq_block(const Params& p, BlockIndex at, unsigne
   const SmemTile<BM, D> q_tile{reinterpret_cast<bf16*>(smem)};  // (BM, d)
   const SmemTile<BM, D> do_tile{q_tile.data + BM * D};          // (BM, d)
   bf16* kv_stages = do_tile.data + BM * D;                      // 2 x [(BN, d) K, (BN, d) V]
+  const SmemTile<BM, D> o_tile{reinterpret_cast<bf16*>(smem + Tr::kSmemBytes)};  // (BM, d), kDelta
 
   const int q_block = at.block, h = at.h, b = at.b;
   const int q0 = q_block * BM;
@@ -400,44 +450,54 @@ __device__ __forceinline__ void dq_block(const Params& p, BlockIndex at, unsigne
   auto resident = [&](auto& to) {
     to.tile(q_tile, qkv_source(p, b, q0, 0, h, D));
     to.tile(do_tile, dout_source(p, b, q0, h, D));
+    if constexpr (kDelta) to.tile(o_tile, head_source(p, p.o, &p.o_map, b, q0, h, D));
   };
   auto keys_values = [&](int j, int s, auto& to) {
     to.tile(kv.k(s), qkv_source(p, b, j * BN, 1, h, D));
     to.tile(kv.v(s), qkv_source(p, b, j * BN, 2, h, D));
   };
-  Feed feed(smem + Tr::kSmemBytes);
+  Feed feed(smem + dq_smem_bytes<Tr, kDelta>());
   if (feed.producer()) {
     feed.produce(resident, steps(0, n_kblocks, keys_values));
     return;
   }
   feed.consumer_start();
-  feed.resident(resident);
 
   // This thread's two rows per row tile (rows past T: zero statistics, never stored).
-  // The calibration terms are row sums of per-entry shares, kept as two sums over this
-  // thread's columns: Σ ds (every rule) and, for lerp minmax, Σ lerp_m_bracket; then
+  // Lerp's dS = h v_a λ has the row's factor λ: the product takes h v_a (hv) and dQ's
+  // rows are multiplied by λ after the loop. The calibration terms are row sums of
+  // per-entry shares over this thread's columns: Σ ds (every rule; lerp: λ Σ hv) and,
+  // for lerp minmax, lerp_m_bracket's two parts, Σ hv u and Σ hv (a + 1) t; then
   //   lerp with fwm, and the weight STE: dL/dm = −Σ ds, dL/dℓ = 0;
-  //   lerp minmax: dL/dm = −Σ bracket / K, dL/dℓ = −Σ ds − dL/dm.
+  //   lerp minmax: dL/dm = −(κ Σ hv u − ρ Σ hv (a + 1) t) / K, dL/dℓ = −Σ ds − dL/dm.
   // 1/Ẑ is folded into the weights' exponents: v_a / Ẑ = 2^(a step + v_offset) and
   // w / Ẑ = 2^(r c log2(e) + w_offset), so that h = (g − ḡ) / Ẑ is never formed.
   RowStats st[RT][2];
   float delta[RT][2];  // ḡ
   float v_offset[RT][2], w_offset[RT][2];
   LerpSlopes slopes[RT][2];
-  float ds_sum[RT][2], bracket_sum[RT][2];
+  float ds_sum[RT][2], hvu_sum[RT][2], hvat_sum[RT][2];  // Σ hv (lerp) or Σ ds; Σ hv u; Σ hv (a + 1) t
+  // The rows' statistics are loaded while the resident tiles land (one block per SM:
+  // nothing else hides the latency of either).
 #pragma unroll
   for (int mt = 0; mt < RT; ++mt)
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int row = row_first + acc_row(mt, 2 * half);
-      const RowStats r = row < p.T ? p.stats[stat0 + row] : RowStats{};
-      st[mt][half] = r;
-      delta[mt][half] = row < p.T ? p.delta[stat0 + row] : 0.0f;
+      st[mt][half] = row < p.T ? p.stats[stat0 + row] : RowStats{};
+      if constexpr (!kDelta) delta[mt][half] = row < p.T ? p.delta[stat0 + row] : 0.0f;
+    }
+  feed.resident(resident);
+#pragma unroll
+  for (int mt = 0; mt < RT; ++mt)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const RowStats& r = st[mt][half];
       const float log2_inv_z = log2f(r.inv_z);  // rows past T: −inf, weights 0
       v_offset[mt][half] = fmaf(-p.grid.K, r.step, log2_inv_z);
       w_offset[mt][half] = log2_inv_z - r.w_base;
       slopes[mt][half] = lerp_slopes(r, r.u_scale / p.scale);
-      ds_sum[mt][half] = bracket_sum[mt][half] = 0.0f;
+      ds_sum[mt][half] = hvu_sum[mt][half] = hvat_sum[mt][half] = 0.0f;
     }
   constexpr bool kLerpMinmax = kRule == Rule::lerp && !kFwm;
 
@@ -445,9 +505,11 @@ __device__ __forceinline__ void dq_block(const Params& p, BlockIndex at, unsigne
   float dq_acc[RT][D / 8][4];                  // (16 RT, d) rows of dQ owned by this warp
   zero(dq_acc);
   feed.consume(0, n_kblocks, keys_values, [&](int j, int s) {
-    if (j == 0) {
+    if (j == 0) {  // the resident tiles have landed (the cp.async feed: with step 0's)
       q_a.load(q_tile);
       do_a.load(do_tile);
+      if constexpr (kDelta) row_deltas<RT>(delta, do_tile, o_tile, warp_row0, row_first, p.T,
+                                           p.delta + stat0);
     }
     const int k0 = j * BN;
     if (k0 > group_row_last) return;
@@ -468,7 +530,7 @@ __device__ __forceinline__ void dq_block(const Params& p, BlockIndex at, unsigne
       const float raw = w[mt][nt][e];  // future keys: −inf
       const float u = grid_position(r, raw);
       const float g = dp[mt][nt][e] - delta[mt][half];  // dL/dŵ = g / Ẑ
-      float ds;
+      float ds;  // lerp: dS / λ
       if constexpr (kRule == Rule::lerp) {
         // Below the fwm window ŵ is the constant 0: the cell is taken at max(u, 0)
         // (also future keys, and a flat row's NaN) and the entry's gradient zeroed.
@@ -476,10 +538,11 @@ __device__ __forceinline__ void dq_block(const Params& p, BlockIndex at, unsigne
         float a, t;
         lerp_cell(uc, p.grid.K, a, t);
         const float hv_z = g * fast_exp2(fmaf(a, r.step, v_offset[mt][half]));  // h v_a
-        const float hv = kFwm && u < 0.0f ? 0.0f : hv_z;
-        ds = hv * slopes[mt][half].lambda;
-        if constexpr (kLerpMinmax)
-          bracket_sum[mt][half] += lerp_m_bracket(a, t, uc, hv, slopes[mt][half]);
+        ds = kFwm && u < 0.0f ? 0.0f : hv_z;
+        if constexpr (kLerpMinmax) {
+          hvu_sum[mt][half] = fmaf(ds, uc, hvu_sum[mt][half]);
+          hvat_sum[mt][half] = fmaf(ds, fmaf(a, t, t), hvat_sum[mt][half]);
+        }
       } else {  // weight STE: w = exp(s − m) in place of ŵ
         const float ds_w = g * fast_exp2(fmaf(raw, p.scale_log2, w_offset[mt][half]));
         ds = kFwm && u < p.mask_below ? 0.0f : ds_w;
@@ -487,8 +550,15 @@ __device__ __forceinline__ void dq_block(const Params& p, BlockIndex at, unsigne
       ds_sum[mt][half] += ds;
       w[mt][nt][e] = ds;
     });
-    Rows::accumulate(dq_acc, w, kv.k(s));  // dQ += dS K
+    Rows::accumulate(dq_acc, w, kv.k(s));  // dQ += dS K (lerp: dS / λ)
   });
+  if constexpr (kRule == Rule::lerp)
+#pragma unroll
+    for (int mt = 0; mt < RT; ++mt)
+#pragma unroll
+      for (int dt = 0; dt < D / 8; ++dt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dq_acc[mt][dt][e] *= slopes[mt][e / 2].lambda;
 
   // The calibration terms land on the argmax and argmin keys: dQ_i += dL/dm k_argmax + dL/dℓ
   // k_argmin.
@@ -497,10 +567,12 @@ __device__ __forceinline__ void dq_block(const Params& p, BlockIndex at, unsigne
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const RowStats& r = st[mt][half];
-      const float ds_row = row_sum4(ds_sum[mt][half]);
+      const LerpSlopes& sl = slopes[mt][half];
+      const float ds_row = (kRule == Rule::lerp ? sl.lambda : 1.0f) * row_sum4(ds_sum[mt][half]);
       float m_grad = -ds_row, l_grad = 0.0f;
       if constexpr (kLerpMinmax) {
-        m_grad = -p.grid.inv_K * row_sum4(bracket_sum[mt][half]);
+        const float bracket = sl.kappa * row_sum4(hvu_sum[mt][half]) - sl.rho * row_sum4(hvat_sum[mt][half]);
+        m_grad = -p.grid.inv_K * bracket;
         l_grad = -ds_row - m_grad;
       }
       // A flat lerp row has constant weights: nothing flows through m or ℓ.
@@ -534,7 +606,8 @@ template <class Rows, class Feed, class Tr, Rule kRule, Calibration kCalibration
 __global__ void __launch_bounds__(Feed::kThreads, 1) dq_kernel(const __grid_constant__ Params p) {
   extern __shared__ __align__(1024) unsigned char smem[];
   if constexpr (Rows::kCompiledHere)
-    dq_block<Rows, Feed, Tr, kRule, kCalibration>(p, last_first(block_by_rank()), smem);
+    dq_block<Rows, Feed, Tr, kRule, kCalibration, dq_computes_delta<Tr::kHeadDim>()>(
+        p, last_first(block_by_rank()), smem);
 }
 
 // ---------------------------------------------------------------------------
@@ -568,8 +641,8 @@ __device__ __forceinline__ uint64_t queries_routing_to(int key0, const StagedSta
 // kRoutes: the calibration terms enter dSᵀ at the argmax / argmin keys (lerp
 // and the weight STE); without them the loop has no compares per entry for
 // them. Off in the one-launch backward (dkdv_dq_kernel: the probability STE and
-// detached extrema); the two-launch one (dkdv_kernel, which the mma.sync family
-// also runs detached) routes, with zeros when detached.
+// detached extrema); in the two-launch one (dkdv_kernel, which the mma.sync family
+// also runs detached) a detached run finds no tile that routes.
 template <class Rows, class Feed, class Tr, Rule kRule, Calibration kCalibration, bool kRoutes>
 __device__ __forceinline__ void dkdv_block(const Params& p, BlockIndex at, unsigned char* smem) {
   check_row_group<Rows, Feed, Tr::kBlockN>();
@@ -758,7 +831,7 @@ struct KIntervalDq {
   static constexpr int kSmemBytes = Tr::kSmemBytes + Feed::kBarrierBytes;
   __device__ static void run(const Params& p, const sm90::BackwardTmaParams&, BlockIndex at,
                              unsigned char* smem) {
-    dq_block<Rows, Feed, Tr, kRule, kCalibration>(p, at, smem);
+    dq_block<Rows, Feed, Tr, kRule, kCalibration, false>(p, at, smem);
   }
 };
 template <class Tr>
@@ -903,7 +976,10 @@ Params make_params(const KIntervalOptions& opt, const AttentionShape& s) {
 void add_tensor_maps(Params& p, const AttentionShape& s) {
   const uint64_t rows = static_cast<uint64_t>(s.B) * s.T, cols = 3ull * s.H * s.d;
   p.qkv_map = sm90::make_tensor_map(p.qkv, rows, cols, cols);
-  if (p.dout != nullptr) p.dout_map = sm90::make_tensor_map(p.dout, rows, cols / 3, cols / 3);
+  if (p.dout != nullptr) {  // the backward
+    p.dout_map = sm90::make_tensor_map(p.dout, rows, cols / 3, cols / 3);
+    p.o_map = sm90::make_tensor_map(p.o, rows, cols / 3, cols / 3);
+  }
 }
 
 // Run-time options as compile-time constants: f(std::integral_constant<Enum, value>).
@@ -973,7 +1049,8 @@ void launch_dq(const Params& p, cudaStream_t stream) {
   using Rows = typename Family::template Rows<Dq>;
   using Feed = typename Family::template Feed<Dq, false>;
   launch(dq_kernel<Rows, Feed, Dq, kRule, kCal>, dim3(ceil_div(p.T, Dq::kBlockM), p.H, p.B),
-         Feed::kThreads, Dq::kSmemBytes + Feed::kBarrierBytes, stream, p);
+         Feed::kThreads, dq_smem_bytes<Dq, dq_computes_delta<D>()>() + Feed::kBarrierBytes, stream,
+         p);
 }
 
 // dK/dV beside a dQ half (KIntervalDq or FpaDq) in one launch (wgmma family).
@@ -996,11 +1073,12 @@ void backward(const KIntervalOptions& opt, const AttentionShape& s, const Params
   // that rule's δ and L are the exact softmax's, which the forward saved.
   BackwardParams fb{p.qkv, rule == Rule::prob_ste ? p.o_exact : o,
                     p.dout, p.lse, ws.delta, p.dqkv, p.B, p.H, p.T, p.scale, p.scale_log2};
-  attention_delta(fb, D, stream);
   // dK/dV needs the dQ pass's dL/dm and dL/dℓ unless the extrema are detached or
   // the rule is the probability STE; else the wgmma family runs both in one launch.
   const bool one_launch = Family::kKernels == FpaKernels::wgmma &&
                           (rule == Rule::prob_ste || opt.detach_extrema);
+  // K-interval's own dQ pass of a two-launch backward computes δ at d = 64 (dq_block's kDelta).
+  if (one_launch || rule == Rule::prob_ste || !dq_computes_delta<D>()) attention_delta(fb, D, stream);
   with_calibration(opt.calibration, [&](auto calibration) {
     constexpr Calibration kCal = decltype(calibration)::value;
     auto run = [&](auto rule_constant) {
@@ -1062,6 +1140,7 @@ void kinterval_backward(const KIntervalOptions& opt, const AttentionShape& s, co
   p.qkv = qkv, p.dout = dout, p.dqkv = dqkv;
   const Saved saved = carve_saved(opt, s, stats);  // read only in the backward
   p.stats = saved.stats, p.o_exact = saved.o_exact, p.lse = saved.lse;
+  p.o = const_cast<bf16*>(o);  // only read here
   p.delta = ws.delta, p.dm = ws.dm, p.dl = ws.dl;
   with_family(kernels, [&](auto family) {
     using Family = decltype(family);

@@ -3,7 +3,7 @@
 // kernels' fp32 accumulators, before the factor c = 1/√d), with per-row
 // constants fixed by the forward's first pass and saved in RowStats:
 //
-//   u   = clamp((r − g0) · u_scale, u_floor, K)       grid coordinate
+//   u   = clamp(r · u_scale + u_offset, u_floor, K)   grid coordinate, u_offset = −g0 · u_scale
 //   v_a = 2^((a − K) · step) = exp(−(K − a) Δ)          grid values, v_K = 1
 //   nearest: ŵ = v_{round(u)};  lerp: ŵ = v_a + t (v_{a+1} − v_a),
 //   a = min(floor(u), K − 1), t = u − a;  u < 0 (below the fwm window): ŵ = 0.
@@ -40,7 +40,8 @@ inline Rule rule_of(const KIntervalOptions& opt) {
 // this struct (the two indices are int bits), at the start of the kind's saved
 // state (the probability STE adds the exact softmax's output and L after them).
 struct alignas(16) RowStats {
-  float g0;       // raw score of the grid's first point g_0 (minmax: ℓ / c; fwm: (m − W) / c)
+  float u_offset;  // −g0 · u_scale, g0 the raw score of the grid's first point (minmax: ℓ / c;
+                   // fwm: (m − W) / c): u = r · u_scale + u_offset, one FMA
   float u_scale;  // c / Δ; 0 for a flat row
   float step;     // Δ · log2(e); 0 for a flat row
   float rho;      // v_{a+1} / v_a − 1 = e^Δ − 1 (expm1: exact for a small Δ)
@@ -67,13 +68,13 @@ struct GridOptions {
   float u_floor;  // minmax: 0 (u never leaves the grid); fwm: −inf (u < 0 is below the window)
 };
 
-// u before the clamp: (r − g0) · u_scale as one FMA (g0 · u_scale is common to the
-// row's scores). The kernels clamp only where they must: a visible score is at
+// u before the clamp: (r − g0) · u_scale as one FMA (u_offset = −g0 · u_scale is
+// saved with the row). The kernels clamp only where they must: a visible score is at
 // most the max (u <= K up to rounding), which nearest rounding takes as is and
 // lerp's a = min(floor(u), K − 1) absorbs; lerp clamps u at 0 (the argmin's u may
 // come out a hair below); u < 0 (below the fwm window) is tested as such.
 __device__ __forceinline__ float grid_position(const RowStats& r, float raw) {
-  return fmaf(raw, r.u_scale, -r.g0 * r.u_scale);
+  return fmaf(raw, r.u_scale, r.u_offset);
 }
 
 __device__ __forceinline__ float grid_coord(const RowStats& r, float raw, const GridOptions& g) {
@@ -163,9 +164,10 @@ __device__ __forceinline__ LerpSlopes lerp_slopes(const RowStats& r, float inv_d
 //   h (−(u/C) dv + ∂ŵ/∂C) = −(u ds − h (a ŵ + t v_{a+1})) / K − h ŵ
 // (a ŵ + t v_{a+1} = u v_a + (a + 1) t dv), and of dL/dℓ: −ds − that (ŵ depends
 // on s − ℓ and m − ℓ only). Over a row, Σ_j h_j ŵ_j = Σ_j p̂_j (g_j − ḡ) = 0, so
-// the dQ pass sums only the bracket u ds − h (u v_a + (a + 1) t dv)
-// = h v_a (u κ − (a + 1) t ρ), returned here from hv = h v_a, and multiplies by
-// −1/K once.
+// a row's dL/dm needs only the bracket u ds − h (u v_a + (a + 1) t dv)
+// = h v_a (u κ − (a + 1) t ρ), returned here from hv = h v_a, summed and
+// multiplied by −1/K once (K-interval's dQ pass sums its two parts, h v_a u and
+// h v_a (a + 1) t, and applies κ and ρ once per row).
 __device__ __forceinline__ float lerp_m_bracket(float a, float t, float u, float hv,
                                                 const LerpSlopes& s) {
   return hv * fmaf(-fmaf(a, t, t), s.rho, u * s.kappa);
@@ -222,16 +224,16 @@ __device__ __forceinline__ RowStats make_row_stats(const Extremum& hi, const Ext
   r.argmin = lo.index;
   r.w_base = hi.value * scale * flash::kLog2e;
   r.inv_z = 0.0f;
-  float delta;
+  float delta, g0;
   if (fwm) {
     delta = window / g.K;
-    r.g0 = hi.value - window / scale;
+    g0 = hi.value - window / scale;
     r.u_scale = scale / delta;
   } else {
-    r.g0 = lo.value;
+    g0 = lo.value;
     const float range = scale * (hi.value - lo.value);  // C = m − ℓ
     if (range < 1e-6f) {  // flat: every grid value, hence every weight, is 1
-      r.u_scale = 0.0f;
+      r.u_scale = r.u_offset = 0.0f;
       r.step = 0.0f;
       r.rho = 0.0f;
       return r;
@@ -239,6 +241,7 @@ __device__ __forceinline__ RowStats make_row_stats(const Extremum& hi, const Ext
     delta = range / g.K;
     r.u_scale = g.K / (hi.value - lo.value);
   }
+  r.u_offset = -g0 * r.u_scale;
   r.step = delta * flash::kLog2e;
   r.rho = expm1f(delta);
   return r;

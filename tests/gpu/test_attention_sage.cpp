@@ -653,7 +653,7 @@ TEST_CASE("sage with the K-interval softmax block matches the CPU sage reference
     INFO(describe(b.cfg, b.s) << ": " << a.family_name << " against " << b.family_name);
     constexpr int kFields = 8;  // kinterval::RowStats, in this order:
     REQUIRE(qattn::cuda::attention_row_stats(b.cfg, b.s.d) == kFields);
-    static const char* const kField[kFields] = {"g0", "u_scale", "step", "rho", "w_base", "inv_z", "argmax", "argmin"};
+    static const char* const kField[kFields] = {"u_offset", "u_scale", "step", "rho", "w_base", "inv_z", "argmax", "argmin"};
     int mismatched_rows = 0;
     for (size_t row = 0; row * kFields < a.run.stats.size(); ++row)
       for (int f = 0; f < kFields; ++f) {
