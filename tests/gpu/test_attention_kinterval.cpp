@@ -26,6 +26,7 @@
 #include "attention/reference_check.hpp"
 #include "gpu_test_util.hpp"
 #include "qattn/cpu/attention.hpp"
+#include "softmax_discontinuities.hpp"
 
 namespace {
 
@@ -43,8 +44,8 @@ using qattn::test::DeviceBuffer;
 
 // Rel. L2 of O, dQ, dK, dV against the fp64 reference. bf16 operands with
 // fp32 accumulation (FPA lands near 3e-3); the inputs keep every score off the
-// quantised softmax's discontinuities (keep_scores_off_discontinuities, below),
-// where fp32 and fp64 scores could fall on two sides of a rounding boundary.
+// quantised softmax's discontinuities (keep_scores_off_discontinuities, below;
+// softmax_discontinuities.hpp), where fp32 and fp64 scores could fall on two sides.
 constexpr double kTol = 1e-2;
 // The forward's saved state starts with (B, H, T, 8) RowStats (kinterval_softmax.cuh).
 constexpr int kRowStatFloats = 8;
@@ -193,49 +194,8 @@ Case make_case(const KIntervalOptions& opt, const AttentionShape& s, std::vector
   return c;
 }
 
-// The quantised softmax is discontinuous in the scores: nearest rounding at
-// every u = a + ½, fwm's window edge at u = 0 (weights below it are 0), and the
-// routing target where the max or min is nearly tied. A score within the GPU's
-// fp32 rounding of one (scores are fp32 sums of d bf16 products, ~1e-6 nats off
-// the fp64 ones) may fall on the other side than in the reference and move a
-// weight by e^Δ: a legitimate result that a tolerance cannot tell from a bug.
-// So the compared heads' query rows with a visible score within kMargin nats of
-// a discontinuity are drawn again (exact ties are kept: both sides break them
-// alike, to the lowest index), and the tolerances stay those of rounding alone.
-constexpr double kMargin = 2e-5;  // nats
-
-// Does query row t of head (b, h) have a visible score near a discontinuity?
-bool near_discontinuity(const KIntervalOptions& o, const AttentionShape& s, const Inputs& in, int b,
-                        int h, int t) {
-  const size_t token = static_cast<size_t>(3) * s.H * s.d;  // one token's q, k, v
-  const bf16* q = &in.qkv[(static_cast<size_t>(b) * s.T + t) * token + static_cast<size_t>(h) * s.d];
-  const double c = 1.0 / std::sqrt(static_cast<double>(s.d));
-  std::vector<double> score(t + 1);
-  for (int j = 0; j <= t; ++j) {
-    const bf16* k = q + (static_cast<ptrdiff_t>(j) - t) * static_cast<ptrdiff_t>(token) + s.H * s.d;
-    double dot = 0;
-    for (int x = 0; x < s.d; ++x) dot += static_cast<double>(__bfloat162float(q[x])) * __bfloat162float(k[x]);
-    score[j] = c * dot;
-  }
-  const double m = *std::max_element(score.begin(), score.end());
-  const double l = *std::min_element(score.begin(), score.end());
-  const bool fwm = o.calibration == Calibration::fwm;
-  if (!fwm && m - l < 1e-6) return false;  // flat: every weight 1
-  const double delta = fwm ? o.window / o.K : (m - l) / o.K, g0 = fwm ? m - o.window : l;
-  for (const double v : score) {
-    if (v != m && m - v < kMargin) return true;  // nearly tied max (routing)
-    if (v != l && v - l < kMargin) return true;  // nearly tied min
-    const double u = (v - g0) / delta;
-    if (fwm && std::fabs(u) * delta < kMargin) return true;  // the window's edge
-    if (u > 0 && u < o.K) {  // nearest: between grid points; lerp: at them (its derivative)
-      const double boundary = o.rounding == Rounding::nearest ? std::floor(u) + 0.5 : std::round(u);
-      if (std::fabs(u - boundary) * delta < kMargin) return true;
-    }
-  }
-  return false;
-}
-
-// Draws again (as random_inputs does) each compared query row near a discontinuity.
+// Draws again (as random_inputs does) each compared query row near a discontinuity
+// of its softmax (softmax_discontinuities.hpp).
 void keep_scores_off_discontinuities(std::vector<Case>& cases) {
   struct Row {
     size_t c;
@@ -246,8 +206,8 @@ void keep_scores_off_discontinuities(std::vector<Case>& cases) {
   for (size_t i = 0; i < cases.size(); ++i)
     for (int bh : cases[i].heads)
       for (int t = 0; t < cases[i].s.T; ++t)
-        if (near_discontinuity(cases[i].cfg.kinterval, cases[i].s, cases[i].in, bh / cases[i].s.H,
-                               bh % cases[i].s.H, t))
+        if (qattn::test::near_discontinuity(cases[i].cfg.kinterval, cases[i].s, cases[i].in.qkv,
+                                            bh / cases[i].s.H, bh % cases[i].s.H, t))
           near[i].push_back({i, bh / cases[i].s.H, bh % cases[i].s.H, t});
   for (const auto& rows : near)
     for (const Row& r : rows) {
@@ -259,7 +219,7 @@ void keep_scores_off_discontinuities(std::vector<Case>& cases) {
         REQUIRE(++draws <= 1000);  // a row that never clears its margin: the inputs are degenerate
         const std::vector<bf16> fresh = qattn::test::to_bf16(qattn::test::randn(c.s.d, 2.0f));
         std::copy(fresh.begin(), fresh.end(), q);
-      } while (near_discontinuity(c.cfg.kinterval, c.s, c.in, r.b, r.h, r.t));
+      } while (qattn::test::near_discontinuity(c.cfg.kinterval, c.s, c.in.qkv, r.b, r.h, r.t));
     }
 }
 
