@@ -265,24 +265,34 @@ __device__ __forceinline__ void forward_block(const Params& p, unsigned char* sm
     Rows::scores(r, q_a, kv.k(s));
     // NaN fails the comparisons below, and fmaxf / fminf ignore it.
     hide_future_keys<RT, BN / 8>(k0, row_first, [&](int mt, int nt, int e) { r[mt][nt][e] = NAN; });
-    for_each_acc<RT, BN / 8>([&](int mt, int nt, int e) {
-      // A thread meets its keys in increasing order: strict comparisons keep the
-      // lowest index (row_extremum4 applies the full tie rule across threads).
-      const float v = r[mt][nt][e];
-      const int key = k0 + acc_col(nt, e);
-      Extremum& h = hi[mt][e / 2];
-      Extremum& l = lo[mt][e / 2];
-      if constexpr (kIndices != Indices::none) {
-        if (v > h.value) h = {v, key};
-      } else {
-        h.value = fmaxf(h.value, v);
-      }
-      if constexpr (kIndices == Indices::both) {
-        if (v < l.value) l = {v, key};
-      } else if constexpr (!kFwm) {  // fwm's grid hangs from the max alone
-        l.value = fminf(l.value, v);
-      }
-    });
+    // A thread's columns come in pairs of neighbouring keys (e, e + 1): each pair's
+    // max and min first, with which of the two it is, then one compare per pair
+    // against the running extremum. A thread meets its pairs in increasing order:
+    // strict comparisons keep the lowest index, within a pair too (row_extremum4
+    // applies the full tie rule across threads). A pair's second key is in the
+    // row's future whenever its first is, so a NaN first never hides a visible second.
+#pragma unroll
+    for (int mt = 0; mt < RT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < BN / 8; ++nt)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const float v0 = r[mt][nt][2 * half], v1 = r[mt][nt][2 * half + 1];
+          const int key = k0 + acc_col(nt, 0);
+          Extremum& h = hi[mt][half];
+          Extremum& l = lo[mt][half];
+          const float pair_max = fmaxf(v0, v1), pair_min = fminf(v0, v1);
+          if constexpr (kIndices != Indices::none) {
+            if (pair_max > h.value) h = {pair_max, key + (v1 > v0)};
+          } else {
+            h.value = fmaxf(h.value, pair_max);
+          }
+          if constexpr (kIndices == Indices::both) {
+            if (pair_min < l.value) l = {pair_min, key + (v1 < v0)};
+          } else if constexpr (!kFwm) {  // fwm's grid hangs from the max alone
+            l.value = fminf(l.value, pair_min);
+          }
+        }
   });
   RowStats st[RT][2];
 #pragma unroll
