@@ -3,13 +3,15 @@
 // (tile_mma.cuh, bf16_operands.cuh); the per-score maths is in kinterval_softmax.cuh.
 //
 // Forward, one kernel per query block, two passes over the visible keys:
-//   pass 1: raw S = Q Kᵀ -> each row's max and min, with their lowest indices
-//           where the backward routes a term to them -> the row's grid (RowStats);
+//   pass 1: raw S = Q Kᵀ -> each row's max and min (pairs of keys first), with
+//           their lowest indices where the backward routes a term to them -> the
+//           row's grid (RowStats);
 //   pass 2: S again -> ŵ -> Ẑ = Σ ŵ, O += ŵ V; at the end O /= Ẑ.
 //   Saved per row: the grid, 1/Ẑ, argmax and argmin (8 fp32, RowStats); for the
 //   probability STE also the exact softmax's L and output (Saved).
 // Backward, deterministic (every output element has one writer, sums in a fixed order):
-//   δ = rowsum(dO ∘ O) = ḡ (the skeleton's delta pre-pass; O = p̂ V);
+//   δ = rowsum(dO ∘ O) = ḡ (the skeleton's delta pre-pass, or at d = 64 the dQ
+//     pass of a two-launch backward; O = p̂ V);
 //   dQ pass (per query block, over key blocks): S, dP, dS_direct by the rule,
 //     dQ += dS_direct K, and the row sums dL/dm, dL/dℓ of the calibration terms;
 //     at the end dQ_i += dL/dm_i k_argmax + dL/dℓ_i k_argmin; dL/dm, dL/dℓ saved;
