@@ -189,7 +189,8 @@ __device__ __forceinline__ void check_row_group() {
 // Forward. Grid (ceil(T / kBlockM), H, B); every head's heaviest (last) query block starts
 // first (block_by_rank).
 // kIndices: the extrema whose key the backward routes a calibration term to
-// (index tracking costs a compare and two selects per score; the values alone one min or max).
+// (index tracking costs a compare and two selects per pair of keys besides the
+// pair's min or max; the values alone one min or max).
 enum class Indices { none, argmax, both };
 
 // No path through m and ℓ when detached or under the probability STE.

@@ -34,7 +34,8 @@ __device__ __forceinline__ void pipelined(int first, int last, Load&& load, Body
 }
 
 // A block's place in a grid (blocks per head, H, B): which of its head's blocks
-// it is, and the head.
+// it is, and the head. Sage's grids are (tiles, B·H): there h is the flattened
+// head b·H + h and b is 0 (its kernels say so where they read it).
 struct BlockIndex {
   int block, h, b;
 };
