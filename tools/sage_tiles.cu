@@ -43,16 +43,17 @@ void sweep(int B, int H, int T, int d) {
   const AttentionShape s{B, H, T, d};
   const SageOptions opt;
   const size_t n_qkv = size_t(B) * T * 3 * H * d, n_o = size_t(B) * T * H * d, n_stats = size_t(B) * H * T;
-  const size_t ws_bytes = sage_workspace_bytes(opt, s);
+  const size_t saved_bytes = sage_saved_bytes(opt, s), scratch_bytes = sage_workspace_bytes(opt, s);
   bf16 *qkv, *o, *dout, *dqkv;
   float* stats;
-  void* ws;
+  void *saved, *scratch;  // the forward's quantised Q, K, V; the backward's scratch
   CUDA_CHECK(cudaMalloc(&qkv, n_qkv * sizeof(bf16)));
   CUDA_CHECK(cudaMalloc(&dqkv, n_qkv * sizeof(bf16)));
   CUDA_CHECK(cudaMalloc(&o, n_o * sizeof(bf16)));
   CUDA_CHECK(cudaMalloc(&dout, n_o * sizeof(bf16)));
   CUDA_CHECK(cudaMalloc(&stats, n_stats * sizeof(float)));
-  CUDA_CHECK(cudaMalloc(&ws, ws_bytes));
+  CUDA_CHECK(cudaMalloc(&saved, saved_bytes));
+  CUDA_CHECK(cudaMalloc(&scratch, scratch_bytes));
   fill_normal<<<1024, 256>>>(qkv, n_qkv, 1234u);
   fill_normal<<<1024, 256>>>(dout, n_o, 5678u);
   CUDA_CHECK_LAUNCH();
@@ -65,9 +66,9 @@ void sweep(int B, int H, int T, int d) {
   for (SageTiles tiles : {dflt, SageTiles{4, 4, 4}, SageTiles{8, 8, 8}, SageTiles{4, 4, 8},
                           SageTiles{8, 4, 8}, SageTiles{4, 8, 8}, SageTiles{8, 8, 4}}) {
     tiles.forward_kernels = tiles.dq_kernels = tiles.dkdv_kernels = FpaKernels::mma_sync;
-    const float fwd = median_ms([&] { sage_forward(opt, s, qkv, o, stats, ws, nullptr, tiles); });
+    const float fwd = median_ms([&] { sage_forward(opt, s, qkv, o, stats, saved, nullptr, tiles); });
     const std::vector<bf16> o_now = download(o, n_o);
-    const float bwd = median_ms([&] { sage_backward(opt, s, qkv, o, dout, stats, dqkv, ws, nullptr, tiles); });
+    const float bwd = median_ms([&] { sage_backward(opt, s, o, dout, stats, saved, dqkv, scratch, nullptr, tiles); });
     const std::vector<bf16> dqkv_now = download(dqkv, n_qkv);
     if (first_o.empty()) first_o = o_now, first_dqkv = dqkv_now;
     const bool same = std::memcmp(o_now.data(), first_o.data(), n_o * sizeof(bf16)) == 0 &&
@@ -78,9 +79,8 @@ void sweep(int B, int H, int T, int d) {
                 fwd + bwd, same ? "same bits as default" : "DIFFERS from default");
   }
 
-  const SageWorkspace parts = sage_workspace(opt, s, ws);
-  const float prepass =
-      median_ms([&] { sage_quantise(opt, s, qkv, nullptr, nullptr, parts, sage_copies(opt, false), nullptr); });
+  const SageWorkspace parts = sage_workspace(opt, s, saved, scratch, sage_copies(opt));
+  const float prepass = median_ms([&] { sage_quantise_inputs(opt, s, qkv, parts, sage_copies(opt), nullptr); });
   std::printf("  forward pre-pass alone: %7.3f ms\n", prepass);
   std::vector<std::pair<FpaKernels, const char*>> families = {{FpaKernels::mma_sync, "mma.sync"}};
   if (fpa_wgmma_available()) families.push_back({FpaKernels::wgmma, "wgmma"});
@@ -93,9 +93,9 @@ void sweep(int B, int H, int T, int d) {
   for (const auto& [family, name] : families) {
     SageTiles tiles = dflt;
     tiles.forward_kernels = tiles.dq_kernels = tiles.dkdv_kernels = family;
-    const float fwd = median_ms([&] { sage_forward(opt, s, qkv, o, stats, ws, nullptr, tiles); });
+    const float fwd = median_ms([&] { sage_forward(opt, s, qkv, o, stats, saved, nullptr, tiles); });
     const std::vector<bf16> o_now = download(o, n_o);
-    const float bwd = median_ms([&] { sage_backward(opt, s, qkv, o, dout, stats, dqkv, ws, nullptr, tiles); });
+    const float bwd = median_ms([&] { sage_backward(opt, s, o, dout, stats, saved, dqkv, scratch, nullptr, tiles); });
     const std::vector<bf16> dqkv_now = download(dqkv, n_qkv);
     std::printf("  %-8s forward %7.3f ms (%5.1f TFLOP/s) with the pre-pass, %7.3f ms without; backward (all "
                 "on %s) %7.3f ms; total %7.3f ms; max |diff| from mma.sync O %.1e dQKV %.1e\n",
@@ -106,16 +106,16 @@ void sweep(int B, int H, int T, int d) {
   // mma.sync forward (the statistics the default tiles' gradients above came from).
   SageTiles mma_sync = dflt;
   mma_sync.forward_kernels = mma_sync.dq_kernels = mma_sync.dkdv_kernels = FpaKernels::mma_sync;
-  sage_forward(opt, s, qkv, o, stats, ws, nullptr, mma_sync);
+  sage_forward(opt, s, qkv, o, stats, saved, nullptr, mma_sync);
   const float bwd_prepass =
-      median_ms([&] { sage_quantise(opt, s, qkv, o, dout, parts, sage_copies(opt, true), nullptr); });
+      median_ms([&] { sage_quantise_gradient(opt, s, o, dout, parts, sage_copies(opt), nullptr); });
   std::printf("  backward pre-pass alone: %7.3f ms\n", bwd_prepass);
   for (const auto& [dq_family, dq_name] : families) {
     for (const auto& [family, name] : families) {
       SageTiles tiles = mma_sync;
       tiles.dq_kernels = dq_family;
       tiles.dkdv_kernels = family;
-      const float bwd = median_ms([&] { sage_backward(opt, s, qkv, o, dout, stats, dqkv, ws, nullptr, tiles); });
+      const float bwd = median_ms([&] { sage_backward(opt, s, o, dout, stats, saved, dqkv, scratch, nullptr, tiles); });
       const std::vector<bf16> dqkv_now = download(dqkv, n_qkv);
       double worst[3] = {0, 0, 0};  // dQ, dK, dV
       for (size_t i = 0; i < n_qkv; ++i) {
@@ -128,7 +128,7 @@ void sweep(int B, int H, int T, int d) {
                   dq_name, name, bwd, 2.5 * fwd_flops / (bwd * 1e9), bwd - bwd_prepass, worst[0], worst[1], worst[2]);
     }
   }
-  for (void* p : {(void*)qkv, (void*)dqkv, (void*)o, (void*)dout, (void*)stats, ws}) CUDA_CHECK(cudaFree(p));
+  for (void* p : {(void*)qkv, (void*)dqkv, (void*)o, (void*)dout, (void*)stats, saved, scratch}) CUDA_CHECK(cudaFree(p));
 }
 
 }  // namespace

@@ -33,6 +33,10 @@ int attention_row_stats(const AttentionConfig& cfg, int head_dim) {
   return 1;  // L = m + log l of c q.k
 }
 
+size_t attention_saved_bytes(const AttentionConfig& cfg, const AttentionShape& s) {
+  return cfg.kind == AttentionKind::sage ? sage_saved_bytes(cfg.sage, s) : 0;
+}
+
 size_t attention_workspace_bytes(const AttentionConfig& cfg, const AttentionShape& s) {
   switch (cfg.kind) {
     case AttentionKind::fpa:
@@ -46,14 +50,13 @@ size_t attention_workspace_bytes(const AttentionConfig& cfg, const AttentionShap
 }
 
 void attention_forward(const AttentionConfig& cfg, const AttentionShape& s, const bf16* qkv,
-                       bf16* o, float* stats, void* workspace /* FPA's forward needs none */,
-                       cudaStream_t stream) {
+                       bf16* o, float* stats, void* saved, cudaStream_t stream) {
   check_shape(s);
   switch (cfg.kind) {
     case AttentionKind::fpa:
       return fpa_forward(s, qkv, o, stats, stream);
     case AttentionKind::sage:
-      return sage_forward(cfg.sage, s, qkv, o, stats, workspace, stream);
+      return sage_forward(cfg.sage, s, qkv, o, stats, saved, stream);
     case AttentionKind::kinterval:
       return kinterval_forward(cfg.kinterval, s, qkv, o, stats, stream);
   }
@@ -61,14 +64,14 @@ void attention_forward(const AttentionConfig& cfg, const AttentionShape& s, cons
 }
 
 void attention_backward(const AttentionConfig& cfg, const AttentionShape& s, const bf16* qkv,
-                        const bf16* o, const bf16* dout, const float* stats, bf16* dqkv,
-                        void* workspace, cudaStream_t stream) {
+                        const bf16* o, const bf16* dout, const float* stats, const void* saved,
+                        bf16* dqkv, void* workspace, cudaStream_t stream) {
   check_shape(s);
   switch (cfg.kind) {
     case AttentionKind::fpa:
       return fpa_backward(s, qkv, o, dout, stats, static_cast<float*>(workspace), dqkv, stream);
     case AttentionKind::sage:
-      return sage_backward(cfg.sage, s, qkv, o, dout, stats, dqkv, workspace, stream);
+      return sage_backward(cfg.sage, s, o, dout, stats, saved, dqkv, workspace, stream);
     case AttentionKind::kinterval:
       return kinterval_backward(cfg.kinterval, s, qkv, o, dout, stats, dqkv, workspace, stream);
   }

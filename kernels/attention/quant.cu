@@ -26,6 +26,7 @@ struct QuantiseParams {
   const bf16* dout;  // (B, T, H, d), backward only
   SageWorkspace ws;
   SageCopies copies;
+  int first_operand; // grid z = 0 is this operand: 0 in the forward (Q, K, V), 3 in the backward (dO)
   int B, H, T;
   float c;           // 1 / sqrt(d)
   bool smooth_q, smooth_k;
@@ -106,7 +107,8 @@ __global__ void __launch_bounds__(D) key_mean_kernel(const QuantiseParams p) {
   p.ws.key_mean[static_cast<size_t>(bh) * D + col] = mu / static_cast<float>(p.T);
 }
 
-// Grid (blocks, B·H, operands): operand z = 0 c·(Q − μ_Q), 1 K − μ_K, 2 V, 3 dO.
+// Grid (blocks, B·H, operands): operand first_operand + z, of 0 c·(Q − μ_Q),
+// 1 K − μ_K, 2 V, 3 dO.
 // The block stays in registers (BlockChunks); shared memory holds the raw Q
 // block for μ_Q (smooth_q) and the levels for the transposed copy. Padded rows
 // are zero in every copy.
@@ -117,7 +119,7 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantBlocksPerSm) quantise_ker
   __shared__ __align__(16) int8_t levels[kSageBlock * C::kLevelRow];  // (64, d + 4) X̂ (i8t)
   __shared__ __align__(16) float mean[D];                         // the mean subtracted from every valid row
   __shared__ float scratch[kQuantThreads / 32];
-  const int blk = blockIdx.x, bh = blockIdx.y, which = blockIdx.z;
+  const int blk = blockIdx.x, bh = blockIdx.y, which = p.first_operand + static_cast<int>(blockIdx.z);
   const int b = bh / p.H, h = bh % p.H, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int t0 = blk * kSageBlock, rows = min(kSageBlock, p.T - t0), ch0 = C::channel0();
   const SageWorkspace& ws = p.ws;
@@ -294,28 +296,42 @@ class Carver {
   size_t used_ = 0;
 };
 
-SageWorkspace carve(const SageOptions& opt, const AttentionShape& s, Carver& c) {
+// Operand x's copies named in `copies`, each (B·H, Tp, d), and its block scales.
+void carve_operand(QuantOperand& x, const OperandCopies& copies, size_t n, size_t scales, Carver& c) {
+  x.i8 = copies.i8 ? c.take<int8_t>(n) : nullptr;
+  x.i8t = copies.i8t ? c.take<int8_t>(n) : nullptr;
+  x.bf = copies.bf ? c.take<bf16>(n) : nullptr;
+  x.scale = c.take<float>(scales);
+}
+
+SageWorkspace carve(const SageOptions& opt, const AttentionShape& s, const SageCopies& copies, Carver& saved,
+                    Carver& scratch) {
   SageWorkspace ws{};
   ws.blocks = ceil_div(s.T, kSageBlock);
   ws.Tp = ws.blocks * kSageBlock;
-  const size_t heads = static_cast<size_t>(s.B) * s.H, n = heads * ws.Tp * s.d;
-  for (QuantOperand* x : {&ws.q, &ws.k, &ws.v, &ws.dout}) {
-    x->i8 = c.take<int8_t>(n);
-    x->i8t = c.take<int8_t>(n);
-    x->bf = c.take<bf16>(n);
-    x->scale = c.take<float>(heads * ws.blocks);
-  }
-  ws.key_block_sums = c.take<float>(heads * ws.blocks * s.d);
-  ws.key_mean = c.take<float>(heads * s.d);
-  ws.query_mean = c.take<float>(heads * ws.blocks * s.d);
-  ws.query_bias = opt.smooth_q ? c.take<float>(heads * ws.blocks * ws.Tp) : nullptr;
-  ws.delta = c.take<float>(heads * ws.Tp);
-  ws.row_terms = opt.softmax ? c.take<float>(heads * ws.Tp * 4) : nullptr;
+  const size_t heads = static_cast<size_t>(s.B) * s.H, n = heads * ws.Tp * s.d, scales = heads * ws.blocks;
+  carve_operand(ws.q, copies.q, n, scales, saved);
+  carve_operand(ws.k, copies.k, n, scales, saved);
+  carve_operand(ws.v, copies.v, n, scales, saved);
+  ws.key_block_sums = saved.take<float>(heads * ws.blocks * s.d);
+  ws.key_mean = saved.take<float>(heads * s.d);
+  ws.query_mean = saved.take<float>(heads * ws.blocks * s.d);
+  ws.query_bias = opt.smooth_q ? saved.take<float>(heads * ws.blocks * ws.Tp) : nullptr;
+  carve_operand(ws.dout, copies.dout, n, scales, scratch);
+  ws.delta = scratch.take<float>(heads * ws.Tp);
+  ws.row_terms = opt.softmax ? scratch.take<float>(heads * ws.Tp * 4) : nullptr;
   return ws;
 }
 
+QuantiseParams quantise_params(const SageOptions& opt, const AttentionShape& s, const bf16* qkv, const bf16* o,
+                               const bf16* dout, const SageWorkspace& ws, const SageCopies& copies,
+                               int first_operand) {
+  return {qkv, o, dout, ws, copies, first_operand, s.B, s.H, s.T, 1.0f / std::sqrt(static_cast<float>(s.d)),
+          opt.smooth_q, opt.smooth_k};
+}
+
 template <int D>
-void quantise(const QuantiseParams& p, bool with_dout, cudaStream_t stream) {
+void quantise_inputs(const QuantiseParams& p, cudaStream_t stream) {
   const int heads = p.B * p.H;
   if (p.smooth_k) {
     key_block_sums_kernel<D><<<dim3(p.ws.blocks, heads), kQuantThreads, 0, stream>>>(p);
@@ -323,7 +339,7 @@ void quantise(const QuantiseParams& p, bool with_dout, cudaStream_t stream) {
     key_mean_kernel<D><<<heads, D, 0, stream>>>(p);
     CUDA_CHECK_LAUNCH();
   }
-  quantise_kernel<D><<<dim3(p.ws.blocks, heads, with_dout ? 4 : 3), kQuantThreads, 0, stream>>>(p);
+  quantise_kernel<D><<<dim3(p.ws.blocks, heads, 3), kQuantThreads, 0, stream>>>(p);
   CUDA_CHECK_LAUNCH();
   if (p.smooth_q) {
     query_bias_kernel<D><<<dim3(ceil_div(p.ws.Tp, kBiasThreads), p.ws.blocks, heads), kBiasThreads, 0,
@@ -332,20 +348,33 @@ void quantise(const QuantiseParams& p, bool with_dout, cudaStream_t stream) {
   }
 }
 
+template <int D>
+void quantise_gradient(const QuantiseParams& p, cudaStream_t stream) {
+  quantise_kernel<D><<<dim3(p.ws.blocks, p.B * p.H, 1), kQuantThreads, 0, stream>>>(p);
+  CUDA_CHECK_LAUNCH();
+}
+
 }  // namespace
 
-size_t sage_workspace_bytes(const SageOptions& opt, const AttentionShape& s) {
-  Carver c(nullptr);
-  carve(opt, s, c);
-  return c.used();
+size_t sage_saved_bytes(const SageOptions& opt, const AttentionShape& s, const SageCopies& copies) {
+  Carver saved(nullptr), scratch(nullptr);
+  carve(opt, s, copies, saved, scratch);
+  return saved.used();
 }
 
-SageWorkspace sage_workspace(const SageOptions& opt, const AttentionShape& s, void* base) {
-  Carver c(base);
-  return carve(opt, s, c);
+size_t sage_scratch_bytes(const SageOptions& opt, const AttentionShape& s, const SageCopies& copies) {
+  Carver saved(nullptr), scratch(nullptr);
+  carve(opt, s, copies, saved, scratch);
+  return scratch.used();
 }
 
-SageCopies sage_copies(const SageOptions& opt, bool backward) {
+SageWorkspace sage_workspace(const SageOptions& opt, const AttentionShape& s, void* saved, void* scratch,
+                             const SageCopies& copies) {
+  Carver saved_carver(saved), scratch_carver(scratch);
+  return carve(opt, s, copies, saved_carver, scratch_carver);
+}
+
+SageCopies sage_copies(const SageOptions& opt) {
   const SagePrecision& pr = opt.precision;
   // A product at int8 reads the natural (over d) or the transposed (over T)
   // int8 copy of its operand; at bf16 the bf16 copy, on either side.
@@ -359,11 +388,8 @@ SageCopies sage_copies(const SageOptions& opt, bool backward) {
   SageCopies c{none, none, none, none};
   read(c.q, pr.qk, true);  // S = Q̂ K̂ᵀ, in the forward and again in the backward
   read(c.k, pr.qk, true);
-  if (!backward) {
-    read(c.v, pr.pv, false);  // O += P̂ V̂
-    return c;
-  }
-  read(c.v, pr.dp, true);  // dP = dÔ V̂ᵀ
+  read(c.v, pr.pv, false);  // O += P̂ V̂
+  read(c.v, pr.dp, true);   // dP = dÔ V̂ᵀ
   read(c.dout, pr.dp, true);
   read(c.dout, pr.dv, false);  // dV += P̂ᵀ dÔ
   read(c.q, pr.dk, false);     // dK += dŜᵀ Q̂
@@ -371,13 +397,18 @@ SageCopies sage_copies(const SageOptions& opt, bool backward) {
   return c;
 }
 
-void sage_quantise(const SageOptions& opt, const AttentionShape& s, const bf16* qkv, const bf16* o,
-                   const bf16* dout, const SageWorkspace& ws, const SageCopies& copies, cudaStream_t stream) {
-  const QuantiseParams p{qkv, o, dout, ws, copies, s.B, s.H, s.T, 1.0f / std::sqrt(static_cast<float>(s.d)),
-                         opt.smooth_q, opt.smooth_k};
-  const bool with_dout = dout != nullptr;
-  if (s.d == 64) return quantise<64>(p, with_dout, stream);
-  return quantise<128>(p, with_dout, stream);
+void sage_quantise_inputs(const SageOptions& opt, const AttentionShape& s, const bf16* qkv, const SageWorkspace& ws,
+                          const SageCopies& copies, cudaStream_t stream) {
+  const QuantiseParams p = quantise_params(opt, s, qkv, nullptr, nullptr, ws, copies, 0);
+  if (s.d == 64) return quantise_inputs<64>(p, stream);
+  return quantise_inputs<128>(p, stream);
+}
+
+void sage_quantise_gradient(const SageOptions& opt, const AttentionShape& s, const bf16* o, const bf16* dout,
+                            const SageWorkspace& ws, const SageCopies& copies, cudaStream_t stream) {
+  const QuantiseParams p = quantise_params(opt, s, nullptr, o, dout, ws, copies, 3);
+  if (s.d == 64) return quantise_gradient<64>(p, stream);
+  return quantise_gradient<128>(p, stream);
 }
 
 }  // namespace qattn::cuda

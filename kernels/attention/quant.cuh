@@ -1,9 +1,10 @@
 // SageBwd's quantisation pre-pass (SPEC §3 forward steps 1-3, backward dÔ):
 // per block of kSageBlock rows of one (batch, head), ψ of c·(Q − μ_Q), K − μ_K,
-// V and dO into the workspace, each in the layouts the sage kernels read, plus
-// the fp32 terms that go with them (μ_K, μ_Q, the smooth_q bias, δ).
+// V (the forward's, kept for the backward) and dO (the backward's), each in the
+// layouts the sage kernels read, plus the fp32 terms that go with them (μ_K,
+// μ_Q, the smooth_q bias, δ).
 //
-// The workspace pads T to Tp = whole blocks; padded rows are zero in every copy
+// The buffers pad T to Tp = whole blocks; padded rows are zero in every copy
 // (and never change a scale), so the kernels load whole tiles without bounds.
 #pragma once
 #include <cuda_runtime.h>
@@ -33,6 +34,9 @@ struct QuantOperand {
   float* scale;  // (B·H, Tp / kSageBlock)  ψ's scale per block
 };
 
+// The kernels' view of both buffers (sage_workspace below): saved by the
+// forward, q, k, v, the key sums and means, the query means and bias; the
+// backward's scratch, dout, delta, row_terms.
 struct SageWorkspace {
   int Tp, blocks;             // T padded to whole blocks; Tp / kSageBlock
   QuantOperand q, k, v, dout; // c·(Q − μ_Q), K − μ_K, V, dO
@@ -45,29 +49,41 @@ struct SageWorkspace {
                               //                   terms (sage_softmax.cuh; softmax block only, else null)
 };
 
-// Which copies of each operand a pass reads, so that the pre-pass writes only
-// those: int8 natural (products over d at int8), int8 transposed (products over
-// T at int8), bf16 (any product at bf16).
+// Which copies of each operand the kernels read, so that the pre-pass writes
+// (and the buffers hold) only those: int8 natural (products over d at int8),
+// int8 transposed (products over T at int8), bf16 (any product at bf16).
 struct OperandCopies {
   bool i8 = true, i8t = true, bf = true;
 };
 struct SageCopies {
   OperandCopies q, k, v, dout;
 };
-// The copies the forward (backward = false) or the backward kernels read under
-// opt's precision flags.
-SageCopies sage_copies(const SageOptions& opt, bool backward);
+// The copies a training step reads under opt's precision flags: of Q, K, V
+// those of the forward's and the backward's kernels (the forward's pre-pass
+// writes them once, the backward reads them from the saved buffer), of dO the
+// backward's.
+SageCopies sage_copies(const SageOptions& opt);
 
-size_t sage_workspace_bytes(const SageOptions& opt, const AttentionShape& s);
-// Carves the buffers out of `base` (sage_workspace_bytes of them, 256-byte aligned).
-SageWorkspace sage_workspace(const SageOptions& opt, const AttentionShape& s, void* base);
+// The forward's pre-pass writes Q, K, V's copies, their scales, μ_K, μ_Q and
+// the smooth_q bias into the *saved* buffer, which the backward of the same
+// call reads (a model keeps one per layer, as it keeps the row statistics);
+// the backward's pre-pass writes dO's copies, δ and the K-interval row terms
+// into the *scratch* buffer, which every layer may share. Both 256-byte
+// aligned; the copies not in `copies` take no space (their pointers are null).
+size_t sage_saved_bytes(const SageOptions& opt, const AttentionShape& s, const SageCopies& copies);
+size_t sage_scratch_bytes(const SageOptions& opt, const AttentionShape& s, const SageCopies& copies);
+// Carves the buffers out of `saved` and `scratch` (either may be null: its
+// buffers are then null, as in the forward, which has no scratch).
+SageWorkspace sage_workspace(const SageOptions& opt, const AttentionShape& s, void* saved, void* scratch,
+                             const SageCopies& copies);
 
-// qkv (B, T, 3, H, d) -> ws.q, ws.k, ws.v (and μ_K, μ_Q, the bias per the options).
-// With dout (B, T, H, d) and o (B, T, H, d) non-null also ws.dout and ws.delta.
-// Writes the copies named in `copies` (scales, μ, the bias and δ always).
-void sage_quantise(const SageOptions& opt, const AttentionShape& s, const bf16* qkv,
-                   const bf16* o, const bf16* dout, const SageWorkspace& ws, const SageCopies& copies,
-                   cudaStream_t stream);
+// The forward's pre-pass: qkv (B, T, 3, H, d) -> ws.q, ws.k, ws.v (the copies
+// named in `copies`, and their scales), μ_K, μ_Q and the bias per the options.
+void sage_quantise_inputs(const SageOptions& opt, const AttentionShape& s, const bf16* qkv,
+                          const SageWorkspace& ws, const SageCopies& copies, cudaStream_t stream);
+// The backward's: dout, o (B, T, H, d) -> ws.dout (its copies and scales) and ws.delta.
+void sage_quantise_gradient(const SageOptions& opt, const AttentionShape& s, const bf16* o, const bf16* dout,
+                            const SageWorkspace& ws, const SageCopies& copies, cudaStream_t stream);
 
 #ifdef __CUDACC__
 // ψ's level of x at scale s (SPEC §3): round(x / s), half away from zero, as the

@@ -479,22 +479,25 @@ __global__ void __launch_bounds__(Tr::kThreads) sage_backward_dq_kernel(const Sa
 // ---------------------------------------------------------------------------
 // Launchers.
 
-// The pre-pass writes every quantised operand there, and the kernels read it
-// with 16-byte copies: null or misaligned is a caller's bug.
-void require_workspace(const SageOptions& opt, const AttentionShape& s, const void* workspace) {
-  if (workspace == nullptr || reinterpret_cast<uintptr_t>(workspace) % 256 != 0)
-    throw std::invalid_argument("CUDA attention kind sage: workspace " +
-                                std::string(workspace ? "is not 256-byte aligned" : "is null") + " (needs " +
-                                std::to_string(sage_workspace_bytes(opt, s)) +
-                                " bytes, attention_workspace_bytes, 256-byte aligned)");
+// The pre-passes write the quantised operands into the saved buffer (forward)
+// and the scratch (backward), and the kernels read them with 16-byte copies:
+// null or misaligned is a caller's bug. `what` names the buffer and the
+// function that sizes it.
+void require_buffer(const void* buffer, size_t bytes, const char* what) {
+  if (buffer == nullptr || reinterpret_cast<uintptr_t>(buffer) % 256 != 0)
+    throw std::invalid_argument("CUDA attention kind sage: " + std::string(what) + " " +
+                                std::string(buffer ? "is not 256-byte aligned" : "is null") + " (needs " +
+                                std::to_string(bytes) + " bytes, 256-byte aligned)");
 }
 
-// The kernels' parameters, once the options and the workspace are known to be usable.
-SageParams make_params(const SageOptions& opt, const AttentionShape& s, void* workspace) {
+// The kernels' parameters, once the options and the buffers are known to be
+// usable; scratch null in the forward (which has none).
+SageParams make_params(const SageOptions& opt, const AttentionShape& s, void* saved, void* scratch) {
   sage_check_options(opt);
-  require_workspace(opt, s, workspace);
+  const SageCopies copies = sage_copies(opt);
+  require_buffer(saved, sage_saved_bytes(opt, s, copies), "saved buffer (attention_saved_bytes)");
   SageParams p{};
-  p.ws = sage_workspace(opt, s, workspace);
+  p.ws = sage_workspace(opt, s, saved, scratch, copies);
   p.B = s.B, p.H = s.H, p.T = s.T;
   p.c = 1.0f / std::sqrt(static_cast<float>(s.d));
   const SagePrecision& pr = opt.precision;
@@ -738,29 +741,40 @@ SageTiles sage_default_tiles(int d) {
   return tiles;
 }
 
+size_t sage_saved_bytes(const SageOptions& opt, const AttentionShape& s) {
+  return sage_saved_bytes(opt, s, sage_copies(opt));
+}
+
+size_t sage_workspace_bytes(const SageOptions& opt, const AttentionShape& s) {
+  return sage_scratch_bytes(opt, s, sage_copies(opt));
+}
+
 void sage_forward(const SageOptions& opt, const AttentionShape& s, const bf16* qkv, bf16* o, float* stats,
-                  void* workspace, cudaStream_t stream, const SageTiles& tiles) {
+                  void* saved, cudaStream_t stream, const SageTiles& tiles) {
   check_tiles(tiles);
-  SageParams p = make_params(opt, s, workspace);
+  SageParams p = make_params(opt, s, saved, nullptr);
   p.stats_out = stats;
   p.o = o;
   const bool on_wgmma = forward_on_wgmma(p, tiles);
-  sage_quantise(opt, s, qkv, nullptr, nullptr, p.ws, sage_copies(opt, false), stream);
+  sage_quantise_inputs(opt, s, qkv, p.ws, sage_copies(opt), stream);
   dispatch(opt, s, [&](auto d, auto softmax) {
     forward<decltype(d)::value, typename decltype(softmax)::type>(p, tiles, on_wgmma, stream);
   });
 }
 
-void sage_backward(const SageOptions& opt, const AttentionShape& s, const bf16* qkv, const bf16* o,
-                   const bf16* dout, const float* stats, bf16* dqkv, void* workspace, cudaStream_t stream,
+void sage_backward(const SageOptions& opt, const AttentionShape& s, const bf16* o, const bf16* dout,
+                   const float* stats, const void* saved, bf16* dqkv, void* workspace, cudaStream_t stream,
                    const SageTiles& tiles) {
   check_tiles(tiles);
-  SageParams p = make_params(opt, s, workspace);
+  // The kernels only read the forward's buffers; SageWorkspace's pointers are
+  // non-const because the forward's pre-pass writes through the same view.
+  SageParams p = make_params(opt, s, const_cast<void*>(saved), workspace);
+  require_buffer(workspace, sage_workspace_bytes(opt, s), "workspace (attention_workspace_bytes)");
   p.stats = stats;
   p.dqkv = dqkv;
   const bool dq_wgmma = dq_on_wgmma(p, tiles);
   const bool dkdv_wgmma = dkdv_on_wgmma(p, tiles);
-  sage_quantise(opt, s, qkv, o, dout, p.ws, sage_copies(opt, true), stream);
+  sage_quantise_gradient(opt, s, o, dout, p.ws, sage_copies(opt), stream);
   dispatch(opt, s, [&](auto d, auto softmax) {
     backward<decltype(d)::value, typename decltype(softmax)::type>(p, tiles, dq_wgmma, dkdv_wgmma,
                                                                   stream);
@@ -768,13 +782,13 @@ void sage_backward(const SageOptions& opt, const AttentionShape& s, const bf16* 
 }
 
 void sage_forward(const SageOptions& opt, const AttentionShape& s, const bf16* qkv, bf16* o, float* stats,
-                  void* workspace, cudaStream_t stream) {
-  sage_forward(opt, s, qkv, o, stats, workspace, stream, sage_default_tiles(s.d));
+                  void* saved, cudaStream_t stream) {
+  sage_forward(opt, s, qkv, o, stats, saved, stream, sage_default_tiles(s.d));
 }
 
-void sage_backward(const SageOptions& opt, const AttentionShape& s, const bf16* qkv, const bf16* o,
-                   const bf16* dout, const float* stats, bf16* dqkv, void* workspace, cudaStream_t stream) {
-  sage_backward(opt, s, qkv, o, dout, stats, dqkv, workspace, stream, sage_default_tiles(s.d));
+void sage_backward(const SageOptions& opt, const AttentionShape& s, const bf16* o, const bf16* dout,
+                   const float* stats, const void* saved, bf16* dqkv, void* workspace, cudaStream_t stream) {
+  sage_backward(opt, s, o, dout, stats, saved, dqkv, workspace, stream, sage_default_tiles(s.d));
 }
 
 }  // namespace qattn::cuda

@@ -12,8 +12,13 @@
 namespace qattn::cuda {
 
 // Throws std::invalid_argument naming the option when the kernels cannot run it.
-// The workspace is sage_workspace_bytes (quant.cuh).
 void sage_check_options(const SageOptions& opt);
+
+// Bytes of the buffer the forward fills for the backward of the same call
+// (the quantised Q, K, V and their terms, quant.cuh; a model keeps one per
+// layer), and of the backward's scratch (dO's copies, δ, row terms; shared).
+size_t sage_saved_bytes(const SageOptions& opt, const AttentionShape& s);
+size_t sage_workspace_bytes(const SageOptions& opt, const AttentionShape& s);
 
 // fp32 saved per (b, h, row) by the forward: 1 (L = m + log l of the quantised
 // scores), or with the softmax block the row's K-interval grid (kinterval_softmax.cuh, RowStats).
@@ -44,19 +49,21 @@ struct SageTiles {
 };
 SageTiles sage_default_tiles(int d);
 
-// qkv (B, T, 3C) -> o (B, T, C), stats (B, H, T, sage_row_stats).
+// qkv (B, T, 3C) -> o (B, T, C), stats (B, H, T, sage_row_stats), and the
+// quantised Q, K, V in `saved` (sage_saved_bytes).
 void sage_forward(const SageOptions& opt, const AttentionShape& s, const bf16* qkv, bf16* o,
-                  float* stats, void* workspace, cudaStream_t stream);
+                  float* stats, void* saved, cudaStream_t stream);
 void sage_forward(const SageOptions& opt, const AttentionShape& s, const bf16* qkv, bf16* o,
-                  float* stats, void* workspace, cudaStream_t stream, const SageTiles& tiles);
+                  float* stats, void* saved, cudaStream_t stream, const SageTiles& tiles);
 
-// dout (B, T, C) -> dqkv (B, T, 3C), deterministic; re-quantises Q, K, V (the
-// workspace need not survive from the forward).
-void sage_backward(const SageOptions& opt, const AttentionShape& s, const bf16* qkv,
-                   const bf16* o, const bf16* dout, const float* stats, bf16* dqkv,
-                   void* workspace, cudaStream_t stream);
-void sage_backward(const SageOptions& opt, const AttentionShape& s, const bf16* qkv,
-                   const bf16* o, const bf16* dout, const float* stats, bf16* dqkv,
-                   void* workspace, cudaStream_t stream, const SageTiles& tiles);
+// dout (B, T, C) -> dqkv (B, T, 3C), deterministic. Reads Q, K, V only as the
+// forward of the same call left them in `saved` (and its stats); quantises dO
+// into the scratch `workspace` (sage_workspace_bytes).
+void sage_backward(const SageOptions& opt, const AttentionShape& s, const bf16* o, const bf16* dout,
+                   const float* stats, const void* saved, bf16* dqkv, void* workspace,
+                   cudaStream_t stream);
+void sage_backward(const SageOptions& opt, const AttentionShape& s, const bf16* o, const bf16* dout,
+                   const float* stats, const void* saved, bf16* dqkv, void* workspace,
+                   cudaStream_t stream, const SageTiles& tiles);
 
 }  // namespace qattn::cuda

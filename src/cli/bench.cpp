@@ -159,16 +159,18 @@ void bench_shape(const AttentionConfig& cfg, const AttentionShape& s, const Benc
   const std::vector<bf16> qkv = random_bf16(n_qkv, seed), dout = random_bf16(n_o, seed + 1);
   DeviceBuffer<bf16> d_qkv(n_qkv), d_o(n_o), d_dout(n_o), d_dqkv(n_qkv);
   DeviceBuffer<float> d_stats(n_stats);
-  DeviceBuffer<unsigned char> d_work(cuda::attention_workspace_bytes(cfg, s));
+  // One saved buffer and one scratch, as one layer of a model has.
+  DeviceBuffer<unsigned char> d_saved(cuda::attention_saved_bytes(cfg, s)),
+      d_work(cuda::attention_workspace_bytes(cfg, s));
   CUDA_CHECK(cudaMemcpy(d_qkv.ptr, qkv.data(), n_qkv * sizeof(bf16), cudaMemcpyHostToDevice));
   CUDA_CHECK(cudaMemcpy(d_dout.ptr, dout.data(), n_o * sizeof(bf16), cudaMemcpyHostToDevice));
 
   auto forward = [&] {
-    cuda::attention_forward(cfg, s, d_qkv.ptr, d_o.ptr, d_stats.ptr, d_work.ptr, nullptr);
+    cuda::attention_forward(cfg, s, d_qkv.ptr, d_o.ptr, d_stats.ptr, d_saved.ptr, nullptr);
   };
   auto backward = [&] {
-    cuda::attention_backward(cfg, s, d_qkv.ptr, d_o.ptr, d_dout.ptr, d_stats.ptr, d_dqkv.ptr,
-                             d_work.ptr, nullptr);
+    cuda::attention_backward(cfg, s, d_qkv.ptr, d_o.ptr, d_dout.ptr, d_stats.ptr, d_saved.ptr,
+                             d_dqkv.ptr, d_work.ptr, nullptr);
   };
   for (int i = 0; i < opt.warmup; ++i) forward(), backward();
   cudaEvent_t ev[3];

@@ -91,6 +91,7 @@ struct LayerActivations {
   float* qk_rrms;     // (N, 2H) (qk_norm only)
   bf16* atty;         // (N, C) attention output
   float* att_stats;   // (B, H, T, row_stats) softmax statistics
+  void* att_saved;    // what the attention forward keeps for its backward (sage: int8 Q, K, V)
   bf16* residual2;    // (N, C) residual + attention projection
   bf16* ln2;          // (N, C)
   float* ln2_mean;    // (N)
@@ -137,6 +138,7 @@ struct Activations {
       l.qk_rrms = a.take<float>(qk * N * 2 * H);
       l.atty = a.take<bf16>(N * C);
       l.att_stats = a.take<float>(N * H * cuda::attention_row_stats(att, m.head_dim()));
+      l.att_saved = a.take<char>(cuda::attention_saved_bytes(att, {B, m.heads, T, m.head_dim()}));
       l.residual2 = a.take<bf16>(N * C);
       l.ln2 = a.take<bf16>(N * C);
       l.ln2_mean = a.take<float>(N);
@@ -596,7 +598,7 @@ class CudaBackend final : public Backend {
                               N, H, hd, stream_);
       }
       cuda::attention_forward(cfg_.attention, {B, H, T, hd}, a.qkv, a.atty, a.att_stats,
-                              acts_.attention_workspace, stream_);
+                              a.att_saved, stream_);
       // residual2 = residual + atty . W^T + b: the add rides in cuBLASLt's C input.
       matmuls_->forward(a.residual2, a.atty, param(P_ATTPROJW, l), param(P_ATTPROJB, l), residual,
                         N, C, C);
@@ -654,7 +656,7 @@ class CudaBackend final : public Backend {
       }
       bf16* dqkv = acts_.dbig;  // (N, 3C): the MLP's gradient is no longer needed
       cuda::attention_backward(cfg_.attention, {B, H, T, hd}, a.qkv, a.atty, acts_.datty,
-                               a.att_stats, dqkv, acts_.attention_workspace, stream_);
+                               a.att_stats, a.att_saved, dqkv, acts_.attention_workspace, stream_);
       if (m_.qk_norm) {
         cuda::qk_norm_backward(dqkv, grad(P_QGAMMA, l), grad(P_KGAMMA, l), a.qk_raw, a.qk_rrms,
                                param(P_QGAMMA, l), param(P_KGAMMA, l), N, H, hd, acts_.partials,

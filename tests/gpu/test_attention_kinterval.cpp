@@ -138,16 +138,16 @@ void repeat_first_four_keys(Inputs& in, const AttentionShape& s) {
 // The forward and backward of one family: automatic through the attention API
 // (as training and the benchmark call it), a named family through kinterval.cuh.
 void forward_gpu(const Family& f, const AttentionConfig& cfg, const AttentionShape& s,
-                 const bf16* qkv, bf16* o, float* stats, void* work) {
-  if (f.kernels == FpaKernels::automatic)
-    return qattn::cuda::attention_forward(cfg, s, qkv, o, stats, work, nullptr);
+                 const bf16* qkv, bf16* o, float* stats) {
+  if (f.kernels == FpaKernels::automatic)  // K-interval saves nothing beyond the statistics
+    return qattn::cuda::attention_forward(cfg, s, qkv, o, stats, nullptr, nullptr);
   qattn::cuda::kinterval_forward(cfg.kinterval, s, qkv, o, stats, nullptr, f.kernels);
 }
 void backward_gpu(const Family& f, const AttentionConfig& cfg, const AttentionShape& s,
                   const bf16* qkv, const bf16* o, const bf16* dout, const float* stats,
                   bf16* dqkv, void* work) {
   if (f.kernels == FpaKernels::automatic)
-    return qattn::cuda::attention_backward(cfg, s, qkv, o, dout, stats, dqkv, work, nullptr);
+    return qattn::cuda::attention_backward(cfg, s, qkv, o, dout, stats, nullptr, dqkv, work, nullptr);
   qattn::cuda::kinterval_backward(cfg.kinterval, s, qkv, o, dout, stats, dqkv, work, nullptr,
                                   f.kernels);
 }
@@ -166,7 +166,7 @@ Outputs run_gpu(const Family& f, const AttentionConfig& cfg, const AttentionShap
   qkv.upload(in.qkv);
   dout.upload(in.dout);
   o.poison(), stats.poison(), dqkv.poison(), dqkv2.poison(), work.poison();
-  forward_gpu(f, cfg, s, qkv.get(), o.get(), stats.get(), work.get());
+  forward_gpu(f, cfg, s, qkv.get(), o.get(), stats.get());
   backward_gpu(f, cfg, s, qkv.get(), o.get(), dout.get(), stats.get(), dqkv.get(), work.get());
   work.poison();
   backward_gpu(f, cfg, s, qkv.get(), o.get(), dout.get(), stats.get(), dqkv2.get(), work.get());
@@ -424,10 +424,9 @@ TEST_CASE("K-interval attention: the forward saves the lowest argmax / argmin it
         const int n_stats = qattn::cuda::attention_row_stats(c.cfg, sd.d);
         DeviceBuffer<bf16> qkv(3 * n_o), o(n_o);
         DeviceBuffer<float> stats(static_cast<size_t>(sd.B) * sd.H * sd.T * n_stats);
-        DeviceBuffer<unsigned char> work(qattn::cuda::attention_workspace_bytes(c.cfg, sd));
         qkv.upload(c.in.qkv);
         o.poison(), stats.poison();
-        forward_gpu(family, c.cfg, sd, qkv.get(), o.get(), stats.get(), work.get());
+        forward_gpu(family, c.cfg, sd, qkv.get(), o.get(), stats.get());
         const std::vector<float> st = stats.download();
         const bool lerp = opt.rounding == Rounding::lerp;
         const bool routes_max = !opt.detach_extrema && (lerp || opt.ste == Ste::weight);
@@ -481,10 +480,9 @@ TEST_CASE("K-interval attention: the probability STE's forward saves the exact s
         REQUIRE(qattn::cuda::attention_row_stats(c.cfg, sd.d) == kRowStatFloats + sd.d / 2 + 1);
         DeviceBuffer<bf16> qkv(3 * n_o), o(n_o), o_fpa(n_o);
         DeviceBuffer<float> stats(rows * qattn::cuda::attention_row_stats(c.cfg, sd.d)), lse(rows);
-        DeviceBuffer<unsigned char> work(qattn::cuda::attention_workspace_bytes(c.cfg, sd));
         qkv.upload(c.in.qkv);
         o.poison(), o_fpa.poison(), stats.poison(), lse.poison();
-        forward_gpu(family, c.cfg, sd, qkv.get(), o.get(), stats.get(), work.get());
+        forward_gpu(family, c.cfg, sd, qkv.get(), o.get(), stats.get());
         qattn::cuda::fpa_forward(sd, qkv.get(), o_fpa.get(), lse.get(), nullptr, family.kernels);
         const std::vector<float> st = stats.download(), lse_fpa = lse.download();
         std::vector<bf16> o_exact(n_o);

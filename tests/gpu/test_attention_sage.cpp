@@ -166,21 +166,24 @@ struct GpuRun {
 };
 
 // Device buffers of one attention call: the inputs uploaded; the outputs, the
-// saved statistics and the workspace poisoned with NaN, so that anything read
-// before it is written shows.
+// saved statistics and buffer and the workspace poisoned with NaN, so that
+// anything read before it is written shows.
 struct AttentionBuffers {
   DeviceBuffer<bf16> qkv, o, dout, dqkv;  // (B, T, 3, H, d), (B, T, H, d), (B, T, H, d), (B, T, 3, H, d)
   DeviceBuffer<float> stats;              // (B, H, T, row_stats)
-  DeviceBuffer<unsigned char> work;
+  DeviceBuffer<unsigned char> saved;      // the forward's quantised Q, K, V (attention_saved_bytes)
+  DeviceBuffer<unsigned char> work;       // the backward's scratch
   AttentionBuffers(const AttentionConfig& cfg, const AttentionShape& s, const std::vector<bf16>& qkv_in,
                    const std::vector<bf16>& dout_in)
       : qkv(qkv_size(s)), o(head_size(s)), dout(head_size(s)), dqkv(qkv_size(s)),
         stats(static_cast<size_t>(s.B) * s.H * s.T * qattn::cuda::attention_row_stats(cfg, s.d)),
+        saved(qattn::cuda::attention_saved_bytes(cfg, s)),
         work(qattn::cuda::attention_workspace_bytes(cfg, s)) {
     qkv.upload(qkv_in);
     dout.upload(dout_in);
     o.poison();
     stats.poison();
+    saved.poison();
     dqkv.poison();
     work.poison();
   }
@@ -228,26 +231,31 @@ std::vector<std::pair<FpaKernels, const char*>> sage_families(const SageOptions&
 }
 
 // Forward, then backward twice (sage: on the given family, family_tiles;
-// automatic as attention_forward picks it): the two gradients must agree bit for bit.
+// automatic as attention_forward picks it): the two gradients must agree bit
+// for bit. The scratch is poisoned before each backward (only the saved buffer
+// carries anything from the forward), and before the second the inputs qkv too
+// (the backward reads Q, K, V from the saved buffer only).
 GpuRun run_gpu(const AttentionConfig& cfg, const AttentionShape& s, const std::vector<bf16>& qkv,
                const std::vector<bf16>& dout, FpaKernels family = FpaKernels::automatic) {
   AttentionBuffers b(cfg, s, qkv, dout);
   const qattn::cuda::SageTiles tiles = family_tiles(cfg.sage, s.d, family);
   if (cfg.kind == AttentionKind::sage)
-    qattn::cuda::sage_forward(cfg.sage, s, b.qkv.get(), b.o.get(), b.stats.get(), b.work.get(), nullptr, tiles);
+    qattn::cuda::sage_forward(cfg.sage, s, b.qkv.get(), b.o.get(), b.stats.get(), b.saved.get(), nullptr, tiles);
   else
-    qattn::cuda::attention_forward(cfg, s, b.qkv.get(), b.o.get(), b.stats.get(), b.work.get(), nullptr);
+    qattn::cuda::attention_forward(cfg, s, b.qkv.get(), b.o.get(), b.stats.get(), b.saved.get(), nullptr);
   auto backward = [&] {
     b.dqkv.poison();
+    b.work.poison();
     if (cfg.kind == AttentionKind::sage)
-      qattn::cuda::sage_backward(cfg.sage, s, b.qkv.get(), b.o.get(), b.dout.get(), b.stats.get(), b.dqkv.get(),
+      qattn::cuda::sage_backward(cfg.sage, s, b.o.get(), b.dout.get(), b.stats.get(), b.saved.get(), b.dqkv.get(),
                                  b.work.get(), nullptr, tiles);
     else
-      qattn::cuda::attention_backward(cfg, s, b.qkv.get(), b.o.get(), b.dout.get(), b.stats.get(), b.dqkv.get(),
-                                      b.work.get(), nullptr);
+      qattn::cuda::attention_backward(cfg, s, b.qkv.get(), b.o.get(), b.dout.get(), b.stats.get(), b.saved.get(),
+                                      b.dqkv.get(), b.work.get(), nullptr);
     return b.dqkv.download();
   };
   GpuRun r{b.o.download(), backward(), b.stats.download()};
+  if (cfg.kind == AttentionKind::sage) b.qkv.poison();
   const std::vector<bf16> again = backward();
   CHECK(std::memcmp(again.data(), r.dqkv.data(), again.size() * sizeof(bf16)) == 0);
   return r;
@@ -370,13 +378,17 @@ TEST_CASE("sage pre-pass: quantised c(Q - mu_Q), K - mu_K, V, dO, scales, means,
                 cs.smooth_k);
     const std::vector<bf16> qkv = random_qkv(s, 2.0f, 0.5f), o = random_heads(s), dout = random_heads(s);
     DeviceBuffer<bf16> d_qkv(qkv_size(s)), d_o(head_size(s)), d_dout(head_size(s));
-    DeviceBuffer<unsigned char> work(qattn::cuda::sage_workspace_bytes(opt, s));
+    const qattn::cuda::SageCopies every_copy{};
+    DeviceBuffer<unsigned char> saved(qattn::cuda::sage_saved_bytes(opt, s, every_copy)),
+        work(qattn::cuda::sage_scratch_bytes(opt, s, every_copy));
     d_qkv.upload(qkv);
     d_o.upload(o);
     d_dout.upload(dout);
-    CUDA_CHECK(cudaMemset(work.get(), 0xFF, qattn::cuda::sage_workspace_bytes(opt, s)));  // NaN floats
-    const auto ws = qattn::cuda::sage_workspace(opt, s, work.get());
-    qattn::cuda::sage_quantise(opt, s, d_qkv.get(), d_o.get(), d_dout.get(), ws, {}, nullptr);  // every copy
+    saved.poison();  // NaN floats
+    work.poison();
+    const auto ws = qattn::cuda::sage_workspace(opt, s, saved.get(), work.get(), every_copy);
+    qattn::cuda::sage_quantise_inputs(opt, s, d_qkv.get(), ws, every_copy, nullptr);
+    qattn::cuda::sage_quantise_gradient(opt, s, d_o.get(), d_dout.get(), ws, every_copy, nullptr);
     CUDA_CHECK(cudaDeviceSynchronize());
 
     const int heads = s.B * s.H, block = qattn::cuda::kSageBlock;
@@ -885,12 +897,12 @@ FamilyRun run_families(const AttentionConfig& cfg, const AttentionShape& s, cons
   AttentionBuffers b(cfg, s, qkv, dout);
   qattn::cuda::SageTiles tiles = qattn::cuda::sage_default_tiles(s.d);
   tiles.forward_kernels = forward;
-  qattn::cuda::sage_forward(cfg.sage, s, b.qkv.get(), b.o.get(), b.stats.get(), b.work.get(), nullptr, tiles);
+  qattn::cuda::sage_forward(cfg.sage, s, b.qkv.get(), b.o.get(), b.stats.get(), b.saved.get(), nullptr, tiles);
   FamilyRun r{b.o.download(), {}, b.stats.download()};
   tiles.forward_kernels = FpaKernels::mma_sync;
-  qattn::cuda::sage_forward(cfg.sage, s, b.qkv.get(), b.o.get(), b.stats.get(), b.work.get(), nullptr, tiles);
+  qattn::cuda::sage_forward(cfg.sage, s, b.qkv.get(), b.o.get(), b.stats.get(), b.saved.get(), nullptr, tiles);
   tiles.dq_kernels = dq, tiles.dkdv_kernels = dkdv;
-  qattn::cuda::sage_backward(cfg.sage, s, b.qkv.get(), b.o.get(), b.dout.get(), b.stats.get(), b.dqkv.get(),
+  qattn::cuda::sage_backward(cfg.sage, s, b.o.get(), b.dout.get(), b.stats.get(), b.saved.get(), b.dqkv.get(),
                              b.work.get(), nullptr, tiles);
   r.dqkv = b.dqkv.download();
   return r;
@@ -1046,11 +1058,11 @@ TEST_CASE("sage wgmma backward on many heads: dQ stable and finite over poisoned
     wgmma.forward_kernels = wgmma.dq_kernels = wgmma.dkdv_kernels = FpaKernels::wgmma;
     qattn::cuda::SageTiles mma_sync_dq = wgmma;
     mma_sync_dq.dq_kernels = FpaKernels::mma_sync;
-    qattn::cuda::sage_forward(cfg.sage, s, b.qkv.get(), b.o.get(), b.stats.get(), b.work.get(), nullptr, wgmma);
+    qattn::cuda::sage_forward(cfg.sage, s, b.qkv.get(), b.o.get(), b.stats.get(), b.saved.get(), nullptr, wgmma);
     auto backward = [&](const qattn::cuda::SageTiles& tiles) {
       b.dqkv.poison();
       qattn::test::poison_shared_memory();
-      qattn::cuda::sage_backward(cfg.sage, s, b.qkv.get(), b.o.get(), b.dout.get(), b.stats.get(), b.dqkv.get(),
+      qattn::cuda::sage_backward(cfg.sage, s, b.o.get(), b.dout.get(), b.stats.get(), b.saved.get(), b.dqkv.get(),
                                  b.work.get(), nullptr, tiles);
       return b.dqkv.download();
     };
@@ -1080,8 +1092,8 @@ TileRun run_tiles(const AttentionConfig& cfg, const AttentionShape& s, const std
   AttentionBuffers b(cfg, s, qkv, dout);
   qattn::cuda::SageTiles mma_sync = tiles;  // the shapes are the mma.sync kernels'
   mma_sync.forward_kernels = mma_sync.dq_kernels = mma_sync.dkdv_kernels = FpaKernels::mma_sync;
-  qattn::cuda::sage_forward(cfg.sage, s, b.qkv.get(), b.o.get(), b.stats.get(), b.work.get(), nullptr, mma_sync);
-  qattn::cuda::sage_backward(cfg.sage, s, b.qkv.get(), b.o.get(), b.dout.get(), b.stats.get(), b.dqkv.get(),
+  qattn::cuda::sage_forward(cfg.sage, s, b.qkv.get(), b.o.get(), b.stats.get(), b.saved.get(), nullptr, mma_sync);
+  qattn::cuda::sage_backward(cfg.sage, s, b.o.get(), b.dout.get(), b.stats.get(), b.saved.get(), b.dqkv.get(),
                              b.work.get(), nullptr, mma_sync);
   return {b.o.download(), b.dqkv.download(), b.stats.download()};
 }
@@ -1143,17 +1155,27 @@ TEST_CASE("sage kernels refuse what they cannot run, naming the option", "[sage]
                                                    nullptr, nullptr),
                     Catch::Contains("attention.sage.block_q/block_k = 32/64"));
   CHECK_THROWS_WITH(qattn::cuda::attention_backward(sage_config(composed), s, nullptr, nullptr, nullptr, nullptr,
-                                                    nullptr, nullptr, nullptr),
+                                                    nullptr, nullptr, nullptr, nullptr),
                     Catch::Contains("attention.sage.softmax.K = 0"));
   CHECK_THROWS_WITH(qattn::cuda::attention_forward(sage_config(), s, nullptr, nullptr, nullptr, nullptr, nullptr),
-                    Catch::Contains("workspace is null"));
+                    Catch::Contains("saved buffer (attention_saved_bytes) is null"));
   CHECK_THROWS_WITH(qattn::cuda::sage_forward(SageOptions{}, s, nullptr, nullptr, nullptr, nullptr, nullptr,
                                               qattn::cuda::SageTiles{4, 4, 6}),
                     Catch::Contains("SageTiles.dkdv = 6 warps (allowed: 4, 8)"));
+  // The default options' buffers (bwd_granularity tile reads the same copies).
+  const SageOptions defaults;
+  DeviceBuffer<unsigned char> saved(qattn::cuda::sage_saved_bytes(defaults, s)),
+      work(qattn::cuda::sage_workspace_bytes(defaults, s));
+  CHECK_THROWS_WITH(qattn::cuda::sage_backward(defaults, s, nullptr, nullptr, nullptr, saved.get(), nullptr, nullptr,
+                                               nullptr),
+                    Catch::Contains("workspace (attention_workspace_bytes) is null"));
+  CHECK_THROWS_WITH(qattn::cuda::sage_backward(defaults, s, nullptr, nullptr, nullptr, saved.get() + 16, nullptr,
+                                               work.get(), nullptr),
+                    Catch::Contains("saved buffer (attention_saved_bytes) is not 256-byte aligned"));
   SageOptions pv_bf16;
   pv_bf16.precision.pv = Precision::bf16;
-  DeviceBuffer<unsigned char> work(qattn::cuda::sage_workspace_bytes(pv_bf16, s));
-  CHECK_THROWS_WITH(qattn::cuda::sage_forward(pv_bf16, s, nullptr, nullptr, nullptr, work.get(), nullptr,
+  DeviceBuffer<unsigned char> pv_bf16_saved(qattn::cuda::sage_saved_bytes(pv_bf16, s));
+  CHECK_THROWS_WITH(qattn::cuda::sage_forward(pv_bf16, s, nullptr, nullptr, nullptr, pv_bf16_saved.get(), nullptr,
                                               qattn::cuda::SageTiles{4, 4, 8, FpaKernels::wgmma}),
                     Catch::Contains("forward_kernels = wgmma: the wgmma kernel runs only "
                                     "attention.sage.precision.qk = pv = int8 (got qk = int8, pv = bf16)"));
@@ -1161,17 +1183,18 @@ TEST_CASE("sage kernels refuse what they cannot run, naming the option", "[sage]
   tile.bwd_granularity = BwdGranularity::tile;
   qattn::cuda::SageTiles dq_wgmma = qattn::cuda::sage_default_tiles(s.d);
   dq_wgmma.dq_kernels = FpaKernels::wgmma;
-  CHECK_THROWS_WITH(qattn::cuda::sage_backward(tile, s, nullptr, nullptr, nullptr, nullptr, nullptr, work.get(),
+  CHECK_THROWS_WITH(qattn::cuda::sage_backward(tile, s, nullptr, nullptr, nullptr, saved.get(), nullptr, work.get(),
                                                nullptr, dq_wgmma),
                     Catch::Contains("dq_kernels = wgmma: the wgmma kernel runs only attention.sage.precision.qk "
                                     "= dq = int8, dp = bf16, bwd_granularity rowcol (got qk = int8, dq = int8, dp "
                                     "= bf16, bwd_granularity tile)"));
   SageOptions dp_int8;
   dp_int8.precision.dp = Precision::int8;
-  DeviceBuffer<unsigned char> dp_int8_work(qattn::cuda::sage_workspace_bytes(dp_int8, s));
+  DeviceBuffer<unsigned char> dp_int8_saved(qattn::cuda::sage_saved_bytes(dp_int8, s)),
+      dp_int8_work(qattn::cuda::sage_workspace_bytes(dp_int8, s));
   qattn::cuda::SageTiles dkdv_wgmma{4, 4, 8};
   dkdv_wgmma.dkdv_kernels = FpaKernels::wgmma;
-  CHECK_THROWS_WITH(qattn::cuda::sage_backward(dp_int8, s, nullptr, nullptr, nullptr, nullptr, nullptr,
+  CHECK_THROWS_WITH(qattn::cuda::sage_backward(dp_int8, s, nullptr, nullptr, nullptr, dp_int8_saved.get(), nullptr,
                                                dp_int8_work.get(), nullptr, dkdv_wgmma),
                     Catch::Contains("dkdv_kernels = wgmma: the wgmma kernel runs only attention.sage.precision.qk "
                                     "= dv = dk = int8, dp = bf16, bwd_granularity rowcol (got qk = int8, dv = int8, "
