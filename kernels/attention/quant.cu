@@ -2,7 +2,8 @@
 //   key_block_sums   Σ of K per block and channel, in row order (smooth_k)
 //   key_mean         μ_K = Σ of the block sums in block order / T, once per head
 //                    (smooth_k; fixed orders: deterministic)
-//   quantise         one block of one operand: smoothing, ψ, the three copies, δ
+//   quantise         one block of every operand of the pass: smoothing, ψ, the
+//                    copies (forward Q, K, V; backward dO and δ)
 //   query_bias       smooth_q's fp32 bias c·μ_Qi·(K_j − μ_K), one row per query block
 //
 // The block kernels move a 64-row block as 16-byte chunks of 8 bf16: thread i
@@ -11,13 +12,17 @@
 #include <cmath>
 #include <cstdint>
 
+#include "attention/pipeline.cuh"  // cp.async, launch
 #include "attention/quant.cuh"
 
 namespace qattn::cuda {
 namespace {
 
+using flash::cp_async_16;
+using flash::cp_async_commit;
+using flash::cp_async_wait;
+
 constexpr int kQuantThreads = 256;
-constexpr int kQuantBlocksPerSm = 4;  // ≤ 64 registers: 1,024 threads' loads in flight per SM
 constexpr int kBiasThreads = 128;
 
 struct QuantiseParams {
@@ -26,7 +31,6 @@ struct QuantiseParams {
   const bf16* dout;  // (B, T, H, d), backward only
   SageWorkspace ws;
   SageCopies copies;
-  int first_operand; // grid z = 0 is this operand: 0 in the forward (Q, K, V), 3 in the backward (dO)
   int B, H, T;
   float c;           // 1 / sqrt(d)
   bool smooth_q, smooth_k;
@@ -53,11 +57,6 @@ __device__ __forceinline__ const bf16* qkv_row(const QuantiseParams& p, int D, i
 __device__ __forceinline__ const bf16* head_row(const bf16* x, const QuantiseParams& p, int D, int b, int t, int h) {
   return x + (static_cast<size_t>(b) * p.T + t) * p.H * D + static_cast<size_t>(h) * D;
 }
-// Row t of operand `which` (0 q, 1 k, 2 v, 3 dO) of head h, batch b.
-__device__ __forceinline__ const bf16* operand_row(const QuantiseParams& p, int D, int which, int b, int t, int h) {
-  return which == 3 ? head_row(p.dout, p, D, b, t, h) : qkv_row(p, D, b, t, which, h);
-}
-
 // This thread's chunk k of a block whose row 0 is x_row0 and whose rows are
 // row_stride apart; zeros past its `rows` valid rows (nothing read there).
 template <int D>
@@ -107,130 +106,14 @@ __global__ void __launch_bounds__(D) key_mean_kernel(const QuantiseParams p) {
   p.ws.key_mean[static_cast<size_t>(bh) * D + col] = mu / static_cast<float>(p.T);
 }
 
-// Grid (blocks, B·H, operands): operand first_operand + z, of 0 c·(Q − μ_Q),
-// 1 K − μ_K, 2 V, 3 dO.
-// The block stays in registers (BlockChunks); shared memory holds the raw Q
-// block for μ_Q (smooth_q) and the levels for the transposed copy. Padded rows
-// are zero in every copy.
+// The transposed copy of a block from its levels (64, d + 4) in shared memory:
+// dst (d, ld) from the block's first column, position p of each 16-group
+// holding row kPermuted(p). Thread (group g, channels 4q … 4q+3), d of them,
+// reads the 16 rows' words of its 4 channels, transposes the bytes 4 x 4 and
+// writes each channel's 16 positions as one 16-byte store.
 template <int D>
-__global__ void __launch_bounds__(kQuantThreads, kQuantBlocksPerSm) quantise_kernel(const QuantiseParams p) {
+__device__ __forceinline__ void write_transposed(const int8_t* levels, int8_t* dst, int ld) {
   using C = BlockChunks<D>;
-  __shared__ __align__(16) bf16 raw[kSageBlock * D];             // (64, d) Q as loaded (smooth_q)
-  __shared__ __align__(16) int8_t levels[kSageBlock * C::kLevelRow];  // (64, d + 4) X̂ (i8t)
-  __shared__ __align__(16) float mean[D];                         // the mean subtracted from every valid row
-  __shared__ float scratch[kQuantThreads / 32];
-  const int blk = blockIdx.x, bh = blockIdx.y, which = p.first_operand + static_cast<int>(blockIdx.z);
-  const int b = bh / p.H, h = bh % p.H, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int t0 = blk * kSageBlock, rows = min(kSageBlock, p.T - t0), ch0 = C::channel0();
-  const SageWorkspace& ws = p.ws;
-  const QuantOperand out = which == 0 ? ws.q : which == 1 ? ws.k : which == 2 ? ws.v : ws.dout;
-  const OperandCopies copies =
-      which == 0 ? p.copies.q : which == 1 ? p.copies.k : which == 2 ? p.copies.v : p.copies.dout;
-  const bool smooth_q = which == 0 && p.smooth_q, smooth_k = which == 1 && p.smooth_k;
-
-  const size_t stride = static_cast<size_t>(which == 3 ? 1 : 3) * p.H * D;  // between rows of the operand
-  const bf16* x_row0 = operand_row(p, D, which, b, t0, h);
-  float x[C::kPerThread][8];  // this thread's chunks, then smoothed and scaled
-#pragma unroll
-  for (int k = 0; k < C::kPerThread; ++k) {
-    const Bf16x8 loaded = load_chunk<D>(x_row0, stride, rows, k);
-    if (smooth_q) store8(raw + C::row(k) * D + ch0, loaded);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) x[k][i] = __bfloat162float(loaded.v[i]);
-  }
-
-  if (which == 3) {  // δ = rowsum(dO ∘ O) from the same rows: the row's kPerRow threads sum their chunks
-    const bf16* o_row0 = head_row(p.o, p, D, b, t0, h);
-#pragma unroll
-    for (int k = 0; k < C::kPerThread; ++k) {
-      const Bf16x8 o = load_chunk<D>(o_row0, stride, rows, k);  // padded rows: x = o = 0, δ = 0
-      float sum = 0.0f;
-#pragma unroll
-      for (int i = 0; i < 8; ++i) sum += x[k][i] * __bfloat162float(o.v[i]);
-#pragma unroll
-      for (int offset = C::kPerRow / 2; offset > 0; offset >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-      if (ch0 == 0) ws.delta[static_cast<size_t>(bh) * ws.Tp + t0 + C::row(k)] = sum;
-    }
-  }
-
-  // SPEC §3 steps 1-2: μ_K over all T tokens (key_mean_kernel), μ_Q over the
-  // block's valid rows in row order (from `raw`).
-  __syncthreads();
-  for (int col = threadIdx.x; col < D; col += kQuantThreads) {
-    float mu = 0.0f;
-    if (smooth_k) {
-      mu = ws.key_mean[static_cast<size_t>(bh) * D + col];
-    } else if (smooth_q) {
-      mu = column_sum<D>(raw, rows, col) / static_cast<float>(rows);
-      ws.query_mean[(static_cast<size_t>(bh) * ws.blocks + blk) * D + col] = mu;
-    }
-    if (which == 1 && !p.smooth_k && blk == 0) ws.key_mean[static_cast<size_t>(bh) * D + col] = 0.0f;
-    mean[col] = mu;
-  }
-  __syncthreads();
-
-  // Step 3: the quantised value is c·(Q − μ_Q) for Q, X − μ for the others.
-  const float mult = which == 0 ? p.c : 1.0f;
-  float mu[8];  // the mean of this thread's channels
-#pragma unroll
-  for (int i = 0; i < 8; ++i) mu[i] = mean[ch0 + i];
-  float amax = 0.0f;
-#pragma unroll
-  for (int k = 0; k < C::kPerThread; ++k) {
-    if (C::row(k) >= rows) continue;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      x[k][i] = (x[k][i] - mu[i]) * mult;
-      amax = fmaxf(amax, fabsf(x[k][i]));
-    }
-  }
-  amax = warp_max(amax);
-  if (lane == 0) scratch[warp] = amax;
-  __syncthreads();
-  amax = 0.0f;
-#pragma unroll
-  for (int w = 0; w < kQuantThreads / 32; ++w) amax = fmaxf(amax, scratch[w]);
-  const float scale = amax == 0.0f ? 1.0f : amax / 127.0f;
-  if (threadIdx.x == 0) out.scale[static_cast<size_t>(bh) * ws.blocks + blk] = scale;
-
-  // The natural copies, one 16-byte (bf16) or 8-byte (int8) store per chunk;
-  // the levels also into shared memory for the transposed copy.
-  const size_t natural0 = (static_cast<size_t>(bh) * ws.Tp + t0) * D;  // row t0 of (B·H, Tp, d)
-  auto write_copies = [&](auto level) {
-#pragma unroll
-    for (int k = 0; k < C::kPerThread; ++k) {
-      const int r = C::row(k);
-      if (copies.bf) store8_f32(out.bf + natural0 + r * D + ch0, x[k]);
-      if (!copies.i8 && !copies.i8t) continue;
-      uint32_t word[2];
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        word[half] = 0;
-#pragma unroll
-        for (int i = 0; i < 4; ++i) word[half] |= level(x[k][4 * half + i]) << (8 * i);
-      }
-      if (copies.i8) *reinterpret_cast<uint2*>(out.i8 + natural0 + r * D + ch0) = make_uint2(word[0], word[1]);
-      if (copies.i8t) {
-        uint32_t* level_row = reinterpret_cast<uint32_t*>(levels + r * C::kLevelRow + ch0);
-        level_row[0] = word[0];
-        level_row[1] = word[1];
-      }
-    }
-  };
-  if (scale >= kReciprocalScaleMin) {  // uniform over the block
-    const float inv_scale = __frcp_rn(scale);
-    write_copies([&](float v) { return quantise_level(v, scale, inv_scale); });
-  } else {
-    write_copies([&](float v) { return quantise_level_by_division(v, scale); });
-  }
-  if (!copies.i8t) return;
-  __syncthreads();
-
-  // (d, Tp): position p of each 16-group holds row kPermuted(p). Thread
-  // (group g, channels 4q … 4q+3), d of them, reads the 16 rows' words of its 4
-  // channels, transposes the bytes 4 x 4 and writes each channel's 16 positions
-  // as one 16-byte store.
-  if (threadIdx.x >= D) return;
   const int quad = threadIdx.x % (D / 4), group = threadIdx.x / (D / 4);
   uint32_t column[4][4];  // [channel 4q + j][word w]: positions 4w … 4w+3 of the group
 #pragma unroll
@@ -253,8 +136,172 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantBlocksPerSm) quantise_ker
   }
 #pragma unroll
   for (int j = 0; j < 4; ++j)
-    *reinterpret_cast<uint4*>(out.i8t + (static_cast<size_t>(bh) * D + 4 * quad + j) * ws.Tp + t0 + 16 * group) =
+    *reinterpret_cast<uint4*>(dst + static_cast<size_t>(4 * quad + j) * ld + 16 * group) =
         make_uint4(column[j][0], column[j][1], column[j][2], column[j][3]);
+}
+
+// The tiles one quantise CTA stages: the pass's operands (forward c·Q, K, V;
+// backward dO) and in the backward O, for δ.
+template <bool kGradient>
+constexpr int kStagedTiles = kGradient ? 2 : 3;
+
+// Shared memory of quantise_kernel: the staged tiles as loaded (zero past T),
+// the levels of the operand being transposed, the mean being subtracted, each
+// operand's per-warp maxima.
+template <int D, bool kGradient>
+struct QuantiseSmem {
+  bf16 tile[kStagedTiles<kGradient>][kSageBlock * D];  // (64, d) each
+  int8_t levels[kSageBlock * BlockChunks<D>::kLevelRow];  // (64, d + 4) X̂ (i8t)
+  float mean[D];
+  float warp_amax[3][kQuantThreads / 32];
+};
+
+// Grid (blocks, B·H): one block of rows of one head, every operand of the pass
+// (forward: operands 0 c·(Q − μ_Q), 1 K − μ_K, 2 V; backward: 3 dO and δ).
+// All of the block's tiles are copied into shared memory at once (cp.async,
+// one group per tile), so a CTA has them all in flight; then operand by operand:
+// the smoothing, ψ's scale, the natural copies, the transposed one. A thread
+// reads the chunks it copied itself (BlockChunks), so only the block-wide
+// reductions meet at barriers. Padded rows are zero in every copy.
+template <int D, bool kGradient>
+__global__ void __launch_bounds__(kQuantThreads) quantise_kernel(const QuantiseParams p) {
+  using C = BlockChunks<D>;
+  constexpr int kTiles = kStagedTiles<kGradient>;
+  extern __shared__ __align__(16) unsigned char smem_bytes[];
+  QuantiseSmem<D, kGradient>& sm = *reinterpret_cast<QuantiseSmem<D, kGradient>*>(smem_bytes);
+  const int blk = blockIdx.x, bh = blockIdx.y, b = bh / p.H, h = bh % p.H;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int t0 = blk * kSageBlock, rows = min(kSageBlock, p.T - t0), ch0 = C::channel0();
+  const SageWorkspace& ws = p.ws;
+
+  // Staged tile i: operand i (forward) or dO, then O (backward).
+  auto source_row0 = [&](int i) {
+    if (kGradient) return head_row(i == 0 ? p.dout : p.o, p, D, b, t0, h);
+    return qkv_row(p, D, b, t0, i, h);
+  };
+  const size_t stride = static_cast<size_t>(kGradient ? 1 : 3) * p.H * D;  // between rows of an operand
+#pragma unroll
+  for (int i = 0; i < kTiles; ++i) {
+    const bf16* x_row0 = source_row0(i);
+#pragma unroll
+    for (int k = 0; k < C::kPerThread; ++k) {
+      const int r = C::row(k);
+      cp_async_16(sm.tile[i] + r * D + ch0, x_row0 + (r < rows ? r : 0) * stride + ch0, r < rows);
+    }
+    cp_async_commit();
+  }
+
+  auto quantise_operand = [&](auto tile_index, int which) {
+    constexpr int i = decltype(tile_index)::value;
+    const QuantOperand out = which == 0 ? ws.q : which == 1 ? ws.k : which == 2 ? ws.v : ws.dout;
+    const OperandCopies copies =
+        which == 0 ? p.copies.q : which == 1 ? p.copies.k : which == 2 ? p.copies.v : p.copies.dout;
+    const bool smooth_q = which == 0 && p.smooth_q, smooth_k = which == 1 && p.smooth_k;
+    cp_async_wait<kGradient ? 0 : kTiles - 1 - i>();  // this thread's copies of tile i have landed
+    float x[C::kPerThread][8];  // this thread's chunks, then smoothed and scaled
+#pragma unroll
+    for (int k = 0; k < C::kPerThread; ++k) {
+      const Bf16x8 loaded = load8(sm.tile[i] + C::row(k) * D + ch0);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) x[k][e] = __bfloat162float(loaded.v[e]);
+    }
+
+    if (kGradient) {  // δ = rowsum(dO ∘ O): the row's kPerRow threads sum their chunks
+#pragma unroll
+      for (int k = 0; k < C::kPerThread; ++k) {
+        const Bf16x8 o = load8(sm.tile[1] + C::row(k) * D + ch0);  // padded rows: x = o = 0, δ = 0
+        float sum = 0.0f;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) sum += x[k][e] * __bfloat162float(o.v[e]);
+#pragma unroll
+        for (int offset = C::kPerRow / 2; offset > 0; offset >>= 1)
+          sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+        if (ch0 == 0) ws.delta[static_cast<size_t>(bh) * ws.Tp + t0 + C::row(k)] = sum;
+      }
+    }
+
+    // SPEC §3 steps 1-2: μ_K over all T tokens (key_mean_kernel), read per
+    // thread; μ_Q over the block's valid rows in row order, from the staged tile.
+    float mu[8] = {0, 0, 0, 0, 0, 0, 0, 0};  // the mean of this thread's channels
+    if (smooth_k) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) mu[e] = ws.key_mean[static_cast<size_t>(bh) * D + ch0 + e];
+    } else if (smooth_q) {  // uniform over the grid
+      __syncthreads();      // every thread's copies of the Q tile
+      for (int col = threadIdx.x; col < D; col += kQuantThreads) {
+        const float m = column_sum<D>(sm.tile[i], rows, col) / static_cast<float>(rows);
+        ws.query_mean[(static_cast<size_t>(bh) * ws.blocks + blk) * D + col] = m;
+        sm.mean[col] = m;
+      }
+      __syncthreads();
+#pragma unroll
+      for (int e = 0; e < 8; ++e) mu[e] = sm.mean[ch0 + e];
+    }
+    if (which == 1 && !p.smooth_k && blk == 0)
+      for (int col = threadIdx.x; col < D; col += kQuantThreads) ws.key_mean[static_cast<size_t>(bh) * D + col] = 0.0f;
+
+    // Step 3: the quantised value is c·(Q − μ_Q) for Q, X − μ for the others.
+    const float mult = which == 0 ? p.c : 1.0f;
+    float amax = 0.0f;
+#pragma unroll
+    for (int k = 0; k < C::kPerThread; ++k) {
+      if (C::row(k) >= rows) continue;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        x[k][e] = (x[k][e] - mu[e]) * mult;
+        amax = fmaxf(amax, fabsf(x[k][e]));
+      }
+    }
+    amax = warp_max(amax);
+    if (lane == 0) sm.warp_amax[i][warp] = amax;
+    __syncthreads();  // also: the previous operand's transpose has read the levels
+    amax = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kQuantThreads / 32; ++w) amax = fmaxf(amax, sm.warp_amax[i][w]);
+    const float scale = amax == 0.0f ? 1.0f : amax / 127.0f;
+    if (threadIdx.x == 0) out.scale[static_cast<size_t>(bh) * ws.blocks + blk] = scale;
+
+    // The natural copies, one 16-byte (bf16) or 8-byte (int8) store per chunk;
+    // the levels also into shared memory for the transposed copy.
+    const size_t natural0 = (static_cast<size_t>(bh) * ws.Tp + t0) * D;  // row t0 of (B·H, Tp, d)
+    auto write_copies = [&](auto level) {
+#pragma unroll
+      for (int k = 0; k < C::kPerThread; ++k) {
+        const int r = C::row(k);
+        if (copies.bf) store8_f32(out.bf + natural0 + r * D + ch0, x[k]);
+        if (!copies.i8 && !copies.i8t) continue;
+        uint32_t word[2];
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          word[half] = 0;
+#pragma unroll
+          for (int e = 0; e < 4; ++e) word[half] |= level(x[k][4 * half + e]) << (8 * e);
+        }
+        if (copies.i8) *reinterpret_cast<uint2*>(out.i8 + natural0 + r * D + ch0) = make_uint2(word[0], word[1]);
+        if (copies.i8t) {
+          uint32_t* level_row = reinterpret_cast<uint32_t*>(sm.levels + r * C::kLevelRow + ch0);
+          level_row[0] = word[0];
+          level_row[1] = word[1];
+        }
+      }
+    };
+    if (scale >= kReciprocalScaleMin) {  // uniform over the block
+      const float inv_scale = __frcp_rn(scale);
+      write_copies([&](float v) { return quantise_level(v, scale, inv_scale); });
+    } else {
+      write_copies([&](float v) { return quantise_level_by_division(v, scale); });
+    }
+    if (!copies.i8t) return;
+    __syncthreads();
+    if (threadIdx.x < D) write_transposed<D>(sm.levels, out.i8t + static_cast<size_t>(bh) * D * ws.Tp + t0, ws.Tp);
+  };
+  if constexpr (kGradient) {
+    quantise_operand(std::integral_constant<int, 0>{}, 3);
+  } else {
+    quantise_operand(std::integral_constant<int, 0>{}, 0);
+    quantise_operand(std::integral_constant<int, 1>{}, 1);
+    quantise_operand(std::integral_constant<int, 2>{}, 2);
+  }
 }
 
 // Grid (ceil(Tp / 128), blocks, B·H): bias[i][t] = c·μ_Qi·(K_t − μ_K), 0 past T.
@@ -324,10 +371,9 @@ SageWorkspace carve(const SageOptions& opt, const AttentionShape& s, const SageC
 }
 
 QuantiseParams quantise_params(const SageOptions& opt, const AttentionShape& s, const bf16* qkv, const bf16* o,
-                               const bf16* dout, const SageWorkspace& ws, const SageCopies& copies,
-                               int first_operand) {
-  return {qkv, o, dout, ws, copies, first_operand, s.B, s.H, s.T, 1.0f / std::sqrt(static_cast<float>(s.d)),
-          opt.smooth_q, opt.smooth_k};
+                               const bf16* dout, const SageWorkspace& ws, const SageCopies& copies) {
+  return {qkv, o, dout, ws, copies, s.B, s.H, s.T, 1.0f / std::sqrt(static_cast<float>(s.d)), opt.smooth_q,
+          opt.smooth_k};
 }
 
 template <int D>
@@ -339,8 +385,8 @@ void quantise_inputs(const QuantiseParams& p, cudaStream_t stream) {
     key_mean_kernel<D><<<heads, D, 0, stream>>>(p);
     CUDA_CHECK_LAUNCH();
   }
-  quantise_kernel<D><<<dim3(p.ws.blocks, heads, 3), kQuantThreads, 0, stream>>>(p);
-  CUDA_CHECK_LAUNCH();
+  flash::launch(quantise_kernel<D, false>, dim3(p.ws.blocks, heads), kQuantThreads,
+                sizeof(QuantiseSmem<D, false>), stream, p);
   if (p.smooth_q) {
     query_bias_kernel<D><<<dim3(ceil_div(p.ws.Tp, kBiasThreads), p.ws.blocks, heads), kBiasThreads, 0,
                            stream>>>(p);
@@ -350,8 +396,8 @@ void quantise_inputs(const QuantiseParams& p, cudaStream_t stream) {
 
 template <int D>
 void quantise_gradient(const QuantiseParams& p, cudaStream_t stream) {
-  quantise_kernel<D><<<dim3(p.ws.blocks, p.B * p.H, 1), kQuantThreads, 0, stream>>>(p);
-  CUDA_CHECK_LAUNCH();
+  flash::launch(quantise_kernel<D, true>, dim3(p.ws.blocks, p.B * p.H), kQuantThreads,
+                sizeof(QuantiseSmem<D, true>), stream, p);
 }
 
 }  // namespace
@@ -399,14 +445,14 @@ SageCopies sage_copies(const SageOptions& opt) {
 
 void sage_quantise_inputs(const SageOptions& opt, const AttentionShape& s, const bf16* qkv, const SageWorkspace& ws,
                           const SageCopies& copies, cudaStream_t stream) {
-  const QuantiseParams p = quantise_params(opt, s, qkv, nullptr, nullptr, ws, copies, 0);
+  const QuantiseParams p = quantise_params(opt, s, qkv, nullptr, nullptr, ws, copies);
   if (s.d == 64) return quantise_inputs<64>(p, stream);
   return quantise_inputs<128>(p, stream);
 }
 
 void sage_quantise_gradient(const SageOptions& opt, const AttentionShape& s, const bf16* o, const bf16* dout,
                             const SageWorkspace& ws, const SageCopies& copies, cudaStream_t stream) {
-  const QuantiseParams p = quantise_params(opt, s, nullptr, o, dout, ws, copies, 3);
+  const QuantiseParams p = quantise_params(opt, s, nullptr, o, dout, ws, copies);
   if (s.d == 64) return quantise_gradient<64>(p, stream);
   return quantise_gradient<128>(p, stream);
 }
