@@ -640,8 +640,9 @@ void dq_sm90(const SageParams& p, cudaStream_t stream) {
   f.kt = maps.transposed(ws.k.i8t);
   f.dout = maps.bf16_copy(ws.dout.bf);
   f.v = maps.bf16_copy(ws.v.bf);
-  launch(sage_dq_sm90_kernel<D, Softmax>, dim3(ceil_div(ws.blocks, kSm90Rows / kTile), p.B * p.H),
-         sm90::block_threads<2>(), SageDqSm90Layout<D>::kBytes, stream, f);
+  constexpr int kWarpgroups = sage_backward_warpgroups<D, Softmax>();  // one 64-row block each
+  launch(sage_dq_sm90_kernel<D, Softmax>, dim3(ceil_div(ws.blocks, kWarpgroups), p.B * p.H),
+         sm90::block_threads<kWarpgroups>(), SageDqSm90Layout<D, Softmax>::kBytes, stream, f);
 }
 
 // The wgmma dK/dV kernel: tensor maps over the pre-pass's int8 and bf16 copies.
@@ -656,8 +657,9 @@ void dkdv_sm90(const SageParams& p, cudaStream_t stream) {
   f.dot = maps.transposed(ws.dout.i8t);
   f.v = maps.bf16_copy(ws.v.bf);
   f.dout = maps.bf16_copy(ws.dout.bf);
-  launch(sage_dkdv_sm90_kernel<D, Softmax>, dim3(ceil_div(ws.blocks, kSm90Rows / kTile), p.B * p.H),
-         sm90::block_threads<2>(), SageDkDvSm90Layout<D, Softmax>::kBytes, stream, f);
+  constexpr int kWarpgroups = sage_backward_warpgroups<D, Softmax>();  // one 64-row block each
+  launch(sage_dkdv_sm90_kernel<D, Softmax>, dim3(ceil_div(ws.blocks, kWarpgroups), p.B * p.H),
+         sm90::block_threads<kWarpgroups>(), SageDkDvSm90Layout<D, Softmax>::kBytes, stream, f);
 }
 
 // dQ first: with a row sweep it writes the row terms the dK/dV kernel reads.

@@ -8,9 +8,10 @@
 // the same numbers; dPᵀ is a bf16 product whose fp32 sum order differs between
 // the families, and with it dSᵀ by rounding.
 //
-// A block: 128 keys (two quantisation blocks), two consumer warpgroups of 64
-// keys each (one block each, so one s_K per warpgroup), and a producer
-// warpgroup: one thread copies K̂ (128, d) and bf16 V (128, d) once, then per
+// A block: R = sage_backward_rows<D, Softmax>() keys (sage_sm90.cuh: 192 for
+// plain sage at d = 64, else 128), one consumer warpgroup per 64 keys (one quantisation block
+// each, so one s_K per warpgroup), and a producer warpgroup: one thread
+// copies K̂ (R, d) and bf16 V (R, d) once, then per
 // 64-query step Q̂ (64, d), Q̂ᵀ and dÔᵀ (d, 64) (T permuted, kPermuted) and bf16
 // dO (64, d) into a two-stage ring, one warp the queries' saved statistics (L,
 // or RowStats) and row terms (δ, or the row sweep's). Per warpgroup and query
@@ -37,14 +38,15 @@ struct SageDkDvSm90Params : SageBackwardSm90Common {
   CUtensorMap v, dout;     // bf16(V), bf16(dO) (B·H·Tp, d), boxes (64, 64)
 };
 
-// Shared memory: K̂ (128, d) | V (128, d) bf16 | 2 stages of [Q̂ (64, d) | Q̂ᵀ (d, 64)
+// Shared memory: K̂ (R, d) | V (R, d) bf16 | 2 stages of [Q̂ (64, d) | Q̂ᵀ (d, 64)
 // | dÔᵀ (d, 64) | dO (64, d) bf16 | statistics (64 rows) | row terms (64 rows)] |
 // barriers. Every tile starts at a multiple of 1024 bytes (its swizzle). At the
-// end dK and dV (128, d) bf16 are staged from offset 0.
+// end dK and dV (R, d) bf16 are staged from offset 0.
 template <int D, class Softmax>
 struct SageDkDvSm90Layout {
-  using Feed = flash::TmaFeed<256, true>;
-  static constexpr int kK = 0, kV = kK + kSm90Rows * D, kStage0 = kV + kSm90Rows * D * 2;
+  static constexpr int kRows = sage_backward_rows<D, Softmax>();
+  using Feed = flash::TmaFeed<sage_backward_warpgroups<D, Softmax>() * 128, true>;
+  static constexpr int kK = 0, kV = kK + kRows * D, kStage0 = kV + kRows * D * 2;
   // Offsets within a stage.
   static constexpr int kQ = 0, kQt = kQ + kSageBlock * D, kDot = kQt + D * kSageBlock;
   static constexpr int kDo = kDot + D * kSageBlock, kStats = kDo + kSageBlock * D * 2;
@@ -54,26 +56,28 @@ struct SageDkDvSm90Layout {
   static constexpr int kBytes = kBarriers + Feed::kBarrierBytes;
   static_assert(kV % 1024 == 0 && kStage0 % 1024 == 0 && kQt % 1024 == 0 && kDot % 1024 == 0 &&
                 kDo % 1024 == 0 && kTerms % 16 == 0);
-  static_assert(2 * kSm90Rows * D * 2 <= kBarriers, "dK and dV are staged over the tiles");
+  static_assert(2 * kRows * D * 2 <= kBarriers, "dK and dV are staged over the tiles");
 };
 
-// Grid (ceil(blocks / 2), B·H); key tile 0, which sees every query, starts first.
+// Grid (ceil(blocks / sage_backward_warpgroups), B·H); key tile 0, which sees
+// every query, starts first.
 template <int D, class Softmax>
-__global__ void __launch_bounds__(flash::sm90::block_threads<2>(), 1)
+__global__ void __launch_bounds__(flash::sm90::block_threads<sage_backward_warpgroups<D, Softmax>()>(), 1)
     sage_dkdv_sm90_kernel(const __grid_constant__ SageDkDvSm90Params params) {
 #if QATTN_SM90A_DEVICE
   using namespace flash;
   using namespace flash::sm90;
   using Layout = SageDkDvSm90Layout<D, Softmax>;
   using Feed = typename Layout::Feed;
+  constexpr int kRows = Layout::kRows;  // keys per block
   constexpr int kQueries = kSageBlock, kNTiles = kQueries / 8;  // queries per step: one quantisation block
   constexpr int kKSteps = kQueries / 32;                         // k32 steps of the products over T
   constexpr int kStat = Softmax::kStatFloats, kTerm = Softmax::kTermFloats;
   const SageDkDvSm90Params& p = params;
   const SageWorkspace& ws = p.ws;
   extern __shared__ __align__(1024) unsigned char smem[];
-  const Int8SmemTile<kSm90Rows, D> k_tile{reinterpret_cast<int8_t*>(smem + Layout::kK)};  // (128, d)
-  const SmemTile<kSm90Rows, D> v_tile{reinterpret_cast<bf16*>(smem + Layout::kV)};       // (128, d)
+  const Int8SmemTile<kRows, D> k_tile{reinterpret_cast<int8_t*>(smem + Layout::kK)};  // (R, d)
+  const SmemTile<kRows, D> v_tile{reinterpret_cast<bf16*>(smem + Layout::kV)};       // (R, d)
   auto stage = [&](int s) { return smem + Layout::kStage0 + s * Layout::kStageBytes; };
   auto q_tile = [&](int s) { return Int8SmemTile<kQueries, D>{reinterpret_cast<int8_t*>(stage(s) + Layout::kQ)}; };
   auto qt_tile = [&](int s) { return Int8SmemTile<D, kQueries>{reinterpret_cast<int8_t*>(stage(s) + Layout::kQt)}; };
@@ -84,15 +88,15 @@ __global__ void __launch_bounds__(flash::sm90::block_threads<2>(), 1)
 
   const BlockIndex at = block_by_rank();  // grid (tiles, B H): at.h is b H + h
   const int bh = at.h, b = bh / p.H, h = bh % p.H;
-  const int k0 = at.block * kSm90Rows;
+  const int k0 = at.block * kRows;
   const int head_row0 = bh * ws.Tp;  // the head's first row in the natural copies
   const float* stats_src = p.stats + static_cast<size_t>(bh) * p.T * kStat;        // (T, kStat)
   const float* terms_src = p.row_terms + static_cast<size_t>(bh) * ws.Tp * kTerm;  // (Tp, kTerm)
-  // K̂'s and V's second 64 rows past the head's last block read the next head's
+  // K̂'s and V's rows past the head's last block read the next head's
   // rows (or zeros past the tensor): finite, and those keys are never computed on.
   auto resident = [&](auto& to) {
     to.tile(k_tile, Int8TileSource{&p.k, head_row0 + k0, 0});
-    to.tile(v_tile, TileSource{ws.v.bf, &p.v, D, head_row0 + k0, 0, kSm90Rows});
+    to.tile(v_tile, TileSource{ws.v.bf, &p.v, D, head_row0 + k0, 0, kRows});
   };
   auto queries = [&](int i, int s, auto& to) {
     const int q0 = i * kQueries;
@@ -242,8 +246,8 @@ __global__ void __launch_bounds__(flash::sm90::block_threads<2>(), 1)
   // Every product of both warpgroups is done and every copy has landed: stage
   // dK (Q̂ carried c) and dV over the tiles, then store both.
   feed.sync();
-  const SmemTile<kSm90Rows, D> dk_tile{reinterpret_cast<bf16*>(smem)};
-  const SmemTile<kSm90Rows, D> dv_tile{dk_tile.data + kSm90Rows * D};
+  const SmemTile<kRows, D> dk_tile{reinterpret_cast<bf16*>(smem)};
+  const SmemTile<kRows, D> dv_tile{dk_tile.data + kRows * D};
   store_acc(dk_tile, dk_acc, warp_row0(), 1.0f);
   store_acc(dv_tile, dv_acc, warp_row0(), 1.0f);
   feed.sync();

@@ -4,7 +4,8 @@
 // combination. Both share the softmax policies' backward (sage_softmax.cuh:
 // load_rows, score_grads, the K-interval row sweep) and the int8 helpers.
 //
-// A block: two consumer warpgroups of 64 query rows and a producer warpgroup
+// A block: two or three (plain sage at d = 64) consumer warpgroups of 64 query rows
+// (sage_backward_warpgroups, sage_sm90.cuh) and a producer warpgroup
 // whose one thread copies by TMA Q̂ (int8) and dO (bf16), resident, then per
 // 64-key step K̂ (64, d), V (64, d) bf16 and K̂ᵀ (d, 64) into a two-stage ring.
 // Per warpgroup and key block j up to the diagonal:
@@ -30,47 +31,51 @@ struct SageDqSm90Params : SageBackwardSm90Common {
   CUtensorMap dout, v;     // bf16(dO), bf16(V) (B·H·Tp, d), boxes (64, 64)
 };
 
-// Shared memory: Q̂ (128, d) | dO (128, d) bf16 | 2 x [K̂ (64, d) | V (64, d) bf16 |
-// K̂ᵀ (d, 64)] | dQ (128, d) bf16 | barriers; every tile at a multiple of 1024 bytes.
-template <int D>
+// Shared memory, with R = sage_backward_rows<D, Softmax>() query rows per block: Q̂ (R, d) |
+// dO (R, d) bf16 | 2 x [K̂ (64, d) | V (64, d) bf16 | K̂ᵀ (d, 64)] | dQ (R, d) bf16 |
+// barriers; every tile at a multiple of 1024 bytes.
+template <int D, class Softmax>
 struct SageDqSm90Layout {
+  static constexpr int kRows = sage_backward_rows<D, Softmax>();
+  using Feed = flash::TmaFeed<sage_backward_warpgroups<D, Softmax>() * 128, false>;
   static constexpr int kStage = kSageBlock * D + kSageBlock * D * 2 + D * kSageBlock;
-  static constexpr int kQ = 0, kDo = kSm90Rows * D, kStages = kDo + kSm90Rows * D * 2;
+  static constexpr int kQ = 0, kDo = kRows * D, kStages = kDo + kRows * D * 2;
   static constexpr int kK = 0, kV = kSageBlock * D, kKt = kV + kSageBlock * D * 2;  // within a stage
   static constexpr int kDq = kStages + 2 * kStage;
-  static constexpr int kBarriers = kDq + kSm90Rows * D * 2;
-  static constexpr int kBytes = kBarriers + flash::TmaFeed<256, false>::kBarrierBytes;
+  static constexpr int kBarriers = kDq + kRows * D * 2;
+  static constexpr int kBytes = kBarriers + Feed::kBarrierBytes;
   static_assert(kDo % 1024 == 0 && kStages % 1024 == 0 && kStage % 1024 == 0 && kKt % 1024 == 0);
 };
 
-// Grid (ceil(blocks / 2), B·H); every head's heaviest (last) query tile starts
-// first (block_by_rank).
+// Grid (ceil(blocks / sage_backward_warpgroups), B·H); every head's heaviest
+// (last) query tile starts first (block_by_rank).
 template <int D, class Softmax>
-__global__ void __launch_bounds__(flash::sm90::block_threads<2>(), 1)
+__global__ void __launch_bounds__(flash::sm90::block_threads<sage_backward_warpgroups<D, Softmax>()>(), 1)
     sage_dq_sm90_kernel(const __grid_constant__ SageDqSm90Params params) {
 #if QATTN_SM90A_DEVICE
   using namespace flash;
   using namespace flash::sm90;
-  using Layout = SageDqSm90Layout<D>;
-  using Feed = TmaFeed<256, false>;
+  using Layout = SageDqSm90Layout<D, Softmax>;
+  using Feed = typename Layout::Feed;
+  constexpr int kRows = Layout::kRows;  // query rows per block
   constexpr int kKeys = kSageBlock, kNTiles = kKeys / 8;  // keys per step: one quantisation block
   const SageDqSm90Params& p = params;
   const SageWorkspace& ws = p.ws;
   extern __shared__ __align__(1024) unsigned char smem[];
-  const Int8SmemTile<kSm90Rows, D> q_tile{reinterpret_cast<int8_t*>(smem + Layout::kQ)};  // (128, d)
-  const SmemTile<kSm90Rows, D> do_tile{reinterpret_cast<bf16*>(smem + Layout::kDo)};      // (128, d)
+  const Int8SmemTile<kRows, D> q_tile{reinterpret_cast<int8_t*>(smem + Layout::kQ)};  // (R, d)
+  const SmemTile<kRows, D> do_tile{reinterpret_cast<bf16*>(smem + Layout::kDo)};      // (R, d)
   auto stage = [&](int s) { return smem + Layout::kStages + s * Layout::kStage; };
   auto k_tile = [&](int s) { return Int8SmemTile<kKeys, D>{reinterpret_cast<int8_t*>(stage(s) + Layout::kK)}; };
   auto v_tile = [&](int s) { return SmemTile<kKeys, D>{reinterpret_cast<bf16*>(stage(s) + Layout::kV)}; };
   auto kt_tile = [&](int s) { return Int8SmemTile<D, kKeys>{reinterpret_cast<int8_t*>(stage(s) + Layout::kKt)}; };
-  const SmemTile<kSm90Rows, D> dq_tile{reinterpret_cast<bf16*>(smem + Layout::kDq)};  // (128, d)
+  const SmemTile<kRows, D> dq_tile{reinterpret_cast<bf16*>(smem + Layout::kDq)};  // (R, d)
 
   const BlockIndex at = last_first(block_by_rank());  // grid (tiles, B H): at.h is b H + h
   const int q_tile_index = at.block, bh = at.h, b = bh / p.H, h = bh % p.H;
-  const int q0 = q_tile_index * kSm90Rows;
-  const int key_blocks = min(ws.blocks, (q0 + kSm90Rows - 1) / kKeys + 1);  // up to the tile's diagonal
+  const int q0 = q_tile_index * kRows;
+  const int key_blocks = min(ws.blocks, (q0 + kRows - 1) / kKeys + 1);  // up to the tile's diagonal
   const int head_row0 = bh * ws.Tp;  // the head's first row in the workspace copies
-  // The resident tiles' second 64 rows past the head's last block read the next
+  // The resident tiles' rows past the head's last block read the next
   // head's rows (or zeros past the tensor): finite, never stored.
   auto resident = [&](auto& to) {
     to.tile(q_tile, Int8TileSource{&p.q, head_row0 + q0, 0});
@@ -151,7 +156,7 @@ __global__ void __launch_bounds__(flash::sm90::block_threads<2>(), 1)
   store_acc(dq_tile, dq_acc, warp_row0(), p.c);
   feed.sync();
   const size_t ld = static_cast<size_t>(3) * p.H * D;
-  store_tile<256>(dq_tile, p.dqkv + (static_cast<size_t>(b) * p.T + q0) * ld + static_cast<size_t>(h) * D, ld,
+  store_tile<Feed::kConsumerThreads>(dq_tile, p.dqkv + (static_cast<size_t>(b) * p.T + q0) * ld + static_cast<size_t>(h) * D, ld,
                   p.T - q0);
 #endif
 }

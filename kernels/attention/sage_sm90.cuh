@@ -8,7 +8,21 @@
 
 namespace qattn::cuda::sage {
 
-constexpr int kSm90Rows = 2 * flash::sm90::kWarpgroupRows;  // rows per block: two warpgroups
+constexpr int kSm90Rows = 2 * flash::sm90::kWarpgroupRows;  // rows per block of the forward: two warpgroups
+
+// Consumer warpgroups of the backward kernels (64 resident rows each): plain
+// SageBwd at d = 64 three, so that each warp scheduler has a third warp to
+// switch to through the long per-entry work (dS, its levels, the folds), at
+// 160 registers a thread; two otherwise, at 240 (at d = 128 dK and dV alone hold
+// 128 fp32 a thread; the K-interval policy's dK/dV spilled 384 bytes at 160).
+template <int D, class Softmax>
+constexpr int sage_backward_warpgroups() {
+  return D == 64 && !Softmax::kRowPass ? 3 : 2;
+}
+template <int D, class Softmax>
+constexpr int sage_backward_rows() {
+  return sage_backward_warpgroups<D, Softmax>() * flash::sm90::kWarpgroupRows;
+}
 
 // A query warpgroup of the forward or the dQ kernel (64 rows at q0 + its
 // offset in the block of kSm90Rows): its rows lie in one quantisation block, so
