@@ -5,7 +5,7 @@
 // load_rows, score_grads, the K-interval row sweep) and the int8 helpers.
 //
 // A block: two or three (plain sage at d = 64) consumer warpgroups of 64 query rows
-// (sage_backward_warpgroups, sage_sm90.cuh) and a producer warpgroup
+// (sage_sm90_warpgroups, sage_sm90.cuh) and a producer warpgroup
 // whose one thread copies by TMA Q̂ (int8) and dO (bf16), resident, then per
 // 64-key step K̂ (64, d), V (64, d) bf16 and K̂ᵀ (d, 64) into a two-stage ring.
 // Per warpgroup and key block j up to the diagonal:
@@ -31,13 +31,13 @@ struct SageDqSm90Params : SageBackwardSm90Common {
   CUtensorMap dout, v;     // bf16(dO), bf16(V) (B·H·Tp, d), boxes (64, 64)
 };
 
-// Shared memory, with R = sage_backward_rows<D, Softmax>() query rows per block: Q̂ (R, d) |
+// Shared memory, with R = sage_sm90_rows<D, Softmax>() query rows per block: Q̂ (R, d) |
 // dO (R, d) bf16 | 2 x [K̂ (64, d) | V (64, d) bf16 | K̂ᵀ (d, 64)] | dQ (R, d) bf16 |
 // barriers; every tile at a multiple of 1024 bytes.
 template <int D, class Softmax>
 struct SageDqSm90Layout {
-  static constexpr int kRows = sage_backward_rows<D, Softmax>();
-  using Feed = flash::TmaFeed<sage_backward_warpgroups<D, Softmax>() * 128, false>;
+  static constexpr int kRows = sage_sm90_rows<D, Softmax>();
+  using Feed = flash::TmaFeed<sage_sm90_warpgroups<D, Softmax>() * 128, false>;
   static constexpr int kStage = kSageBlock * D + kSageBlock * D * 2 + D * kSageBlock;
   static constexpr int kQ = 0, kDo = kRows * D, kStages = kDo + kRows * D * 2;
   static constexpr int kK = 0, kV = kSageBlock * D, kKt = kV + kSageBlock * D * 2;  // within a stage
@@ -47,10 +47,10 @@ struct SageDqSm90Layout {
   static_assert(kDo % 1024 == 0 && kStages % 1024 == 0 && kStage % 1024 == 0 && kKt % 1024 == 0);
 };
 
-// Grid (ceil(blocks / sage_backward_warpgroups), B·H); every head's heaviest
+// Grid (ceil(blocks / sage_sm90_warpgroups), B·H); every head's heaviest
 // (last) query tile starts first (block_by_rank).
 template <int D, class Softmax>
-__global__ void __launch_bounds__(flash::sm90::block_threads<sage_backward_warpgroups<D, Softmax>()>(), 1)
+__global__ void __launch_bounds__(flash::sm90::block_threads<sage_sm90_warpgroups<D, Softmax>()>(), 1)
     sage_dq_sm90_kernel(const __grid_constant__ SageDqSm90Params params) {
 #if QATTN_SM90A_DEVICE
   using namespace flash;

@@ -6,9 +6,9 @@
 // bias, the mask and the softmax policies), so that for the same quantised
 // operands they compute the same numbers in the same order.
 //
-// A block: two consumer warpgroups of 64 query rows (128 rows, two
-// quantisation blocks; each warpgroup's rows lie in one, so its S has one
-// scale s_Q·s_K) and a producer warpgroup whose one thread copies, from the
+// A block: two or three (plain sage at d = 64, sage_sm90.cuh) consumer
+// warpgroups of 64 query rows (each warpgroup's rows lie in one quantisation
+// block, so its S has one scale s_Q·s_K) and a producer warpgroup whose one thread copies, from the
 // pre-pass's workspace, Q̂ (resident) and per 64-key step K̂ (64, d) and V̂ᵀ
 // (d, 64) (T permuted, kPermuted) into a two-stage ring. Per warpgroup and key
 // block j up to the diagonal:
@@ -38,45 +38,49 @@ struct SageForwardSm90Params {
   CUtensorMap vt;            // V̂ᵀ (B·H·d, Tp), boxes (64, 64)
 };
 
-// Shared memory: Q̂ (128, d) | 2 x K̂ (64, d) | 2 x V̂ᵀ (d, 64) | O (128, d) bf16 | barriers.
+// Shared memory, with R = sage_sm90_rows<D, Softmax>() query rows per block:
+// Q̂ (R, d) | 2 x K̂ (64, d) | 2 x V̂ᵀ (d, 64) | O (R, d) bf16 | barriers.
 // Each int8 tile starts at a multiple of 1024 bytes (its swizzle, tma.cuh).
-template <int D>
+template <int D, class Softmax>
 struct SageForwardSm90Layout {
-  static constexpr int kQ = 0, kK = kSm90Rows * D, kVt = kK + 2 * kSageBlock * D, kO = kVt + 2 * D * kSageBlock;
-  static constexpr int kBarriers = kO + kSm90Rows * D * 2;
-  static constexpr int kBytes = kBarriers + flash::TmaFeed<256, false>::kBarrierBytes;
+  static constexpr int kRows = sage_sm90_rows<D, Softmax>();
+  using Feed = flash::TmaFeed<sage_sm90_warpgroups<D, Softmax>() * 128, false>;
+  static constexpr int kQ = 0, kK = kRows * D, kVt = kK + 2 * kSageBlock * D, kO = kVt + 2 * D * kSageBlock;
+  static constexpr int kBarriers = kO + kRows * D * 2;
+  static constexpr int kBytes = kBarriers + Feed::kBarrierBytes;
   static_assert(kK % 1024 == 0 && kVt % 1024 == 0 && kO % 1024 == 0);
 };
 
-// Grid (ceil(blocks / 2), B·H); every head's heaviest (last) query tile starts
-// first (block_by_rank).
+// Grid (ceil(blocks / sage_sm90_warpgroups), B·H); every head's heaviest (last)
+// query tile starts first (block_by_rank).
 template <int D, class Softmax>
-__global__ void __launch_bounds__(flash::sm90::block_threads<2>(), 1)
+__global__ void __launch_bounds__(flash::sm90::block_threads<sage_sm90_warpgroups<D, Softmax>()>(), 1)
     sage_forward_sm90_kernel(const __grid_constant__ SageForwardSm90Params params) {
 #if QATTN_SM90A_DEVICE
   using namespace flash;
   using namespace flash::sm90;
-  using Layout = SageForwardSm90Layout<D>;
-  using Feed = TmaFeed<256, false>;
+  using Layout = SageForwardSm90Layout<D, Softmax>;
+  using Feed = typename Layout::Feed;
+  constexpr int kRows = Layout::kRows;  // query rows per block
   constexpr int kKeys = kSageBlock, kNTiles = kKeys / 8;  // keys per step: one quantisation block
   const SageForwardSm90Params& p = params;
   const SageWorkspace& ws = p.ws;
   extern __shared__ __align__(1024) unsigned char smem[];
-  const Int8SmemTile<kSm90Rows, D> q_tile{reinterpret_cast<int8_t*>(smem + Layout::kQ)};  // (128, d)
+  const Int8SmemTile<kRows, D> q_tile{reinterpret_cast<int8_t*>(smem + Layout::kQ)};  // (R, d)
   auto k_tile = [&](int s) {  // (64, d)
     return Int8SmemTile<kKeys, D>{reinterpret_cast<int8_t*>(smem + Layout::kK) + s * kKeys * D};
   };
   auto vt_tile = [&](int s) {  // (d, 64)
     return Int8SmemTile<D, kKeys>{reinterpret_cast<int8_t*>(smem + Layout::kVt) + s * D * kKeys};
   };
-  const SmemTile<kSm90Rows, D> o_tile{reinterpret_cast<bf16*>(smem + Layout::kO)};  // (128, d)
+  const SmemTile<kRows, D> o_tile{reinterpret_cast<bf16*>(smem + Layout::kO)};  // (R, d)
 
   const BlockIndex at = last_first(block_by_rank());  // grid (tiles, B H): at.h is b H + h
   const int q_tile_index = at.block, bh = at.h, b = bh / p.H, h = bh % p.H;
-  const int q0 = q_tile_index * kSm90Rows;
-  const int key_blocks = min(ws.blocks, (q0 + kSm90Rows - 1) / kKeys + 1);  // up to the tile's diagonal
+  const int q0 = q_tile_index * kRows;
+  const int key_blocks = min(ws.blocks, (q0 + kRows - 1) / kKeys + 1);  // up to the tile's diagonal
   const int head_row0 = bh * ws.Tp;  // the head's first row in the natural copies
-  // Q̂'s second 64 rows past the head's last block read the next head's rows (or
+  // Q̂'s rows past the head's last block read the next head's rows (or
   // zeros past the tensor): finite, and those rows are never stored.
   auto resident = [&](auto& to) { to.tile(q_tile, Int8TileSource{&p.q, head_row0 + q0, 0}); };
   auto keys = [&](int j, int s, auto& to) { to.tile(k_tile(s), Int8TileSource{&p.k, head_row0 + j * kKeys, 0}); };
@@ -144,7 +148,7 @@ __global__ void __launch_bounds__(flash::sm90::block_threads<2>(), 1)
   softmax.store(p.stats + static_cast<size_t>(bh) * p.T * Softmax::kStatFloats, wg.first_query, p.T);
   store_acc(o_tile, o_acc, warp_row0(), 1.0f);
   feed.sync();
-  store_tile<256>(o_tile, p.o + (static_cast<size_t>(b) * p.T + q0) * p.H * D + static_cast<size_t>(h) * D,
+  store_tile<Feed::kConsumerThreads>(o_tile, p.o + (static_cast<size_t>(b) * p.T + q0) * p.H * D + static_cast<size_t>(h) * D,
                   static_cast<size_t>(p.H) * D, p.T - q0);
 #endif
 }

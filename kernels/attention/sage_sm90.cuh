@@ -8,24 +8,23 @@
 
 namespace qattn::cuda::sage {
 
-constexpr int kSm90Rows = 2 * flash::sm90::kWarpgroupRows;  // rows per block of the forward: two warpgroups
-
-// Consumer warpgroups of the backward kernels (64 resident rows each): plain
+// Consumer warpgroups of each Hopper kernel (64 resident rows each): plain
 // SageBwd at d = 64 three, so that each warp scheduler has a third warp to
 // switch to through the long per-entry work (dS, its levels, the folds), at
 // 160 registers a thread; two otherwise, at 240 (at d = 128 dK and dV alone hold
 // 128 fp32 a thread; the K-interval policy's dK/dV spilled 384 bytes at 160).
+// A block's rows are then sage_sm90_rows: 192 or 128.
 template <int D, class Softmax>
-constexpr int sage_backward_warpgroups() {
+constexpr int sage_sm90_warpgroups() {
   return D == 64 && !Softmax::kRowPass ? 3 : 2;
 }
 template <int D, class Softmax>
-constexpr int sage_backward_rows() {
-  return sage_backward_warpgroups<D, Softmax>() * flash::sm90::kWarpgroupRows;
+constexpr int sage_sm90_rows() {
+  return sage_sm90_warpgroups<D, Softmax>() * flash::sm90::kWarpgroupRows;
 }
 
 // A query warpgroup of the forward or the dQ kernel (64 rows at q0 + its
-// offset in the block of kSm90Rows): its rows lie in one quantisation block, so
+// offset in the block of sage_sm90_rows): its rows lie in one quantisation block, so
 // its S has one scale s_Q s_K per key block (a block past the last: the last,
 // as sage.cu) and one smooth_q bias row; key block j holds a key some row
 // sees (uniform over the warpgroup, as wgmma needs; rows past T see none).
