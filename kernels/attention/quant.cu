@@ -42,8 +42,13 @@ struct BlockChunks {
   static constexpr int kPerRow = D / 8;                          // chunks in a row: 16 or 8
   static constexpr int kRowStep = kQuantThreads / kPerRow;       // rows between a thread's chunks
   static constexpr int kPerThread = kSageBlock / kRowStep;       // chunks per thread: 4 or 2
-  static constexpr int kLevelRow = D + 4;  // bytes per row of the int8 tile: an odd number of
-                                           // words, so the transpose reads hit 32 banks
+  // The levels tile in shared memory for the transposed copy: rows of d + 4
+  // bytes (an odd number of words) and 32 more bytes after each 16 rows, so that
+  // write_transposed's reads (4 groups x 8 channel quads per warp) hit 32 banks
+  // and the rows' writes stay free of conflicts.
+  static constexpr int kLevelRow = D + 4;
+  static constexpr int kLevelBytes = kSageBlock * kLevelRow + 32 * (kSageBlock / 16);
+  __device__ static int level_offset(int r) { return r * kLevelRow + 32 * (r / 16); }
   static_assert(kQuantThreads % kPerRow == 0 && kSageBlock % kRowStep == 0 && 32 % kPerRow == 0);
   __device__ static int channel0() { return 8 * (threadIdx.x % kPerRow); }
   __device__ static int row(int k) { return threadIdx.x / kPerRow + k * kRowStep; }
@@ -106,22 +111,24 @@ __global__ void __launch_bounds__(D) key_mean_kernel(const QuantiseParams p) {
   p.ws.key_mean[static_cast<size_t>(bh) * D + col] = mu / static_cast<float>(p.T);
 }
 
-// The transposed copy of a block from its levels (64, d + 4) in shared memory:
-// dst (d, ld) from the block's first column, position p of each 16-group
-// holding row kPermuted(p). Thread (group g, channels 4q … 4q+3), d of them,
-// reads the 16 rows' words of its 4 channels, transposes the bytes 4 x 4 and
-// writes each channel's 16 positions as one 16-byte store.
+// The transposed copy of a block from its levels in shared memory
+// (BlockChunks::level_offset): dst (d, ld) from the block's first column,
+// position p of each 16-group holding row kPermuted(p). Thread (group g,
+// channels 4q … 4q+3), d of them, reads the 16 rows' words of its 4 channels,
+// transposes the bytes 4 x 4 and writes each channel's 16 positions as one
+// 16-byte store; the four groups of a quad are neighbouring lanes, so a warp's
+// store writes 64 contiguous bytes of each of 8 channels.
 template <int D>
 __device__ __forceinline__ void write_transposed(const int8_t* levels, int8_t* dst, int ld) {
   using C = BlockChunks<D>;
-  const int quad = threadIdx.x % (D / 4), group = threadIdx.x / (D / 4);
+  const int quad = threadIdx.x / 4, group = threadIdx.x % 4;
   uint32_t column[4][4];  // [channel 4q + j][word w]: positions 4w … 4w+3 of the group
 #pragma unroll
   for (int w = 0; w < 4; ++w) {
     uint32_t row_word[4];  // rows kPermuted(4w + i), channels 4q … 4q+3
 #pragma unroll
     for (int i = 0; i < 4; ++i)
-      row_word[i] = *reinterpret_cast<const uint32_t*>(levels + (16 * group + kPermuted(4 * w + i)) * C::kLevelRow +
+      row_word[i] = *reinterpret_cast<const uint32_t*>(levels + C::level_offset(16 * group + kPermuted(4 * w + i)) +
                                                        4 * quad);
     // Byte j of row_word[i] -> byte i of column[j][w]: interleave rows 0, 1 and
     // rows 2, 3 (bytes a0 b0 a1 b1 and a2 b2 a3 b3), then pair the halves.
@@ -151,7 +158,7 @@ constexpr int kStagedTiles = kGradient ? 2 : 3;
 template <int D, bool kGradient>
 struct QuantiseSmem {
   bf16 tile[kStagedTiles<kGradient>][kSageBlock * D];  // (64, d) each
-  int8_t levels[kSageBlock * BlockChunks<D>::kLevelRow];  // (64, d + 4) X̂ (i8t)
+  int8_t levels[BlockChunks<D>::kLevelBytes];  // X̂ (64, d), padded (level_offset), for i8t
   float mean[D];
   float warp_amax[3][kQuantThreads / 32];
 };
@@ -279,7 +286,7 @@ __global__ void __launch_bounds__(kQuantThreads) quantise_kernel(const QuantiseP
         }
         if (copies.i8) *reinterpret_cast<uint2*>(out.i8 + natural0 + r * D + ch0) = make_uint2(word[0], word[1]);
         if (copies.i8t) {
-          uint32_t* level_row = reinterpret_cast<uint32_t*>(sm.levels + r * C::kLevelRow + ch0);
+          uint32_t* level_row = reinterpret_cast<uint32_t*>(sm.levels + C::level_offset(r) + ch0);
           level_row[0] = word[0];
           level_row[1] = word[1];
         }

@@ -610,7 +610,7 @@ void forward_sm90(const SageParams& p, cudaStream_t stream) {
   f.q = maps.natural(ws.q.i8);
   f.k = maps.natural(ws.k.i8);
   f.vt = maps.transposed(ws.v.i8t);
-  constexpr int kWarpgroups = sage_sm90_warpgroups<D, Softmax>();  // one 64-row block each
+  constexpr int kWarpgroups = SageForwardSm90Layout<D, Softmax>::kWarpgroups;  // one 64-row block each
   launch(sage_forward_sm90_kernel<D, Softmax>, dim3(ceil_div(ws.blocks, kWarpgroups), p.B * p.H),
          sm90::block_threads<kWarpgroups>(), SageForwardSm90Layout<D, Softmax>::kBytes, stream, f);
 }
@@ -641,7 +641,7 @@ void dq_sm90(const SageParams& p, cudaStream_t stream) {
   f.kt = maps.transposed(ws.k.i8t);
   f.dout = maps.bf16_copy(ws.dout.bf);
   f.v = maps.bf16_copy(ws.v.bf);
-  constexpr int kWarpgroups = sage_sm90_warpgroups<D, Softmax>();  // one 64-row block each
+  constexpr int kWarpgroups = SageDqSm90Layout<D, Softmax>::kWarpgroups;  // one 64-row block each
   launch(sage_dq_sm90_kernel<D, Softmax>, dim3(ceil_div(ws.blocks, kWarpgroups), p.B * p.H),
          sm90::block_threads<kWarpgroups>(), SageDqSm90Layout<D, Softmax>::kBytes, stream, f);
 }
@@ -658,7 +658,7 @@ void dkdv_sm90(const SageParams& p, cudaStream_t stream) {
   f.dot = maps.transposed(ws.dout.i8t);
   f.v = maps.bf16_copy(ws.v.bf);
   f.dout = maps.bf16_copy(ws.dout.bf);
-  constexpr int kWarpgroups = sage_sm90_warpgroups<D, Softmax>();  // one 64-row block each
+  constexpr int kWarpgroups = SageDkDvSm90Layout<D, Softmax>::kWarpgroups;  // one 64-row block each
   launch(sage_dkdv_sm90_kernel<D, Softmax>, dim3(ceil_div(ws.blocks, kWarpgroups), p.B * p.H),
          sm90::block_threads<kWarpgroups>(), SageDkDvSm90Layout<D, Softmax>::kBytes, stream, f);
 }
@@ -739,7 +739,7 @@ SageTiles sage_default_tiles(int d) {
   //   against 19.127 at (1, 16, 16384, 128), 3.098 against 3.153 at (4, 12,
   //   4096, 64) (21:27 UTC, after the fix of its unwaited Q̂/dO copies; the
   //   "[sage-wgmma]" many-heads test passes).
-  //   With three warpgroups at d = 64 (sage_sm90_warpgroups) the wgmma forward
+  //   With three warpgroups at d = 64 (sage_sm90.cuh) the wgmma forward
   //   is no faster at T = 1024, where training runs (2026-12-01, device call 4,
   //   three rounds: 0.126-0.130 vs 0.120-0.126 ms at (8, 12, 1024, 64)), and
   //   3-5% faster at T = 4096 (0.521-0.532 vs 0.550-0.564 at (4, 12, 4096, 64)).

@@ -8,8 +8,8 @@
 // the same numbers; dPᵀ is a bf16 product whose fp32 sum order differs between
 // the families, and with it dSᵀ by rounding.
 //
-// A block: R = sage_sm90_rows<D, Softmax>() keys (sage_sm90.cuh: 192 for
-// plain sage at d = 64, else 128), one consumer warpgroup per 64 keys (one quantisation block
+// A block: R = Layout::kRows keys (sage_sm90.cuh: 192 for plain sage at
+// d = 64, else 128), one consumer warpgroup per 64 keys (one quantisation block
 // each, so one s_K per warpgroup), and a producer warpgroup: one thread
 // copies K̂ (R, d) and bf16 V (R, d) once, then per
 // 64-query step Q̂ (64, d), Q̂ᵀ and dÔᵀ (d, 64) (T permuted, kPermuted) and bf16
@@ -44,8 +44,9 @@ struct SageDkDvSm90Params : SageBackwardSm90Common {
 // end dK and dV (R, d) bf16 are staged from offset 0.
 template <int D, class Softmax>
 struct SageDkDvSm90Layout {
-  static constexpr int kRows = sage_sm90_rows<D, Softmax>();
-  using Feed = flash::TmaFeed<sage_sm90_warpgroups<D, Softmax>() * 128, true>;
+  static constexpr int kWarpgroups = D == 64 && !Softmax::kRowPass ? 3 : 2;  // sage_sm90.cuh
+  static constexpr int kRows = sage_rows(kWarpgroups);
+  using Feed = flash::TmaFeed<kWarpgroups * 128, true>;
   static constexpr int kK = 0, kV = kK + kRows * D, kStage0 = kV + kRows * D * 2;
   // Offsets within a stage.
   static constexpr int kQ = 0, kQt = kQ + kSageBlock * D, kDot = kQt + D * kSageBlock;
@@ -59,10 +60,10 @@ struct SageDkDvSm90Layout {
   static_assert(2 * kRows * D * 2 <= kBarriers, "dK and dV are staged over the tiles");
 };
 
-// Grid (ceil(blocks / sage_sm90_warpgroups), B·H); key tile 0, which sees
-// every query, starts first.
+// Grid (ceil(blocks / kWarpgroups), B·H); key tile 0, which sees every query,
+// starts first.
 template <int D, class Softmax>
-__global__ void __launch_bounds__(flash::sm90::block_threads<sage_sm90_warpgroups<D, Softmax>()>(), 1)
+__global__ void __launch_bounds__(flash::sm90::block_threads<SageDkDvSm90Layout<D, Softmax>::kWarpgroups>(), 1)
     sage_dkdv_sm90_kernel(const __grid_constant__ SageDkDvSm90Params params) {
 #if QATTN_SM90A_DEVICE
   using namespace flash;

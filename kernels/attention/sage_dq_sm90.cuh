@@ -5,14 +5,15 @@
 // load_rows, score_grads, the K-interval row sweep) and the int8 helpers.
 //
 // A block: two or three (plain sage at d = 64) consumer warpgroups of 64 query rows
-// (sage_sm90_warpgroups, sage_sm90.cuh) and a producer warpgroup
+// (Layout::kWarpgroups, sage_sm90.cuh) and a producer warpgroup
 // whose one thread copies by TMA Q̂ (int8) and dO (bf16), resident, then per
 // 64-key step K̂ (64, d), V (64, d) bf16 and K̂ᵀ (d, 64) into a two-stage ring.
 // Per warpgroup and key block j up to the diagonal:
 //   S = Q̂ K̂ᵀ (s32, wgmma ss) · s_Q s_K (+ smooth_q bias); dP = dO Vᵀ (bf16
 //   wgmma ss, fp32) issued before S is waited for; dS = policy(S, dP) masked;
 //   dŜ quantised per row into s8 A fragments; dQ += dŜ K̂ · s_dS s_K (s32
-//   wgmma rs into a fresh accumulator, B = K̂ᵀ, K-major along the permuted keys)
+//   wgmma rs into fresh accumulators, one per 64 columns of d, weight_product;
+//   B = K̂ᵀ, K-major along the permuted keys)
 // and at the end dQ·c into the q slot of dqkv. With the K-interval block a
 // first pass over (K̂, V) sweeps each row's terms and writes them for the dK/dV
 // kernel, as the mma.sync kernel does.
@@ -31,13 +32,14 @@ struct SageDqSm90Params : SageBackwardSm90Common {
   CUtensorMap dout, v;     // bf16(dO), bf16(V) (B·H·Tp, d), boxes (64, 64)
 };
 
-// Shared memory, with R = sage_sm90_rows<D, Softmax>() query rows per block: Q̂ (R, d) |
+// Shared memory, with R = kRows query rows per block: Q̂ (R, d) |
 // dO (R, d) bf16 | 2 x [K̂ (64, d) | V (64, d) bf16 | K̂ᵀ (d, 64)] | dQ (R, d) bf16 |
 // barriers; every tile at a multiple of 1024 bytes.
 template <int D, class Softmax>
 struct SageDqSm90Layout {
-  static constexpr int kRows = sage_sm90_rows<D, Softmax>();
-  using Feed = flash::TmaFeed<sage_sm90_warpgroups<D, Softmax>() * 128, false>;
+  static constexpr int kWarpgroups = !Softmax::kRowPass ? 3 : 2;  // sage_sm90.cuh
+  static constexpr int kRows = sage_rows(kWarpgroups);
+  using Feed = flash::TmaFeed<kWarpgroups * 128, false>;
   static constexpr int kStage = kSageBlock * D + kSageBlock * D * 2 + D * kSageBlock;
   static constexpr int kQ = 0, kDo = kRows * D, kStages = kDo + kRows * D * 2;
   static constexpr int kK = 0, kV = kSageBlock * D, kKt = kV + kSageBlock * D * 2;  // within a stage
@@ -47,10 +49,10 @@ struct SageDqSm90Layout {
   static_assert(kDo % 1024 == 0 && kStages % 1024 == 0 && kStage % 1024 == 0 && kKt % 1024 == 0);
 };
 
-// Grid (ceil(blocks / sage_sm90_warpgroups), B·H); every head's heaviest
-// (last) query tile starts first (block_by_rank).
+// Grid (ceil(blocks / kWarpgroups), B·H); every head's heaviest (last) query
+// tile starts first (block_by_rank).
 template <int D, class Softmax>
-__global__ void __launch_bounds__(flash::sm90::block_threads<sage_sm90_warpgroups<D, Softmax>()>(), 1)
+__global__ void __launch_bounds__(flash::sm90::block_threads<SageDqSm90Layout<D, Softmax>::kWarpgroups>(), 1)
     sage_dq_sm90_kernel(const __grid_constant__ SageDqSm90Params params) {
 #if QATTN_SM90A_DEVICE
   using namespace flash;
@@ -144,13 +146,8 @@ __global__ void __launch_bounds__(flash::sm90::block_threads<sage_sm90_warpgroup
     weight_scales<1>(w, false, nullptr, s_ds, inv_s_ds);
     uint32_t ds_hat[1][kNTiles / 4][4];  // dŜ (64, 64) s8 A fragments over the permuted keys
     pack_weights(ds_hat[0], w, inv_s_ds);
-    int dq[1][D / 8][4];  // (64, d) dŜ K̂, s32
-    biased_zero(dq[0]);
-    issue_s8_rs(dq, ds_hat, kt_tile(s));
-    wait_for<0>(dq, ds_hat);
     const float row_scale[2] = {s_ds[0] * wg.scale_k[j], s_ds[1] * wg.scale_k[j]};
-#pragma unroll
-    for (int dt = 0; dt < D / 8; ++dt) add_biased<kKeys>(dq_acc[0][dt], dq[0][dt], row_scale);
+    weight_product<D / 64>(dq_acc, ds_hat, kt_tile(s), row_scale);  // dQ += dŜ K̂ · s_dS s_K
   });
 
   store_acc(dq_tile, dq_acc, warp_row0(), p.c);

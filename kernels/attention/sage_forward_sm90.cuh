@@ -38,23 +38,24 @@ struct SageForwardSm90Params {
   CUtensorMap vt;            // V̂ᵀ (B·H·d, Tp), boxes (64, 64)
 };
 
-// Shared memory, with R = sage_sm90_rows<D, Softmax>() query rows per block:
+// Shared memory, with R = kRows query rows per block:
 // Q̂ (R, d) | 2 x K̂ (64, d) | 2 x V̂ᵀ (d, 64) | O (R, d) bf16 | barriers.
 // Each int8 tile starts at a multiple of 1024 bytes (its swizzle, tma.cuh).
 template <int D, class Softmax>
 struct SageForwardSm90Layout {
-  static constexpr int kRows = sage_sm90_rows<D, Softmax>();
-  using Feed = flash::TmaFeed<sage_sm90_warpgroups<D, Softmax>() * 128, false>;
+  static constexpr int kWarpgroups = D == 64 && !Softmax::kRowPass ? 3 : 2;  // sage_sm90.cuh
+  static constexpr int kRows = sage_rows(kWarpgroups);
+  using Feed = flash::TmaFeed<kWarpgroups * 128, false>;
   static constexpr int kQ = 0, kK = kRows * D, kVt = kK + 2 * kSageBlock * D, kO = kVt + 2 * D * kSageBlock;
   static constexpr int kBarriers = kO + kRows * D * 2;
   static constexpr int kBytes = kBarriers + Feed::kBarrierBytes;
   static_assert(kK % 1024 == 0 && kVt % 1024 == 0 && kO % 1024 == 0);
 };
 
-// Grid (ceil(blocks / sage_sm90_warpgroups), B·H); every head's heaviest (last)
-// query tile starts first (block_by_rank).
+// Grid (ceil(blocks / kWarpgroups), B·H); every head's heaviest (last) query
+// tile starts first (block_by_rank).
 template <int D, class Softmax>
-__global__ void __launch_bounds__(flash::sm90::block_threads<sage_sm90_warpgroups<D, Softmax>()>(), 1)
+__global__ void __launch_bounds__(flash::sm90::block_threads<SageForwardSm90Layout<D, Softmax>::kWarpgroups>(), 1)
     sage_forward_sm90_kernel(const __grid_constant__ SageForwardSm90Params params) {
 #if QATTN_SM90A_DEVICE
   using namespace flash;
@@ -135,13 +136,8 @@ __global__ void __launch_bounds__(flash::sm90::block_threads<sage_sm90_warpgroup
     weight_scales<1>(s, false, nullptr, s_p, inv_s_p);
     uint32_t p_hat[1][kNTiles / 4][4];  // P̂ (64, 64) s8 A fragments over the permuted keys
     pack_weights(p_hat[0], s, inv_s_p);
-    int pv[1][D / 8][4];  // (64, d) P̂ V̂, s32
-    biased_zero(pv[0]);
-    issue_s8_rs(pv, p_hat, vt_tile(stage));
-    wait_for<0>(pv, p_hat);
     const float row_scale[2] = {s_p[0] * scale_v[j], s_p[1] * scale_v[j]};
-#pragma unroll
-    for (int dt = 0; dt < D / 8; ++dt) add_biased<kKeys>(o_acc[0][dt], pv[0][dt], row_scale);
+    weight_product<1>(o_acc, p_hat, vt_tile(stage), row_scale);  // O += P̂ V̂ · s_P s_V
   });
 
   softmax.finalize(o_acc);
