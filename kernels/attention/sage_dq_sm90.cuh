@@ -147,7 +147,7 @@ __global__ void __launch_bounds__(flash::sm90::block_threads<SageDqSm90Layout<D,
     uint32_t ds_hat[1][kNTiles / 4][4];  // dŜ (64, 64) s8 A fragments over the permuted keys
     pack_weights(ds_hat[0], w, inv_s_ds);
     const float row_scale[2] = {s_ds[0] * wg.scale_k[j], s_ds[1] * wg.scale_k[j]};
-    weight_product<D / 64>(dq_acc, ds_hat, kt_tile(s), row_scale);  // dQ += dŜ K̂ · s_dS s_K
+    weight_product<D / 64, D / 64>(dq_acc, ds_hat, kt_tile(s), row_scale);  // dQ += dŜ K̂ · s_dS s_K
   });
 
   store_acc(dq_tile, dq_acc, warp_row0(), p.c);

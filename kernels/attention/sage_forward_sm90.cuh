@@ -43,7 +43,7 @@ struct SageForwardSm90Params {
 // Each int8 tile starts at a multiple of 1024 bytes (its swizzle, tma.cuh).
 template <int D, class Softmax>
 struct SageForwardSm90Layout {
-  static constexpr int kWarpgroups = D == 64 && !Softmax::kRowPass ? 3 : 2;  // sage_sm90.cuh
+  static constexpr int kWarpgroups = !Softmax::kRowPass ? 3 : 2;  // sage_sm90.cuh
   static constexpr int kRows = sage_rows(kWarpgroups);
   using Feed = flash::TmaFeed<kWarpgroups * 128, false>;
   static constexpr int kQ = 0, kK = kRows * D, kVt = kK + 2 * kSageBlock * D, kO = kVt + 2 * D * kSageBlock;
@@ -137,7 +137,7 @@ __global__ void __launch_bounds__(flash::sm90::block_threads<SageForwardSm90Layo
     uint32_t p_hat[1][kNTiles / 4][4];  // P̂ (64, 64) s8 A fragments over the permuted keys
     pack_weights(p_hat[0], s, inv_s_p);
     const float row_scale[2] = {s_p[0] * scale_v[j], s_p[1] * scale_v[j]};
-    weight_product<1>(o_acc, p_hat, vt_tile(stage), row_scale);  // O += P̂ V̂ · s_P s_V
+    weight_product<D / 64, 1>(o_acc, p_hat, vt_tile(stage), row_scale);  // O += P̂ V̂ · s_P s_V
   });
 
   softmax.finalize(o_acc);

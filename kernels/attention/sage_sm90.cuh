@@ -11,15 +11,16 @@ namespace qattn::cuda::sage {
 
 // Consumer warpgroups per block (each kernel's Layout::kWarpgroups, 64
 // resident rows each, sage_rows): three where the registers allow (160 a
-// thread, no spills), so that each warp scheduler has a third warp to switch
-// to through the long per-entry work (P̃ or dS, their levels, the folds); two
-// otherwise, at 240. Plain sage: dQ three at both head dims; the forward and
-// dK/dV three at d = 64 and two at d = 128, where at 160 the forward spilled 276
-// bytes and dK/dV (dK and dV alone hold 128 fp32 a thread) 1,160. The
-// K-interval policy keeps two (its dK/dV spilled 384 bytes at d = 64).
-// Measured (H200, 2026-12-01, device calls 3 and 6): backward 0.238 -> 0.221 ms
-// at (8, 12, 1024, 64), 1.381 -> 1.209 at (4, 12, 4096, 64); dQ 967 -> 847 us at
-// (4, 16, 4096, 128).
+// thread), so that each warp scheduler has a third warp to switch to through
+// the long per-entry work (P̃ or dS, their levels, the folds); two otherwise, at
+// 240. Plain sage: the forward and dQ three at both head dims (the forward's
+// P̂V̂ at d = 128 in two halves one after the other, weight_product, which
+// leaves 8 bytes of spill), dK/dV three at d = 64 and two at d = 128 (its dK and
+// dV alone hold 128 fp32 a thread: 1,160 bytes of spill at 160). The K-interval
+// policy keeps two (its dK/dV spilled 384 bytes at d = 64).
+// Measured (H200, 2026-12-01, device calls 3, 6, 7): backward 0.238 -> 0.221 ms
+// at (8, 12, 1024, 64), 1.381 -> 1.209 at (4, 12, 4096, 64); dQ 967 -> 847 us and
+// the forward 858 -> 741 at (4, 16, 4096, 128).
 constexpr int sage_rows(int warpgroups) { return warpgroups * flash::sm90::kWarpgroupRows; }
 
 // A query warpgroup of the forward or the dQ kernel (64 rows at q0 + its
@@ -67,34 +68,35 @@ struct SageBackwardSm90Common {
 // acc (64, d) += (a bt) · row_scale (per row of the thread, int8_operands.cuh's
 // add_biased): a the warpgroup's s8 A fragments (64 rows, 32 kKSteps), bt (d,
 // 32 kKSteps) the transposed B (V̂ᵀ, K̂ᵀ), as kChunks wgmma groups over d / kChunks
-// columns each, all issued at once into biased s32 sums and each folded as soon
-// as it lands: with two, the fold of the first half runs beside the second's
-// product. Measured (H200, 2026-12-01, device call 5, (4, 16, 4096, 128)): two
-// halves took dQ from 998 to 971 us, the forward from 858 to 874, so the dQ
-// kernel splits and the forward does not.
-template <int kChunks, int D, int kKSteps>
+// columns each into biased s32 sums, kInFlight of them issued at once and each
+// folded as soon as it lands: with two in flight the fold of the first half runs
+// beside the second's product; with one the sums take half the registers.
+template <int kChunks, int kInFlight, int D, int kKSteps>
 __device__ __forceinline__ void weight_product(float (&acc)[1][D / 8][4], uint32_t (&a)[1][kKSteps][4],
                                                flash::sm90::Int8SmemTile<D, 32 * kKSteps> bt,
                                                const float (&row_scale)[2]) {
   using namespace flash;
   using namespace flash::sm90;
   constexpr int kChunkTiles = D / 8 / kChunks, kChunkRows = D / kChunks;
-  static_assert(kChunks == 1 || kChunks == 2, "the waits below are for one or two groups");
-  int sum[kChunks][1][kChunkTiles][4];  // (64, d / kChunks) biased s32 each
+  static_assert(kChunks % kInFlight == 0 && kInFlight <= 2, "the waits below are for one or two groups");
 #pragma unroll
-  for (int c = 0; c < kChunks; ++c) {
-    biased_zero(sum[c][0]);
-    issue_s8_rs(sum[c], a, Int8SmemTile<kChunkRows, 32 * kKSteps>{bt.data + c * kChunkRows * 32 * kKSteps});
-  }
+  for (int c0 = 0; c0 < kChunks; c0 += kInFlight) {
+    int sum[kInFlight][1][kChunkTiles][4];  // (64, d / kChunks) biased s32 each
 #pragma unroll
-  for (int c = 0; c < kChunks; ++c) {
-    if (c + 1 < kChunks)
-      wait_for<1>(sum[c]);
-    else
-      wait_for<0>(sum[c], a);
+    for (int i = 0; i < kInFlight; ++i) {
+      biased_zero(sum[i][0]);
+      issue_s8_rs(sum[i], a, Int8SmemTile<kChunkRows, 32 * kKSteps>{bt.data + (c0 + i) * kChunkRows * 32 * kKSteps});
+    }
 #pragma unroll
-    for (int dt = 0; dt < kChunkTiles; ++dt)
-      add_biased<32 * kKSteps>(acc[0][c * kChunkTiles + dt], sum[c][0][dt], row_scale);
+    for (int i = 0; i < kInFlight; ++i) {
+      if (i + 1 < kInFlight)
+        wait_for<1>(sum[i]);
+      else
+        wait_for<0>(sum[i], a);
+#pragma unroll
+      for (int dt = 0; dt < kChunkTiles; ++dt)
+        add_biased<32 * kKSteps>(acc[0][(c0 + i) * kChunkTiles + dt], sum[i][0][dt], row_scale);
+    }
   }
 }
 #endif  // __CUDACC__
