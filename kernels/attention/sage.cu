@@ -82,6 +82,7 @@ struct SageParams {
   SoftmaxOptions softmax;  // the softmax block (K-interval composition)
   bf16* o;           // (B, T, H, d), forward
   bf16* dqkv;        // (B, T, 3, H, d), backward
+  const bf16* dout;  // (B, T, H, d), backward: read as it is by the wgmma kernels
   int B, H, T;
   float c;           // 1 / sqrt(d)
   // Precision of each product (SPEC §3 keys): true = int8, false = bf16.
@@ -595,6 +596,14 @@ struct WorkspaceMaps {
   }
 };
 
+// dO as the backward gets it, (B·T, H·d) in 64 x 64 boxes: the wgmma kernels
+// read it in place (rows past a batch's T are the next batch's or zeros, finite,
+// and fall on masked queries), so the pre-pass writes no bf16 copy for them.
+CUtensorMap dout_map(const SageParams& p, int d) {
+  const uint64_t cols = static_cast<uint64_t>(p.H) * d;
+  return sm90::make_tensor_map(p.dout, static_cast<uint64_t>(p.B) * p.T, cols, cols);
+}
+
 // The wgmma forward: tensor maps over the pre-pass's int8 copies.
 template <int D, class Softmax>
 void forward_sm90(const SageParams& p, cudaStream_t stream) {
@@ -639,7 +648,7 @@ void dq_sm90(const SageParams& p, cudaStream_t stream) {
   f.q = maps.natural(ws.q.i8);
   f.k = maps.natural(ws.k.i8);
   f.kt = maps.transposed(ws.k.i8t);
-  f.dout = maps.bf16_copy(ws.dout.bf);
+  f.dout = dout_map(p, D);
   f.v = maps.bf16_copy(ws.v.bf);
   constexpr int kWarpgroups = SageDqSm90Layout<D, Softmax>::kWarpgroups;  // one 64-row block each
   launch(sage_dq_sm90_kernel<D, Softmax>, dim3(ceil_div(ws.blocks, kWarpgroups), p.B * p.H),
@@ -657,7 +666,7 @@ void dkdv_sm90(const SageParams& p, cudaStream_t stream) {
   f.qt = maps.transposed(ws.q.i8t);
   f.dot = maps.transposed(ws.dout.i8t);
   f.v = maps.bf16_copy(ws.v.bf);
-  f.dout = maps.bf16_copy(ws.dout.bf);
+  f.dout = dout_map(p, D);
   constexpr int kWarpgroups = SageDkDvSm90Layout<D, Softmax>::kWarpgroups;  // one 64-row block each
   launch(sage_dkdv_sm90_kernel<D, Softmax>, dim3(ceil_div(ws.blocks, kWarpgroups), p.B * p.H),
          sm90::block_threads<kWarpgroups>(), SageDkDvSm90Layout<D, Softmax>::kBytes, stream, f);
@@ -779,9 +788,12 @@ void sage_backward(const SageOptions& opt, const AttentionShape& s, const bf16* 
   require_buffer(workspace, sage_workspace_bytes(opt, s), "workspace (attention_workspace_bytes)");
   p.stats = stats;
   p.dqkv = dqkv;
+  p.dout = dout;
   const bool dq_wgmma = dq_on_wgmma(p, tiles);
   const bool dkdv_wgmma = dkdv_on_wgmma(p, tiles);
-  sage_quantise_gradient(opt, s, o, dout, p.ws, sage_copies(opt), stream);
+  SageCopies copies = sage_copies(opt);
+  copies.dout.bf = copies.dout.bf && !(dq_wgmma && dkdv_wgmma);  // the wgmma kernels read dO in place
+  sage_quantise_gradient(opt, s, o, dout, p.ws, copies, stream);
   dispatch(opt, s, [&](auto d, auto softmax) {
     backward<decltype(d)::value, typename decltype(softmax)::type>(p, tiles, dq_wgmma, dkdv_wgmma,
                                                                   stream);

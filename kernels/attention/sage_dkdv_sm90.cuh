@@ -35,7 +35,8 @@ namespace qattn::cuda::sage {
 struct SageDkDvSm90Params : SageBackwardSm90Common {
   CUtensorMap k, q;        // K̂, Q̂ (B·H·Tp, d) int8, boxes (64, d)
   CUtensorMap qt, dot;     // Q̂ᵀ, dÔᵀ (B·H·d, Tp) int8, T permuted, boxes (64, 64)
-  CUtensorMap v, dout;     // bf16(V), bf16(dO) (B·H·Tp, d), boxes (64, 64)
+  CUtensorMap v;           // bf16(V) (B·H·Tp, d), boxes (64, 64)
+  CUtensorMap dout;        // dO (B·T, H·d) as the backward gets it, boxes (64, 64)
 };
 
 // Shared memory: K̂ (R, d) | V (R, d) bf16 | 2 stages of [Q̂ (64, d) | Q̂ᵀ (d, 64)
@@ -104,7 +105,7 @@ __global__ void __launch_bounds__(flash::sm90::block_threads<SageDkDvSm90Layout<
     to.tile(q_tile(s), Int8TileSource{&p.q, head_row0 + q0, 0});
     to.tile(qt_tile(s), Int8TileSource{&p.qt, bh * D, q0});
     to.tile(dot_tile(s), Int8TileSource{&p.dot, bh * D, q0});
-    to.tile(do_tile(s), TileSource{ws.dout.bf, &p.dout, D, head_row0 + q0, 0, kQueries});
+    to.tile(do_tile(s), TileSource{nullptr, &p.dout, p.H * D, b * p.T + q0, h * D, 0});  // dO in place
     to.rows([&](int thread, int threads, auto copier) {  // statistics past T read as 0
       const int stats_valid = (p.T - q0) * kStat;
       for (int f = thread; f < kQueries * kStat; f += threads)

@@ -29,7 +29,8 @@ namespace qattn::cuda::sage {
 struct SageDqSm90Params : SageBackwardSm90Common {
   CUtensorMap q, k;        // Q̂, K̂ (B·H·Tp, d) int8, boxes (64, d)
   CUtensorMap kt;          // K̂ᵀ (B·H·d, Tp) int8, boxes (64, 64)
-  CUtensorMap dout, v;     // bf16(dO), bf16(V) (B·H·Tp, d), boxes (64, 64)
+  CUtensorMap dout;        // dO (B·T, H·d) as the backward gets it, boxes (64, 64)
+  CUtensorMap v;           // bf16(V) (B·H·Tp, d), boxes (64, 64)
 };
 
 // Shared memory, with R = kRows query rows per block: Q̂ (R, d) |
@@ -81,7 +82,7 @@ __global__ void __launch_bounds__(flash::sm90::block_threads<SageDqSm90Layout<D,
   // head's rows (or zeros past the tensor): finite, never stored.
   auto resident = [&](auto& to) {
     to.tile(q_tile, Int8TileSource{&p.q, head_row0 + q0, 0});
-    to.tile(do_tile, TileSource{nullptr, &p.dout, D, head_row0 + q0, 0, 0});
+    to.tile(do_tile, TileSource{nullptr, &p.dout, p.H * D, b * p.T + q0, h * D, 0});  // dO in place
   };
   auto scores = [&](int j, int s, auto& to) {  // what S and dP read
     to.tile(k_tile(s), Int8TileSource{&p.k, head_row0 + j * kKeys, 0});
