@@ -68,7 +68,7 @@ void sweep(int B, int H, int T, int d) {
     tiles.forward_kernels = tiles.dq_kernels = tiles.dkdv_kernels = FpaKernels::mma_sync;
     const float fwd = median_ms([&] { sage_forward(opt, s, qkv, o, stats, saved, nullptr, tiles); });
     const std::vector<bf16> o_now = download(o, n_o);
-    const float bwd = median_ms([&] { sage_backward(opt, s, o, dout, stats, saved, dqkv, scratch, nullptr, tiles); });
+    const float bwd = median_ms([&] { sage_backward(opt, s, qkv, o, dout, stats, saved, dqkv, scratch, nullptr, tiles); });
     const std::vector<bf16> dqkv_now = download(dqkv, n_qkv);
     if (first_o.empty()) first_o = o_now, first_dqkv = dqkv_now;
     const bool same = std::memcmp(o_now.data(), first_o.data(), n_o * sizeof(bf16)) == 0 &&
@@ -80,7 +80,7 @@ void sweep(int B, int H, int T, int d) {
   }
 
   const SageWorkspace parts = sage_workspace(opt, s, saved, scratch, sage_copies(opt));
-  const float prepass = median_ms([&] { sage_quantise_inputs(opt, s, qkv, parts, sage_copies(opt), nullptr); });
+  const float prepass = median_ms([&] { sage_quantise_inputs(opt, s, qkv, parts, sage_forward_copies(opt), nullptr); });
   std::printf("  forward pre-pass alone: %7.3f ms\n", prepass);
   std::vector<std::pair<FpaKernels, const char*>> families = {{FpaKernels::mma_sync, "mma.sync"}};
   if (fpa_wgmma_available()) families.push_back({FpaKernels::wgmma, "wgmma"});
@@ -95,7 +95,7 @@ void sweep(int B, int H, int T, int d) {
     tiles.forward_kernels = tiles.dq_kernels = tiles.dkdv_kernels = family;
     const float fwd = median_ms([&] { sage_forward(opt, s, qkv, o, stats, saved, nullptr, tiles); });
     const std::vector<bf16> o_now = download(o, n_o);
-    const float bwd = median_ms([&] { sage_backward(opt, s, o, dout, stats, saved, dqkv, scratch, nullptr, tiles); });
+    const float bwd = median_ms([&] { sage_backward(opt, s, qkv, o, dout, stats, saved, dqkv, scratch, nullptr, tiles); });
     const std::vector<bf16> dqkv_now = download(dqkv, n_qkv);
     std::printf("  %-8s forward %7.3f ms (%5.1f TFLOP/s) with the pre-pass, %7.3f ms without; backward (all "
                 "on %s) %7.3f ms; total %7.3f ms; max |diff| from mma.sync O %.1e dQKV %.1e\n",
@@ -108,14 +108,14 @@ void sweep(int B, int H, int T, int d) {
   mma_sync.forward_kernels = mma_sync.dq_kernels = mma_sync.dkdv_kernels = FpaKernels::mma_sync;
   sage_forward(opt, s, qkv, o, stats, saved, nullptr, mma_sync);
   const float bwd_prepass =
-      median_ms([&] { sage_quantise_gradient(opt, s, o, dout, parts, sage_copies(opt), nullptr); });
+      median_ms([&] { sage_quantise_gradient(opt, s, qkv, o, dout, parts, sage_backward_copies(opt, false), nullptr); });
   std::printf("  backward pre-pass alone: %7.3f ms\n", bwd_prepass);
   for (const auto& [dq_family, dq_name] : families) {
     for (const auto& [family, name] : families) {
       SageTiles tiles = mma_sync;
       tiles.dq_kernels = dq_family;
       tiles.dkdv_kernels = family;
-      const float bwd = median_ms([&] { sage_backward(opt, s, o, dout, stats, saved, dqkv, scratch, nullptr, tiles); });
+      const float bwd = median_ms([&] { sage_backward(opt, s, qkv, o, dout, stats, saved, dqkv, scratch, nullptr, tiles); });
       const std::vector<bf16> dqkv_now = download(dqkv, n_qkv);
       double worst[3] = {0, 0, 0};  // dQ, dK, dV
       for (size_t i = 0; i < n_qkv; ++i) {

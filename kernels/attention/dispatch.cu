@@ -71,7 +71,7 @@ void attention_backward(const AttentionConfig& cfg, const AttentionShape& s, con
     case AttentionKind::fpa:
       return fpa_backward(s, qkv, o, dout, stats, static_cast<float*>(workspace), dqkv, stream);
     case AttentionKind::sage:
-      return sage_backward(cfg.sage, s, o, dout, stats, saved, dqkv, workspace, stream);
+      return sage_backward(cfg.sage, s, qkv, o, dout, stats, saved, dqkv, workspace, stream);
     case AttentionKind::kinterval:
       return kinterval_backward(cfg.kinterval, s, qkv, o, dout, stats, dqkv, workspace, stream);
   }

@@ -148,9 +148,10 @@ __device__ __forceinline__ void write_transposed(const int8_t* levels, int8_t* d
 }
 
 // The tiles one quantise CTA stages: the pass's operands (forward c·Q, K, V;
-// backward dO) and in the backward O, for δ.
+// backward dO) and in the backward O, for δ, and V where its bf16 copy is the
+// backward's to write.
 template <bool kGradient>
-constexpr int kStagedTiles = kGradient ? 2 : 3;
+constexpr int kStagedTiles = 3;  // forward: c·Q, K, V; backward: dO, O and V (for its bf16 copy)
 
 // Shared memory of quantise_kernel: the staged tiles as loaded (zero past T),
 // the levels of the operand being transposed, the mean being subtracted, each
@@ -181,15 +182,17 @@ __global__ void __launch_bounds__(kQuantThreads) quantise_kernel(const QuantiseP
   const int t0 = blk * kSageBlock, rows = min(kSageBlock, p.T - t0), ch0 = C::channel0();
   const SageWorkspace& ws = p.ws;
 
-  // Staged tile i: operand i (forward) or dO, then O (backward).
+  // Staged tile i: operand i (forward) or dO, O, V (backward; V only for its copy).
+  const bool copy_v = kGradient && p.copies.v.bf;  // uniform over the grid
   auto source_row0 = [&](int i) {
-    if (kGradient) return head_row(i == 0 ? p.dout : p.o, p, D, b, t0, h);
-    return qkv_row(p, D, b, t0, i, h);
+    if (kGradient && i < 2) return head_row(i == 0 ? p.dout : p.o, p, D, b, t0, h);
+    return qkv_row(p, D, b, t0, kGradient ? 2 : i, h);
   };
-  const size_t stride = static_cast<size_t>(kGradient ? 1 : 3) * p.H * D;  // between rows of an operand
 #pragma unroll
   for (int i = 0; i < kTiles; ++i) {
+    if (kGradient && i == 2 && !copy_v) break;
     const bf16* x_row0 = source_row0(i);
+    const size_t stride = static_cast<size_t>(kGradient && i < 2 ? 1 : 3) * p.H * D;  // between rows
 #pragma unroll
     for (int k = 0; k < C::kPerThread; ++k) {
       const int r = C::row(k);
@@ -304,6 +307,12 @@ __global__ void __launch_bounds__(kQuantThreads) quantise_kernel(const QuantiseP
   };
   if constexpr (kGradient) {
     quantise_operand(std::integral_constant<int, 0>{}, 3);
+    if (copy_v) {  // V's bf16 copy as loaded (padded rows zero); wait_group 0 above covered its tile
+      const size_t natural0 = (static_cast<size_t>(bh) * ws.Tp + t0) * D;
+#pragma unroll
+      for (int k = 0; k < C::kPerThread; ++k)
+        store8(ws.v.bf + natural0 + C::row(k) * D + ch0, load8(sm.tile[2] + C::row(k) * D + ch0));
+    }
   } else {
     quantise_operand(std::integral_constant<int, 0>{}, 0);
     quantise_operand(std::integral_constant<int, 1>{}, 1);
@@ -366,11 +375,13 @@ SageWorkspace carve(const SageOptions& opt, const AttentionShape& s, const SageC
   const size_t heads = static_cast<size_t>(s.B) * s.H, n = heads * ws.Tp * s.d, scales = heads * ws.blocks;
   carve_operand(ws.q, copies.q, n, scales, saved);
   carve_operand(ws.k, copies.k, n, scales, saved);
-  carve_operand(ws.v, copies.v, n, scales, saved);
+  const bool v_bf_saved = opt.precision.pv == Precision::bf16;  // the forward reads it (quant.cuh)
+  carve_operand(ws.v, {copies.v.i8, copies.v.i8t, copies.v.bf && v_bf_saved}, n, scales, saved);
   ws.key_block_sums = saved.take<float>(heads * ws.blocks * s.d);
   ws.key_mean = saved.take<float>(heads * s.d);
   ws.query_mean = saved.take<float>(heads * ws.blocks * s.d);
   ws.query_bias = opt.smooth_q ? saved.take<float>(heads * ws.blocks * ws.Tp) : nullptr;
+  if (copies.v.bf && !v_bf_saved) ws.v.bf = scratch.take<bf16>(n);
   carve_operand(ws.dout, copies.dout, n, scales, scratch);
   ws.delta = scratch.take<float>(heads * ws.Tp);
   ws.row_terms = opt.softmax ? scratch.take<float>(heads * ws.Tp * 4) : nullptr;
@@ -450,6 +461,22 @@ SageCopies sage_copies(const SageOptions& opt) {
   return c;
 }
 
+SageCopies sage_forward_copies(const SageOptions& opt) {
+  SageCopies c = sage_copies(opt);
+  c.v.bf = c.v.bf && opt.precision.pv == Precision::bf16;
+  c.dout = {false, false, false};
+  return c;
+}
+
+SageCopies sage_backward_copies(const SageOptions& opt, bool in_place) {
+  const SageCopies all = sage_copies(opt);
+  const OperandCopies none{false, false, false};
+  SageCopies c{none, none, none, all.dout};
+  c.v.bf = all.v.bf && opt.precision.pv != Precision::bf16 && !in_place;
+  c.dout.bf = all.dout.bf && !in_place;
+  return c;
+}
+
 void sage_quantise_inputs(const SageOptions& opt, const AttentionShape& s, const bf16* qkv, const SageWorkspace& ws,
                           const SageCopies& copies, cudaStream_t stream) {
   const QuantiseParams p = quantise_params(opt, s, qkv, nullptr, nullptr, ws, copies);
@@ -457,9 +484,10 @@ void sage_quantise_inputs(const SageOptions& opt, const AttentionShape& s, const
   return quantise_inputs<128>(p, stream);
 }
 
-void sage_quantise_gradient(const SageOptions& opt, const AttentionShape& s, const bf16* o, const bf16* dout,
-                            const SageWorkspace& ws, const SageCopies& copies, cudaStream_t stream) {
-  const QuantiseParams p = quantise_params(opt, s, nullptr, o, dout, ws, copies);
+void sage_quantise_gradient(const SageOptions& opt, const AttentionShape& s, const bf16* qkv, const bf16* o,
+                            const bf16* dout, const SageWorkspace& ws, const SageCopies& copies,
+                            cudaStream_t stream) {
+  const QuantiseParams p = quantise_params(opt, s, qkv, o, dout, ws, copies);
   if (s.d == 64) return quantise_gradient<64>(p, stream);
   return quantise_gradient<128>(p, stream);
 }

@@ -63,13 +63,23 @@ struct SageCopies {
 // writes them once, the backward reads them from the saved buffer), of dO the
 // backward's.
 SageCopies sage_copies(const SageOptions& opt);
+// What each pre-pass writes of those: the forward Q, K, V's (V's bf16 copy only
+// under pv = bf16, the one the forward reads); the backward dO's and V's bf16
+// copy where an mma.sync kernel reads them and the forward did not write it
+// (`in_place`: both backward kernels run on wgmma, which read V and dO as the
+// activations hold them).
+SageCopies sage_forward_copies(const SageOptions& opt);
+SageCopies sage_backward_copies(const SageOptions& opt, bool in_place);
 
 // The forward's pre-pass writes Q, K, V's copies, their scales, μ_K, μ_Q and
 // the smooth_q bias into the *saved* buffer, which the backward of the same
 // call reads (a model keeps one per layer, as it keeps the row statistics);
 // the backward's pre-pass writes dO's copies, δ and the K-interval row terms
-// into the *scratch* buffer, which every layer may share. Both 256-byte
-// aligned; the copies not in `copies` take no space (their pointers are null).
+// into the *scratch* buffer, which every layer may share. V's bf16 copy is the
+// forward's (saved) under pv = bf16, else the backward's (scratch): the wgmma
+// backward kernels read V and dO in place, so on Hopper it is written only for
+// an mma.sync kernel. Both 256-byte aligned; the copies not in `copies` take no
+// space (their pointers are null).
 size_t sage_saved_bytes(const SageOptions& opt, const AttentionShape& s, const SageCopies& copies);
 size_t sage_scratch_bytes(const SageOptions& opt, const AttentionShape& s, const SageCopies& copies);
 // Carves the buffers out of `saved` and `scratch` (either may be null: its
@@ -81,9 +91,11 @@ SageWorkspace sage_workspace(const SageOptions& opt, const AttentionShape& s, vo
 // named in `copies`, and their scales), μ_K, μ_Q and the bias per the options.
 void sage_quantise_inputs(const SageOptions& opt, const AttentionShape& s, const bf16* qkv,
                           const SageWorkspace& ws, const SageCopies& copies, cudaStream_t stream);
-// The backward's: dout, o (B, T, H, d) -> ws.dout (its copies and scales) and ws.delta.
-void sage_quantise_gradient(const SageOptions& opt, const AttentionShape& s, const bf16* o, const bf16* dout,
-                            const SageWorkspace& ws, const SageCopies& copies, cudaStream_t stream);
+// The backward's: dout, o (B, T, H, d) -> ws.dout (its copies and scales) and
+// ws.delta; and V's bf16 copy from qkv where copies.v.bf names it.
+void sage_quantise_gradient(const SageOptions& opt, const AttentionShape& s, const bf16* qkv, const bf16* o,
+                            const bf16* dout, const SageWorkspace& ws, const SageCopies& copies,
+                            cudaStream_t stream);
 
 #ifdef __CUDACC__
 // ψ's level of x at scale s (SPEC §3): round(x / s), half away from zero, as the

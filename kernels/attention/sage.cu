@@ -82,7 +82,8 @@ struct SageParams {
   SoftmaxOptions softmax;  // the softmax block (K-interval composition)
   bf16* o;           // (B, T, H, d), forward
   bf16* dqkv;        // (B, T, 3, H, d), backward
-  const bf16* dout;  // (B, T, H, d), backward: read as it is by the wgmma kernels
+  const bf16* qkv;   // (B, T, 3, H, d), backward: V read in place by the wgmma kernels
+  const bf16* dout;  // (B, T, H, d), backward: read in place by the wgmma kernels
   int B, H, T;
   float c;           // 1 / sqrt(d)
   // Precision of each product (SPEC §3 keys): true = int8, false = bf16.
@@ -596,9 +597,14 @@ struct WorkspaceMaps {
   }
 };
 
-// dO as the backward gets it, (B·T, H·d) in 64 x 64 boxes: the wgmma kernels
-// read it in place (rows past a batch's T are the next batch's or zeros, finite,
-// and fall on masked queries), so the pre-pass writes no bf16 copy for them.
+// V and dO as the backward gets them, (B·T, 3·H·d) and (B·T, H·d) in 64 x 64
+// boxes: the wgmma kernels read them in place, so the pre-pass writes no bf16
+// copy for them. Rows past a batch's T are the next batch's or zeros: finite,
+// and they fall on masked keys and queries (weights 0) or on rows never stored.
+CUtensorMap qkv_map(const SageParams& p, int d) {
+  const uint64_t cols = 3ull * p.H * d;
+  return sm90::make_tensor_map(p.qkv, static_cast<uint64_t>(p.B) * p.T, cols, cols);
+}
 CUtensorMap dout_map(const SageParams& p, int d) {
   const uint64_t cols = static_cast<uint64_t>(p.H) * d;
   return sm90::make_tensor_map(p.dout, static_cast<uint64_t>(p.B) * p.T, cols, cols);
@@ -649,7 +655,7 @@ void dq_sm90(const SageParams& p, cudaStream_t stream) {
   f.k = maps.natural(ws.k.i8);
   f.kt = maps.transposed(ws.k.i8t);
   f.dout = dout_map(p, D);
-  f.v = maps.bf16_copy(ws.v.bf);
+  f.v = qkv_map(p, D);
   constexpr int kWarpgroups = SageDqSm90Layout<D, Softmax>::kWarpgroups;  // one 64-row block each
   launch(sage_dq_sm90_kernel<D, Softmax>, dim3(ceil_div(ws.blocks, kWarpgroups), p.B * p.H),
          sm90::block_threads<kWarpgroups>(), SageDqSm90Layout<D, Softmax>::kBytes, stream, f);
@@ -665,7 +671,7 @@ void dkdv_sm90(const SageParams& p, cudaStream_t stream) {
   f.q = maps.natural(ws.q.i8);
   f.qt = maps.transposed(ws.q.i8t);
   f.dot = maps.transposed(ws.dout.i8t);
-  f.v = maps.bf16_copy(ws.v.bf);
+  f.v = qkv_map(p, D);
   f.dout = dout_map(p, D);
   constexpr int kWarpgroups = SageDkDvSm90Layout<D, Softmax>::kWarpgroups;  // one 64-row block each
   launch(sage_dkdv_sm90_kernel<D, Softmax>, dim3(ceil_div(ws.blocks, kWarpgroups), p.B * p.H),
@@ -772,15 +778,15 @@ void sage_forward(const SageOptions& opt, const AttentionShape& s, const bf16* q
   p.stats_out = stats;
   p.o = o;
   const bool on_wgmma = forward_on_wgmma(p, tiles);
-  sage_quantise_inputs(opt, s, qkv, p.ws, sage_copies(opt), stream);
+  sage_quantise_inputs(opt, s, qkv, p.ws, sage_forward_copies(opt), stream);
   dispatch(opt, s, [&](auto d, auto softmax) {
     forward<decltype(d)::value, typename decltype(softmax)::type>(p, tiles, on_wgmma, stream);
   });
 }
 
-void sage_backward(const SageOptions& opt, const AttentionShape& s, const bf16* o, const bf16* dout,
-                   const float* stats, const void* saved, bf16* dqkv, void* workspace, cudaStream_t stream,
-                   const SageTiles& tiles) {
+void sage_backward(const SageOptions& opt, const AttentionShape& s, const bf16* qkv, const bf16* o,
+                   const bf16* dout, const float* stats, const void* saved, bf16* dqkv, void* workspace,
+                   cudaStream_t stream, const SageTiles& tiles) {
   check_tiles(tiles);
   // The kernels only read the forward's buffers; SageWorkspace's pointers are
   // non-const because the forward's pre-pass writes through the same view.
@@ -788,12 +794,11 @@ void sage_backward(const SageOptions& opt, const AttentionShape& s, const bf16* 
   require_buffer(workspace, sage_workspace_bytes(opt, s), "workspace (attention_workspace_bytes)");
   p.stats = stats;
   p.dqkv = dqkv;
+  p.qkv = qkv;
   p.dout = dout;
   const bool dq_wgmma = dq_on_wgmma(p, tiles);
   const bool dkdv_wgmma = dkdv_on_wgmma(p, tiles);
-  SageCopies copies = sage_copies(opt);
-  copies.dout.bf = copies.dout.bf && !(dq_wgmma && dkdv_wgmma);  // the wgmma kernels read dO in place
-  sage_quantise_gradient(opt, s, o, dout, p.ws, copies, stream);
+  sage_quantise_gradient(opt, s, qkv, o, dout, p.ws, sage_backward_copies(opt, dq_wgmma && dkdv_wgmma), stream);
   dispatch(opt, s, [&](auto d, auto softmax) {
     backward<decltype(d)::value, typename decltype(softmax)::type>(p, tiles, dq_wgmma, dkdv_wgmma,
                                                                   stream);
@@ -805,9 +810,10 @@ void sage_forward(const SageOptions& opt, const AttentionShape& s, const bf16* q
   sage_forward(opt, s, qkv, o, stats, saved, stream, sage_default_tiles(s.d));
 }
 
-void sage_backward(const SageOptions& opt, const AttentionShape& s, const bf16* o, const bf16* dout,
-                   const float* stats, const void* saved, bf16* dqkv, void* workspace, cudaStream_t stream) {
-  sage_backward(opt, s, o, dout, stats, saved, dqkv, workspace, stream, sage_default_tiles(s.d));
+void sage_backward(const SageOptions& opt, const AttentionShape& s, const bf16* qkv, const bf16* o,
+                   const bf16* dout, const float* stats, const void* saved, bf16* dqkv, void* workspace,
+                   cudaStream_t stream) {
+  sage_backward(opt, s, qkv, o, dout, stats, saved, dqkv, workspace, stream, sage_default_tiles(s.d));
 }
 
 }  // namespace qattn::cuda

@@ -56,14 +56,14 @@ void sage_forward(const SageOptions& opt, const AttentionShape& s, const bf16* q
 void sage_forward(const SageOptions& opt, const AttentionShape& s, const bf16* qkv, bf16* o,
                   float* stats, void* saved, cudaStream_t stream, const SageTiles& tiles);
 
-// dout (B, T, C) -> dqkv (B, T, 3C), deterministic. Reads Q, K, V only as the
-// forward of the same call left them in `saved` (and its stats); quantises dO
-// into the scratch `workspace` (sage_workspace_bytes).
-void sage_backward(const SageOptions& opt, const AttentionShape& s, const bf16* o, const bf16* dout,
-                   const float* stats, const void* saved, bf16* dqkv, void* workspace,
-                   cudaStream_t stream);
-void sage_backward(const SageOptions& opt, const AttentionShape& s, const bf16* o, const bf16* dout,
-                   const float* stats, const void* saved, bf16* dqkv, void* workspace,
-                   cudaStream_t stream, const SageTiles& tiles);
+// dout (B, T, C) -> dqkv (B, T, 3C), deterministic. Reads Q̂, K̂, V̂ as the
+// forward of the same call left them in `saved` (and its stats), V in bf16 from
+// qkv; quantises dO into the scratch `workspace` (sage_workspace_bytes).
+void sage_backward(const SageOptions& opt, const AttentionShape& s, const bf16* qkv, const bf16* o,
+                   const bf16* dout, const float* stats, const void* saved, bf16* dqkv,
+                   void* workspace, cudaStream_t stream);
+void sage_backward(const SageOptions& opt, const AttentionShape& s, const bf16* qkv, const bf16* o,
+                   const bf16* dout, const float* stats, const void* saved, bf16* dqkv,
+                   void* workspace, cudaStream_t stream, const SageTiles& tiles);
 
 }  // namespace qattn::cuda

@@ -35,7 +35,7 @@ namespace qattn::cuda::sage {
 struct SageDkDvSm90Params : SageBackwardSm90Common {
   CUtensorMap k, q;        // K̂, Q̂ (B·H·Tp, d) int8, boxes (64, d)
   CUtensorMap qt, dot;     // Q̂ᵀ, dÔᵀ (B·H·d, Tp) int8, T permuted, boxes (64, 64)
-  CUtensorMap v;           // bf16(V) (B·H·Tp, d), boxes (64, 64)
+  CUtensorMap v;           // qkv (B·T, 3·H·d) as the backward gets it, for V, boxes (64, 64)
   CUtensorMap dout;        // dO (B·T, H·d) as the backward gets it, boxes (64, 64)
 };
 
@@ -98,7 +98,7 @@ __global__ void __launch_bounds__(flash::sm90::block_threads<SageDkDvSm90Layout<
   // rows (or zeros past the tensor): finite, and those keys are never computed on.
   auto resident = [&](auto& to) {
     to.tile(k_tile, Int8TileSource{&p.k, head_row0 + k0, 0});
-    to.tile(v_tile, TileSource{ws.v.bf, &p.v, D, head_row0 + k0, 0, kRows});
+    to.tile(v_tile, TileSource{nullptr, &p.v, 3 * p.H * D, b * p.T + k0, (2 * p.H + h) * D, 0});  // V in place
   };
   auto queries = [&](int i, int s, auto& to) {
     const int q0 = i * kQueries;

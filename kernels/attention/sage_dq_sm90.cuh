@@ -30,7 +30,7 @@ struct SageDqSm90Params : SageBackwardSm90Common {
   CUtensorMap q, k;        // Q̂, K̂ (B·H·Tp, d) int8, boxes (64, d)
   CUtensorMap kt;          // K̂ᵀ (B·H·d, Tp) int8, boxes (64, 64)
   CUtensorMap dout;        // dO (B·T, H·d) as the backward gets it, boxes (64, 64)
-  CUtensorMap v;           // bf16(V) (B·H·Tp, d), boxes (64, 64)
+  CUtensorMap v;           // qkv (B·T, 3·H·d) as the backward gets it, for V, boxes (64, 64)
 };
 
 // Shared memory, with R = kRows query rows per block: Q̂ (R, d) |
@@ -86,7 +86,7 @@ __global__ void __launch_bounds__(flash::sm90::block_threads<SageDqSm90Layout<D,
   };
   auto scores = [&](int j, int s, auto& to) {  // what S and dP read
     to.tile(k_tile(s), Int8TileSource{&p.k, head_row0 + j * kKeys, 0});
-    to.tile(v_tile(s), TileSource{nullptr, &p.v, D, head_row0 + j * kKeys, 0, 0});
+    to.tile(v_tile(s), TileSource{nullptr, &p.v, 3 * p.H * D, b * p.T + j * kKeys, (2 * p.H + h) * D, 0});
   };
   auto keys = [&](int j, int s, auto& to) {
     scores(j, s, to);

@@ -233,8 +233,8 @@ std::vector<std::pair<FpaKernels, const char*>> sage_families(const SageOptions&
 // Forward, then backward twice (sage: on the given family, family_tiles;
 // automatic as attention_forward picks it): the two gradients must agree bit
 // for bit. The scratch is poisoned before each backward (only the saved buffer
-// carries anything from the forward), and before the second the inputs qkv too
-// (the backward reads Q, K, V from the saved buffer only).
+// carries anything from the forward), and before the second Q and K of qkv too
+// (the backward reads Q̂, K̂ from the saved buffer, only V in place).
 GpuRun run_gpu(const AttentionConfig& cfg, const AttentionShape& s, const std::vector<bf16>& qkv,
                const std::vector<bf16>& dout, FpaKernels family = FpaKernels::automatic) {
   AttentionBuffers b(cfg, s, qkv, dout);
@@ -247,7 +247,7 @@ GpuRun run_gpu(const AttentionConfig& cfg, const AttentionShape& s, const std::v
     b.dqkv.poison();
     b.work.poison();
     if (cfg.kind == AttentionKind::sage)
-      qattn::cuda::sage_backward(cfg.sage, s, b.o.get(), b.dout.get(), b.stats.get(), b.saved.get(), b.dqkv.get(),
+      qattn::cuda::sage_backward(cfg.sage, s, b.qkv.get(), b.o.get(), b.dout.get(), b.stats.get(), b.saved.get(), b.dqkv.get(),
                                  b.work.get(), nullptr, tiles);
     else
       qattn::cuda::attention_backward(cfg, s, b.qkv.get(), b.o.get(), b.dout.get(), b.stats.get(), b.saved.get(),
@@ -255,7 +255,13 @@ GpuRun run_gpu(const AttentionConfig& cfg, const AttentionShape& s, const std::v
     return b.dqkv.download();
   };
   GpuRun r{b.o.download(), backward(), b.stats.download()};
-  if (cfg.kind == AttentionKind::sage) b.qkv.poison();
+  if (cfg.kind == AttentionKind::sage) {  // Q and K of qkv poisoned: only V may be read from it
+    std::vector<bf16> v_only = qkv;
+    const size_t slot = static_cast<size_t>(s.H) * s.d;
+    for (size_t i = 0; i < v_only.size(); ++i)
+      if ((i / slot) % 3 != 2) v_only[i] = __ushort_as_bfloat16(0xFFFF);
+    b.qkv.upload(v_only);
+  }
   const std::vector<bf16> again = backward();
   CHECK(std::memcmp(again.data(), r.dqkv.data(), again.size() * sizeof(bf16)) == 0);
   return r;
@@ -388,7 +394,7 @@ TEST_CASE("sage pre-pass: quantised c(Q - mu_Q), K - mu_K, V, dO, scales, means,
     work.poison();
     const auto ws = qattn::cuda::sage_workspace(opt, s, saved.get(), work.get(), every_copy);
     qattn::cuda::sage_quantise_inputs(opt, s, d_qkv.get(), ws, every_copy, nullptr);
-    qattn::cuda::sage_quantise_gradient(opt, s, d_o.get(), d_dout.get(), ws, every_copy, nullptr);
+    qattn::cuda::sage_quantise_gradient(opt, s, d_qkv.get(), d_o.get(), d_dout.get(), ws, every_copy, nullptr);
     CUDA_CHECK(cudaDeviceSynchronize());
 
     const int heads = s.B * s.H, block = qattn::cuda::kSageBlock;
@@ -902,7 +908,7 @@ FamilyRun run_families(const AttentionConfig& cfg, const AttentionShape& s, cons
   tiles.forward_kernels = FpaKernels::mma_sync;
   qattn::cuda::sage_forward(cfg.sage, s, b.qkv.get(), b.o.get(), b.stats.get(), b.saved.get(), nullptr, tiles);
   tiles.dq_kernels = dq, tiles.dkdv_kernels = dkdv;
-  qattn::cuda::sage_backward(cfg.sage, s, b.o.get(), b.dout.get(), b.stats.get(), b.saved.get(), b.dqkv.get(),
+  qattn::cuda::sage_backward(cfg.sage, s, b.qkv.get(), b.o.get(), b.dout.get(), b.stats.get(), b.saved.get(), b.dqkv.get(),
                              b.work.get(), nullptr, tiles);
   r.dqkv = b.dqkv.download();
   return r;
@@ -1062,7 +1068,7 @@ TEST_CASE("sage wgmma backward on many heads: dQ stable and finite over poisoned
     auto backward = [&](const qattn::cuda::SageTiles& tiles) {
       b.dqkv.poison();
       qattn::test::poison_shared_memory();
-      qattn::cuda::sage_backward(cfg.sage, s, b.o.get(), b.dout.get(), b.stats.get(), b.saved.get(), b.dqkv.get(),
+      qattn::cuda::sage_backward(cfg.sage, s, b.qkv.get(), b.o.get(), b.dout.get(), b.stats.get(), b.saved.get(), b.dqkv.get(),
                                  b.work.get(), nullptr, tiles);
       return b.dqkv.download();
     };
@@ -1093,7 +1099,7 @@ TileRun run_tiles(const AttentionConfig& cfg, const AttentionShape& s, const std
   qattn::cuda::SageTiles mma_sync = tiles;  // the shapes are the mma.sync kernels'
   mma_sync.forward_kernels = mma_sync.dq_kernels = mma_sync.dkdv_kernels = FpaKernels::mma_sync;
   qattn::cuda::sage_forward(cfg.sage, s, b.qkv.get(), b.o.get(), b.stats.get(), b.saved.get(), nullptr, mma_sync);
-  qattn::cuda::sage_backward(cfg.sage, s, b.o.get(), b.dout.get(), b.stats.get(), b.saved.get(), b.dqkv.get(),
+  qattn::cuda::sage_backward(cfg.sage, s, b.qkv.get(), b.o.get(), b.dout.get(), b.stats.get(), b.saved.get(), b.dqkv.get(),
                              b.work.get(), nullptr, mma_sync);
   return {b.o.download(), b.dqkv.download(), b.stats.download()};
 }
@@ -1166,11 +1172,11 @@ TEST_CASE("sage kernels refuse what they cannot run, naming the option", "[sage]
   const SageOptions defaults;
   DeviceBuffer<unsigned char> saved(qattn::cuda::sage_saved_bytes(defaults, s)),
       work(qattn::cuda::sage_workspace_bytes(defaults, s));
-  CHECK_THROWS_WITH(qattn::cuda::sage_backward(defaults, s, nullptr, nullptr, nullptr, saved.get(), nullptr, nullptr,
-                                               nullptr),
+  CHECK_THROWS_WITH(qattn::cuda::sage_backward(defaults, s, nullptr, nullptr, nullptr, nullptr, saved.get(), nullptr,
+                                               nullptr, nullptr),
                     Catch::Contains("workspace (attention_workspace_bytes) is null"));
-  CHECK_THROWS_WITH(qattn::cuda::sage_backward(defaults, s, nullptr, nullptr, nullptr, saved.get() + 16, nullptr,
-                                               work.get(), nullptr),
+  CHECK_THROWS_WITH(qattn::cuda::sage_backward(defaults, s, nullptr, nullptr, nullptr, nullptr, saved.get() + 16,
+                                               nullptr, work.get(), nullptr),
                     Catch::Contains("saved buffer (attention_saved_bytes) is not 256-byte aligned"));
   SageOptions pv_bf16;
   pv_bf16.precision.pv = Precision::bf16;
@@ -1183,8 +1189,8 @@ TEST_CASE("sage kernels refuse what they cannot run, naming the option", "[sage]
   tile.bwd_granularity = BwdGranularity::tile;
   qattn::cuda::SageTiles dq_wgmma = qattn::cuda::sage_default_tiles(s.d);
   dq_wgmma.dq_kernels = FpaKernels::wgmma;
-  CHECK_THROWS_WITH(qattn::cuda::sage_backward(tile, s, nullptr, nullptr, nullptr, saved.get(), nullptr, work.get(),
-                                               nullptr, dq_wgmma),
+  CHECK_THROWS_WITH(qattn::cuda::sage_backward(tile, s, nullptr, nullptr, nullptr, nullptr, saved.get(), nullptr,
+                                               work.get(), nullptr, dq_wgmma),
                     Catch::Contains("dq_kernels = wgmma: the wgmma kernel runs only attention.sage.precision.qk "
                                     "= dq = int8, dp = bf16, bwd_granularity rowcol (got qk = int8, dq = int8, dp "
                                     "= bf16, bwd_granularity tile)"));
@@ -1194,8 +1200,8 @@ TEST_CASE("sage kernels refuse what they cannot run, naming the option", "[sage]
       dp_int8_work(qattn::cuda::sage_workspace_bytes(dp_int8, s));
   qattn::cuda::SageTiles dkdv_wgmma{4, 4, 8};
   dkdv_wgmma.dkdv_kernels = FpaKernels::wgmma;
-  CHECK_THROWS_WITH(qattn::cuda::sage_backward(dp_int8, s, nullptr, nullptr, nullptr, dp_int8_saved.get(), nullptr,
-                                               dp_int8_work.get(), nullptr, dkdv_wgmma),
+  CHECK_THROWS_WITH(qattn::cuda::sage_backward(dp_int8, s, nullptr, nullptr, nullptr, nullptr, dp_int8_saved.get(),
+                                               nullptr, dp_int8_work.get(), nullptr, dkdv_wgmma),
                     Catch::Contains("dkdv_kernels = wgmma: the wgmma kernel runs only attention.sage.precision.qk "
                                     "= dv = dk = int8, dp = bf16, bwd_granularity rowcol (got qk = int8, dv = int8, "
                                     "dk = int8, dp = int8, bwd_granularity rowcol)"));
