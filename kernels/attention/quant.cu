@@ -149,16 +149,15 @@ __device__ __forceinline__ void write_transposed(const int8_t* levels, int8_t* d
 
 // The tiles one quantise CTA stages: the pass's operands (forward c·Q, K, V;
 // backward dO) and in the backward O, for δ, and V where its bf16 copy is the
-// backward's to write.
-template <bool kGradient>
-constexpr int kStagedTiles = 3;  // forward: c·Q, K, V; backward: dO, O and V (for its bf16 copy)
+// backward's to write (sage_backward_copies).
+constexpr int kStagedTiles = 3;
 
 // Shared memory of quantise_kernel: the staged tiles as loaded (zero past T),
 // the levels of the operand being transposed, the mean being subtracted, each
 // operand's per-warp maxima.
 template <int D, bool kGradient>
 struct QuantiseSmem {
-  bf16 tile[kStagedTiles<kGradient>][kSageBlock * D];  // (64, d) each
+  bf16 tile[kStagedTiles][kSageBlock * D];  // (64, d) each
   int8_t levels[BlockChunks<D>::kLevelBytes];  // X̂ (64, d), padded (level_offset), for i8t
   float mean[D];
   float warp_amax[3][kQuantThreads / 32];
@@ -174,7 +173,7 @@ struct QuantiseSmem {
 template <int D, bool kGradient>
 __global__ void __launch_bounds__(kQuantThreads) quantise_kernel(const QuantiseParams p) {
   using C = BlockChunks<D>;
-  constexpr int kTiles = kStagedTiles<kGradient>;
+  constexpr int kTiles = kStagedTiles;
   extern __shared__ __align__(16) unsigned char smem_bytes[];
   QuantiseSmem<D, kGradient>& sm = *reinterpret_cast<QuantiseSmem<D, kGradient>*>(smem_bytes);
   const int blk = blockIdx.x, bh = blockIdx.y, b = bh / p.H, h = bh % p.H;

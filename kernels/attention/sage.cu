@@ -577,9 +577,9 @@ bool dkdv_on_wgmma(const SageParams& p, const SageTiles& tiles) {
                       (p.tile_scales ? "tile" : "rowcol") + ")");
 }
 
-// Tensor maps over the pre-pass's copies for the wgmma kernels: a natural int8
+// Tensor maps over the pre-pass's int8 copies for the wgmma kernels: a natural
 // copy (B·H·Tp, d) in (64, d) boxes, a transposed one (B·H·d, Tp) in boxes of
-// 64 rows by one quantisation block, a bf16 one (B·H·Tp, d) in 64 x 64 boxes.
+// 64 rows by one quantisation block.
 template <int D>
 struct WorkspaceMaps {
   const SageWorkspace& ws;
@@ -591,9 +591,6 @@ struct WorkspaceMaps {
   }
   CUtensorMap transposed(const int8_t* x) const {
     return sm90::make_int8_tensor_map(x, heads * D, ws.Tp, ws.Tp, kTile);
-  }
-  CUtensorMap bf16_copy(const bf16* x) const {
-    return sm90::make_tensor_map(x, heads * ws.Tp, D, D);
   }
 };
 
