@@ -1151,6 +1151,36 @@ TEST_CASE("sage tile shapes compute the default shape's outputs bit for bit", "[
     }
 }
 
+TEST_CASE("sage: each layer's backward reads its own saved buffer, the scratch shared", "[sage]") {
+  // Two layers as a model runs them (forward 1, forward 2, backward 2, backward
+  // 1, one scratch): layer 1's gradients must be those of its forward and
+  // backward alone, bit for bit, on each family.
+  const AttentionShape s{2, 2, 200, 64};
+  const AttentionConfig cfg = sage_config();
+  AttentionBuffers one(cfg, s, random_qkv(s, 1.0f, 0.3f), random_heads(s));
+  AttentionBuffers two(cfg, s, random_qkv(s, 2.0f, -0.5f), random_heads(s));
+  for (const auto& [family, name] : sage_families(cfg.sage)) {
+    INFO("family " << name);
+    const qattn::cuda::SageTiles tiles = family_tiles(cfg.sage, s.d, family);
+    auto forward = [&](AttentionBuffers& b) {
+      qattn::cuda::sage_forward(cfg.sage, s, b.qkv.get(), b.o.get(), b.stats.get(), b.saved.get(), nullptr, tiles);
+    };
+    auto backward = [&](AttentionBuffers& b) {
+      b.dqkv.poison();
+      qattn::cuda::sage_backward(cfg.sage, s, b.qkv.get(), b.o.get(), b.dout.get(), b.stats.get(), b.saved.get(),
+                                 b.dqkv.get(), one.work.get(), nullptr, tiles);
+      return b.dqkv.download();
+    };
+    forward(one);
+    const std::vector<bf16> alone = backward(one);
+    forward(one);
+    forward(two);
+    const std::vector<bf16> second = backward(two);
+    CHECK(!same_bits(second, alone));  // the layers' inputs differ
+    CHECK(same_bits(backward(one), alone));
+  }
+}
+
 TEST_CASE("sage kernels refuse what they cannot run, naming the option", "[sage]") {
   const AttentionShape s{1, 1, 64, 64};
   SageOptions small_blocks, composed;
