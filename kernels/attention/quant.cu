@@ -340,7 +340,7 @@ __global__ void __launch_bounds__(kBiasThreads) query_bias_kernel(const Quantise
   ws.query_bias[(static_cast<size_t>(bh) * ws.blocks + qb) * ws.Tp + t] = p.c * sum;
 }
 
-// The workspace's buffers, 256-byte aligned, from `base` (null: offsets only).
+// The saved buffer's or the scratch's parts, 256-byte aligned, from `base` (null: offsets only).
 class Carver {
  public:
   explicit Carver(void* base) : base_(static_cast<unsigned char*>(base)) {}

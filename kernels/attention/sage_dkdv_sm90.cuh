@@ -11,9 +11,9 @@
 // A block: R = Layout::kRows keys (sage_sm90.cuh: 192 for plain sage at
 // d = 64, else 128), one consumer warpgroup per 64 keys (one quantisation block
 // each, so one s_K per warpgroup), and a producer warpgroup: one thread
-// copies K̂ (R, d) and bf16 V (R, d) once, then per
-// 64-query step Q̂ (64, d), Q̂ᵀ and dÔᵀ (d, 64) (T permuted, kPermuted) and bf16
-// dO (64, d) into a two-stage ring, one warp the queries' saved statistics (L,
+// copies K̂ (R, d) and V (R, d; bf16, in place from qkv) once, then per 64-query
+// step Q̂ (64, d), Q̂ᵀ and dÔᵀ (d, 64) (T permuted, kPermuted) and dO (64, d;
+// in place) into a two-stage ring, one warp the queries' saved statistics (L,
 // or RowStats) and row terms (δ, or the row sweep's). Per warpgroup and query
 // block i from the diagonal (transposed tiles, keys x queries):
 //   Sᵀ = K̂ Q̂ᵀ (s32, wgmma ss) and dPᵀ = V dOᵀ (fp32, bf16 wgmma ss) issued back

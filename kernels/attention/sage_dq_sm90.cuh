@@ -4,10 +4,11 @@
 // combination. Both share the softmax policies' backward (sage_softmax.cuh:
 // load_rows, score_grads, the K-interval row sweep) and the int8 helpers.
 //
-// A block: two or three (plain sage at d = 64) consumer warpgroups of 64 query rows
-// (Layout::kWarpgroups, sage_sm90.cuh) and a producer warpgroup
-// whose one thread copies by TMA Q̂ (int8) and dO (bf16), resident, then per
-// 64-key step K̂ (64, d), V (64, d) bf16 and K̂ᵀ (d, 64) into a two-stage ring.
+// A block: three consumer warpgroups of 64 query rows (two with the K-interval
+// block; Layout::kWarpgroups, sage_sm90.cuh) and a producer warpgroup whose one
+// thread copies by TMA Q̂ (int8) and dO (bf16, in place), resident, then per
+// 64-key step K̂ (64, d), V (64, d; bf16, in place from qkv) and K̂ᵀ (d, 64) into
+// a two-stage ring.
 // Per warpgroup and key block j up to the diagonal:
 //   S = Q̂ K̂ᵀ (s32, wgmma ss) · s_Q s_K (+ smooth_q bias); dP = dO Vᵀ (bf16
 //   wgmma ss, fp32) issued before S is waited for; dS = policy(S, dP) masked;
@@ -77,7 +78,7 @@ __global__ void __launch_bounds__(flash::sm90::block_threads<SageDqSm90Layout<D,
   const int q_tile_index = at.block, bh = at.h, b = bh / p.H, h = bh % p.H;
   const int q0 = q_tile_index * kRows;
   const int key_blocks = min(ws.blocks, (q0 + kRows - 1) / kKeys + 1);  // up to the tile's diagonal
-  const int head_row0 = bh * ws.Tp;  // the head's first row in the workspace copies
+  const int head_row0 = bh * ws.Tp;  // the head's first row in the quantised copies
   // The resident tiles' rows past the head's last block read the next
   // head's rows (or zeros past the tensor): finite, never stored.
   auto resident = [&](auto& to) {

@@ -6,12 +6,12 @@
 // bias, the mask and the softmax policies), so that for the same quantised
 // operands they compute the same numbers in the same order.
 //
-// A block: two or three (plain sage at d = 64, sage_sm90.cuh) consumer
-// warpgroups of 64 query rows (each warpgroup's rows lie in one quantisation
-// block, so its S has one scale s_Q·s_K) and a producer warpgroup whose one thread copies, from the
-// pre-pass's workspace, Q̂ (resident) and per 64-key step K̂ (64, d) and V̂ᵀ
-// (d, 64) (T permuted, kPermuted) into a two-stage ring. Per warpgroup and key
-// block j up to the diagonal:
+// A block: three consumer warpgroups of 64 query rows (two with the K-interval
+// block; Layout::kWarpgroups, sage_sm90.cuh), each warpgroup's rows in one
+// quantisation block, so its S has one scale s_Q·s_K, and a producer warpgroup
+// whose one thread copies, from the pre-pass's saved buffer, Q̂ (resident) and
+// per 64-key step K̂ (64, d) and V̂ᵀ (d, 64) (T permuted, kPermuted) into a
+// two-stage ring. Per warpgroup and key block j up to the diagonal:
 //   S = Q̂ K̂ᵀ (s32, wgmma ss) · s_Q s_K (+ smooth_q bias) -> causal mask
 //   -> online softmax (O rescaled) -> P̃ quantised per row (s_P = max|P̃_row| / 127)
 //   into s8 A fragments -> P̂ V̂ (s32, wgmma rs, a fresh accumulator: s32 cannot

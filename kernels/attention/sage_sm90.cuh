@@ -35,7 +35,7 @@ struct QueryWarpgroup {
   float scale_q;         // s_Q of its quantisation block
   const float* scale_k;  // (blocks) s_K of the head's key blocks
   const float* bias;     // (Tp) the smooth_q bias of its block's queries, or null
-  size_t scale0;         // the head's first block in the workspace's per-block arrays
+  size_t scale0;         // the head's first block in the per-block arrays (scales, μ, bias)
 
   __device__ QueryWarpgroup(const SageWorkspace& ws, int bh, int q0, bool smooth_q)
       : wg_row0(flash::sm90::warpgroup_row0()),
