@@ -155,7 +155,7 @@ constexpr int kStagedTiles = 3;
 // Shared memory of quantise_kernel: the staged tiles as loaded (zero past T),
 // the levels of the operand being transposed, the mean being subtracted, each
 // operand's per-warp maxima.
-template <int D, bool kGradient>
+template <int D>
 struct QuantiseSmem {
   bf16 tile[kStagedTiles][kSageBlock * D];  // (64, d) each
   int8_t levels[BlockChunks<D>::kLevelBytes];  // X̂ (64, d), padded (level_offset), for i8t
@@ -173,9 +173,8 @@ struct QuantiseSmem {
 template <int D, bool kGradient>
 __global__ void __launch_bounds__(kQuantThreads) quantise_kernel(const QuantiseParams p) {
   using C = BlockChunks<D>;
-  constexpr int kTiles = kStagedTiles;
   extern __shared__ __align__(16) unsigned char smem_bytes[];
-  QuantiseSmem<D, kGradient>& sm = *reinterpret_cast<QuantiseSmem<D, kGradient>*>(smem_bytes);
+  QuantiseSmem<D>& sm = *reinterpret_cast<QuantiseSmem<D>*>(smem_bytes);
   const int blk = blockIdx.x, bh = blockIdx.y, b = bh / p.H, h = bh % p.H;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int t0 = blk * kSageBlock, rows = min(kSageBlock, p.T - t0), ch0 = C::channel0();
@@ -188,7 +187,7 @@ __global__ void __launch_bounds__(kQuantThreads) quantise_kernel(const QuantiseP
     return qkv_row(p, D, b, t0, kGradient ? 2 : i, h);
   };
 #pragma unroll
-  for (int i = 0; i < kTiles; ++i) {
+  for (int i = 0; i < kStagedTiles; ++i) {
     if (kGradient && i == 2 && !copy_v) break;
     const bf16* x_row0 = source_row0(i);
     const size_t stride = static_cast<size_t>(kGradient && i < 2 ? 1 : 3) * p.H * D;  // between rows
@@ -206,7 +205,7 @@ __global__ void __launch_bounds__(kQuantThreads) quantise_kernel(const QuantiseP
     const OperandCopies copies =
         which == 0 ? p.copies.q : which == 1 ? p.copies.k : which == 2 ? p.copies.v : p.copies.dout;
     const bool smooth_q = which == 0 && p.smooth_q, smooth_k = which == 1 && p.smooth_k;
-    cp_async_wait<kGradient ? 0 : kTiles - 1 - i>();  // this thread's copies of tile i have landed
+    cp_async_wait<kGradient ? 0 : kStagedTiles - 1 - i>();  // this thread's copies of tile i have landed
     float x[C::kPerThread][8];  // this thread's chunks, then smoothed and scaled
 #pragma unroll
     for (int k = 0; k < C::kPerThread; ++k) {
@@ -358,6 +357,10 @@ class Carver {
   size_t used_ = 0;
 };
 
+// V's bf16 copy is the forward's (in the saved buffer) when the forward reads
+// it, pv = bf16; else the backward's (scratch), for an mma.sync kernel (quant.cuh).
+bool v_bf16_is_the_forwards(const SageOptions& opt) { return opt.precision.pv == Precision::bf16; }
+
 // Operand x's copies named in `copies`, each (B·H, Tp, d), and its block scales.
 void carve_operand(QuantOperand& x, const OperandCopies& copies, size_t n, size_t scales, Carver& c) {
   x.i8 = copies.i8 ? c.take<int8_t>(n) : nullptr;
@@ -374,7 +377,7 @@ SageWorkspace carve(const SageOptions& opt, const AttentionShape& s, const SageC
   const size_t heads = static_cast<size_t>(s.B) * s.H, n = heads * ws.Tp * s.d, scales = heads * ws.blocks;
   carve_operand(ws.q, copies.q, n, scales, saved);
   carve_operand(ws.k, copies.k, n, scales, saved);
-  const bool v_bf_saved = opt.precision.pv == Precision::bf16;  // the forward reads it (quant.cuh)
+  const bool v_bf_saved = v_bf16_is_the_forwards(opt);
   carve_operand(ws.v, {copies.v.i8, copies.v.i8t, copies.v.bf && v_bf_saved}, n, scales, saved);
   ws.key_block_sums = saved.take<float>(heads * ws.blocks * s.d);
   ws.key_mean = saved.take<float>(heads * s.d);
@@ -403,7 +406,7 @@ void quantise_inputs(const QuantiseParams& p, cudaStream_t stream) {
     CUDA_CHECK_LAUNCH();
   }
   flash::launch(quantise_kernel<D, false>, dim3(p.ws.blocks, heads), kQuantThreads,
-                sizeof(QuantiseSmem<D, false>), stream, p);
+                sizeof(QuantiseSmem<D>), stream, p);
   if (p.smooth_q) {
     query_bias_kernel<D><<<dim3(ceil_div(p.ws.Tp, kBiasThreads), p.ws.blocks, heads), kBiasThreads, 0,
                            stream>>>(p);
@@ -414,7 +417,7 @@ void quantise_inputs(const QuantiseParams& p, cudaStream_t stream) {
 template <int D>
 void quantise_gradient(const QuantiseParams& p, cudaStream_t stream) {
   flash::launch(quantise_kernel<D, true>, dim3(p.ws.blocks, p.B * p.H), kQuantThreads,
-                sizeof(QuantiseSmem<D, true>), stream, p);
+                sizeof(QuantiseSmem<D>), stream, p);
 }
 
 }  // namespace
@@ -425,7 +428,7 @@ size_t sage_saved_bytes(const SageOptions& opt, const AttentionShape& s, const S
   return saved.used();
 }
 
-size_t sage_scratch_bytes(const SageOptions& opt, const AttentionShape& s, const SageCopies& copies) {
+size_t sage_workspace_bytes(const SageOptions& opt, const AttentionShape& s, const SageCopies& copies) {
   Carver saved(nullptr), scratch(nullptr);
   carve(opt, s, copies, saved, scratch);
   return scratch.used();
@@ -462,7 +465,7 @@ SageCopies sage_copies(const SageOptions& opt) {
 
 SageCopies sage_forward_copies(const SageOptions& opt) {
   SageCopies c = sage_copies(opt);
-  c.v.bf = c.v.bf && opt.precision.pv == Precision::bf16;
+  c.v.bf = c.v.bf && v_bf16_is_the_forwards(opt);
   c.dout = {false, false, false};
   return c;
 }
@@ -471,7 +474,7 @@ SageCopies sage_backward_copies(const SageOptions& opt, bool in_place) {
   const SageCopies all = sage_copies(opt);
   const OperandCopies none{false, false, false};
   SageCopies c{none, none, none, all.dout};
-  c.v.bf = all.v.bf && opt.precision.pv != Precision::bf16 && !in_place;
+  c.v.bf = all.v.bf && !v_bf16_is_the_forwards(opt) && !in_place;
   c.dout.bf = all.dout.bf && !in_place;
   return c;
 }

@@ -81,7 +81,7 @@ SageCopies sage_backward_copies(const SageOptions& opt, bool in_place);
 // an mma.sync kernel. Both 256-byte aligned; the copies not in `copies` take no
 // space (their pointers are null).
 size_t sage_saved_bytes(const SageOptions& opt, const AttentionShape& s, const SageCopies& copies);
-size_t sage_scratch_bytes(const SageOptions& opt, const AttentionShape& s, const SageCopies& copies);
+size_t sage_workspace_bytes(const SageOptions& opt, const AttentionShape& s, const SageCopies& copies);
 // Carves the buffers out of `saved` and `scratch` (either may be null: its
 // buffers are then null, as in the forward, which has no scratch).
 SageWorkspace sage_workspace(const SageOptions& opt, const AttentionShape& s, void* saved, void* scratch,

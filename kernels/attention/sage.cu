@@ -765,7 +765,7 @@ size_t sage_saved_bytes(const SageOptions& opt, const AttentionShape& s) {
 }
 
 size_t sage_workspace_bytes(const SageOptions& opt, const AttentionShape& s) {
-  return sage_scratch_bytes(opt, s, sage_copies(opt));
+  return sage_workspace_bytes(opt, s, sage_copies(opt));
 }
 
 void sage_forward(const SageOptions& opt, const AttentionShape& s, const bf16* qkv, bf16* o, float* stats,

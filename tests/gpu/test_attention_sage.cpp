@@ -386,7 +386,7 @@ TEST_CASE("sage pre-pass: quantised c(Q - mu_Q), K - mu_K, V, dO, scales, means,
     DeviceBuffer<bf16> d_qkv(qkv_size(s)), d_o(head_size(s)), d_dout(head_size(s));
     const qattn::cuda::SageCopies every_copy{};
     DeviceBuffer<unsigned char> saved(qattn::cuda::sage_saved_bytes(opt, s, every_copy)),
-        work(qattn::cuda::sage_scratch_bytes(opt, s, every_copy));
+        work(qattn::cuda::sage_workspace_bytes(opt, s, every_copy));
     d_qkv.upload(qkv);
     d_o.upload(o);
     d_dout.upload(dout);
