@@ -204,8 +204,9 @@ TEST_CASE("CUDA model with sage trains like the CPU backend: the defaults, and w
     cfg.model.seq_len = 128;  // two 64-row quantisation blocks
     cfg.attention.kind = AttentionKind::sage;
     if (with_block) cfg.attention.sage.softmax = k;
-    // Two layers, each with its own saved buffer of quantised Q, K, V: a
-    // backward reading another layer's would move the gradients far off.
+    // Two layers, each with its own saved buffer of quantised Q, K, V (that
+    // they stay apart is checked bit for bit at the API level, "sage: each
+    // layer's backward reads its own saved buffer", test_attention_sage.cpp).
     Twins twins = make_twins(cfg);
     const auto steps = train_both(twins, cfg, 5, /*accum=*/1);
     for (size_t i = 0; i < steps.size(); ++i) {
