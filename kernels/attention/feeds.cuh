@@ -33,6 +33,12 @@ struct TileSource {
   int row0, col0;          // b T + t0; slot and head column
   int rows_valid;          // T - t0: rows past it belong to the next batch (cp.async zero-fills them)
 };
+// The tile at row t0 of batch b (of T rows each) and column col0 of the (B T, cols)
+// activation x (its map for TMA; x may be null for the TMA feed alone).
+__device__ __forceinline__ TileSource activation_tile(const bf16* x, const CUtensorMap* map, int cols, int b,
+                                                      int T, int t0, int col0) {
+  return {x, map, cols, b * T + t0, col0, T - t0};
+}
 
 // An int8 tile of the sage pre-pass's workspace (TmaFeed only): box origin (row0,
 // col0) of a tensor map over one of its copies (sage_forward_sm90.cuh).

@@ -98,13 +98,13 @@ struct Params {
 // The (rows x d) tile at row t0 of slot (0 q, 1 k, 2 v) of head h, batch b, and of dout.
 __device__ __forceinline__ TileSource qkv_source(const Params& p, int b, int t0, int slot, int h,
                                                  int d) {
-  return {p.qkv, &p.qkv_map, 3 * p.H * d, b * p.T + t0, (slot * p.H + h) * d, p.T - t0};
+  return activation_tile(p.qkv, &p.qkv_map, 3 * p.H * d, b, p.T, t0, (slot * p.H + h) * d);
 }
 // The (rows x d) tile at row t0 of head h, batch b, of a (B, T, H, d) activation.
 __device__ __forceinline__ TileSource head_source(const Params& p, const bf16* x,
                                                   const CUtensorMap* map, int b, int t0, int h,
                                                   int d) {
-  return {x, map, p.H * d, b * p.T + t0, h * d, p.T - t0};
+  return activation_tile(x, map, p.H * d, b, p.T, t0, h * d);
 }
 __device__ __forceinline__ TileSource dout_source(const Params& p, int b, int t0, int h, int d) {
   return head_source(p, p.dout, &p.dout_map, b, t0, h, d);

@@ -98,14 +98,14 @@ __global__ void __launch_bounds__(flash::sm90::block_threads<SageDkDvSm90Layout<
   // rows (or zeros past the tensor): finite, and those keys are never computed on.
   auto resident = [&](auto& to) {
     to.tile(k_tile, Int8TileSource{&p.k, head_row0 + k0, 0});
-    to.tile(v_tile, TileSource{nullptr, &p.v, 3 * p.H * D, b * p.T + k0, (2 * p.H + h) * D, 0});  // V in place
+    to.tile(v_tile, activation_tile(nullptr, &p.v, 3 * p.H * D, b, p.T, k0, (2 * p.H + h) * D));  // V in place
   };
   auto queries = [&](int i, int s, auto& to) {
     const int q0 = i * kQueries;
     to.tile(q_tile(s), Int8TileSource{&p.q, head_row0 + q0, 0});
     to.tile(qt_tile(s), Int8TileSource{&p.qt, bh * D, q0});
     to.tile(dot_tile(s), Int8TileSource{&p.dot, bh * D, q0});
-    to.tile(do_tile(s), TileSource{nullptr, &p.dout, p.H * D, b * p.T + q0, h * D, 0});  // dO in place
+    to.tile(do_tile(s), activation_tile(nullptr, &p.dout, p.H * D, b, p.T, q0, h * D));  // dO in place
     to.rows([&](int thread, int threads, auto copier) {  // statistics past T read as 0
       const int stats_valid = (p.T - q0) * kStat;
       for (int f = thread; f < kQueries * kStat; f += threads)

@@ -83,11 +83,11 @@ __global__ void __launch_bounds__(flash::sm90::block_threads<SageDqSm90Layout<D,
   // head's rows (or zeros past the tensor): finite, never stored.
   auto resident = [&](auto& to) {
     to.tile(q_tile, Int8TileSource{&p.q, head_row0 + q0, 0});
-    to.tile(do_tile, TileSource{nullptr, &p.dout, p.H * D, b * p.T + q0, h * D, 0});  // dO in place
+    to.tile(do_tile, activation_tile(nullptr, &p.dout, p.H * D, b, p.T, q0, h * D));  // dO in place
   };
   auto scores = [&](int j, int s, auto& to) {  // what S and dP read
     to.tile(k_tile(s), Int8TileSource{&p.k, head_row0 + j * kKeys, 0});
-    to.tile(v_tile(s), TileSource{nullptr, &p.v, 3 * p.H * D, b * p.T + j * kKeys, (2 * p.H + h) * D, 0});
+    to.tile(v_tile(s), activation_tile(nullptr, &p.v, 3 * p.H * D, b, p.T, j * kKeys, (2 * p.H + h) * D));
   };
   auto keys = [&](int j, int s, auto& to) {
     scores(j, s, to);
