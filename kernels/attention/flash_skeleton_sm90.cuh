@@ -112,7 +112,12 @@ inline BackwardTmaParams tma_params(const BackwardParams& p, int d) {
 }
 
 // First row of the calling warpgroup within the block, and of its warp.
-__device__ __forceinline__ int warpgroup_row0() { return (threadIdx.x / 128) * kWarpgroupRows; }
+// Read through a shuffle from lane 0 so that the compiler knows the value is
+// the same on every lane (threadIdx.x / 128 is, but it cannot prove it): the
+// descriptors built from it then live in uniform registers, as wgmma takes them.
+__device__ __forceinline__ int warpgroup_row0() {
+  return __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 128), 0) * kWarpgroupRows;
+}
 __device__ __forceinline__ int warp_row0() { return (threadIdx.x / 32) * 16; }
 __device__ __forceinline__ bool is_producer(int warpgroups) {
   return static_cast<int>(threadIdx.x) >= 128 * warpgroups;

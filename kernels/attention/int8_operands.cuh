@@ -89,6 +89,13 @@ __device__ __forceinline__ uint32_t pack_s8x4(float a, float b, float c, float d
   return __byte_perm(__byte_perm(la, lb, 0x0040), __byte_perm(lc, ld, 0x0040), 0x5410);
 }
 
+// 1/x with the hardware approximation (1 ulp; ftz).
+__device__ __forceinline__ float fast_rcp(float x) {
+  float y;
+  asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // Integer accumulators (16, 8 kNTiles) set to the biased zero.
 template <int kNTiles>
 __device__ __forceinline__ void biased_zero(int (&sum)[kNTiles][4]) {
@@ -106,13 +113,27 @@ __device__ __forceinline__ void biased_to_scores(float (&acc)[1][kNTiles][4], co
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc[0][nt][e] = biased_to_float<kTerms>(sum[nt][e]) * scale;
 }
+// acc = sum · scale · log2(e) in one FFMA per element (the scores of an exact
+// softmax in the log2 domain): a = scale·log2(e) cut to 22 significant bits
+// (a relative change below 2^-21), so that 1.5·2^23·a = 3·2^22·a is exact and
+// fma(f, a, −1.5·2^23·a) = Σ·a, rounded once, from the biased sum's bits f.
+template <int kTerms, int kNTiles>
+__device__ __forceinline__ void biased_to_log2_scores(float (&acc)[1][kNTiles][4], const int (&sum)[kNTiles][4],
+                                                      float scale) {
+  static_assert(127 * 127 * kTerms < (1 << 22), "the int32 sum must stay below 2^22 (biased_to_float)");
+  const float a = __uint_as_float(__float_as_uint(scale * kLog2e) & ~3u);
+  const float offset = -kBias * a;
+#pragma unroll
+  for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[0][nt][e] = fmaf(__int_as_float(sum[nt][e]), a, offset);
+}
 // acc += sum · row_scale of the element's row (g: [0], g + 8: [1]), kTerms products each.
 template <int kTerms>
 __device__ __forceinline__ void add_biased(float (&acc)[4], const int (&sum)[4], const float (&row_scale)[2]) {
 #pragma unroll
   for (int e = 0; e < 4; ++e) acc[e] += biased_to_float<kTerms>(sum[e]) * row_scale[e / 2];
 }
-
 // ψ(w) as int8 A fragments over the permuted k (see above): the weights w (16
 // rows, 8 kNTiles columns = the product's k) at the row scales' inverses `inv`.
 template <int kKSteps, int kNTiles>
@@ -156,11 +177,26 @@ __device__ __forceinline__ void int8_product_nk(float (&acc)[1][kNTiles][4], Int
   biased_to_scores<kCols>(acc, sum, scale);
 }
 
+// ψ's scale s = amax / 127 and 1/s of each of the thread's two rows, without
+// IEEE divisions (each a slow-path call: ~60 instructions per weight_scales in
+// the dK/dV kernel): s = amax·(1/127) is within one ulp of amax / 127, 1/s from
+// the hardware reciprocal within two; a level round(w / s) over |w| <= amax is
+// at most 127·(1 + 2^-21), so it stays in [-127, 127]. Below 2^-100 (no weight
+// that matters is that small) a row counts as zero: level 0, s = 1.
+__device__ __forceinline__ void scales_of_amax(const float (&amax)[2], float (&scale)[2], float (&inv)[2]) {
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const bool zero = amax[half] < 0x1p-100f;
+    scale[half] = zero ? 1.0f : amax[half] * (1.0f / 127.0f);
+    inv[half] = zero ? 1.0f : 127.0f * fast_rcp(amax[half]);
+  }
+}
+
 // psi's scale of each of the thread's two rows (g, g+8) of the weights w (16,
 // 8 kNTiles): one per row of the warp's tile, or, with per_tile, one for the
 // whole tile of kWarpsPerTile consecutive warps (the warps that share one
 // quantisation block of rows; `scratch` holds a float per warp of the CTA in
-// shared memory, and every thread of the CTA must call). s = max|w| / 127 (1 when 0).
+// shared memory, and every thread of the CTA must call). s = max|w| / 127 (1 below 2^-100).
 template <int kWarpsPerTile, int kNTiles>
 __device__ __forceinline__ void weight_scales(const float (&w)[1][kNTiles][4], bool per_tile,
                                               float* scratch, float (&scale)[2], float (&inv)[2]) {
@@ -181,11 +217,7 @@ __device__ __forceinline__ void weight_scales(const float (&w)[1][kNTiles][4], b
     for (int wi = 0; wi < kWarpsPerTile; ++wi) tile_amax = fmaxf(tile_amax, scratch[first + wi]);
     amax[0] = amax[1] = tile_amax;
   }
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    scale[half] = amax[half] == 0.0f ? 1.0f : amax[half] / 127.0f;
-    inv[half] = amax[half] == 0.0f ? 1.0f : 127.0f / amax[half];
-  }
+  scales_of_amax(amax, scale, inv);
 }
 
 // acc (16, d) += (ψ(w) · B̂) · scale(row) · scale_b: the weights w (16 rows, 8

@@ -4,9 +4,10 @@
 // kernel runs every other combination and the devices without sm_90a. Both use
 // the same helpers (int8_operands.cuh: the int8 sums, ψ of the weights and their
 // fragments; sage_softmax.cuh: the softmax policies), in the same order, so that
-// for the same quantised operands Sᵀ, Pᵀ, its levels and dV's partial sums are
-// the same numbers; dPᵀ is a bf16 product whose fp32 sum order differs between
-// the families, and with it dSᵀ by rounding.
+// for the same quantised operands Sᵀ and dV's partial sums are the same
+// numbers, and Pᵀ the same up to fp32 rounding where the exact softmax works
+// in the log2 domain (kLog2Scores); dPᵀ is a bf16 product whose fp32 sum
+// order differs between the families, and with it dSᵀ by rounding.
 //
 // A block: R = Layout::kRows keys (sage_sm90.cuh: 192 for plain sage at
 // d = 64, else 128), one consumer warpgroup per 64 keys (one quantisation block
@@ -17,7 +18,8 @@
 // or RowStats) and row terms (δ, or the row sweep's). Per warpgroup and query
 // block i from the diagonal (transposed tiles, keys x queries):
 //   Sᵀ = K̂ Q̂ᵀ (s32, wgmma ss) and dPᵀ = V dOᵀ (fp32, bf16 wgmma ss) issued back
-//   to back; Sᵀ · s_K s_Q (+ smooth_q bias) -> Pᵀ (masked 0) while dPᵀ runs ->
+//   to back; Sᵀ · s_K s_Q (+ smooth_q bias; ·log2(e) for the exact softmax,
+//   hopper_scores) -> Pᵀ (masked 0) while dPᵀ runs ->
 //   ψ(Pᵀ) per row (per key) into s8 A fragments -> dSᵀ = Pᵀ ∘ (dPᵀ − δ) (the
 //   policy's grad) -> ψ(dSᵀ) per row into s8 A fragments -> dV += P̂ᵀ dÔ ·
 //   s_P s_dO and dK += dŜᵀ Q̂ · s_dS s_Q (s32, wgmma rs, B the transposed
@@ -128,7 +130,7 @@ __global__ void __launch_bounds__(flash::sm90::block_threads<SageDkDvSm90Layout<
   const size_t scale0 = static_cast<size_t>(bh) * ws.blocks;
   // The warpgroup's quantisation block (a block past the last: the last, as sage.cu).
   const float s_k = ws.k.scale[scale0 + min(wg_key0 / kSageBlock, ws.blocks - 1)];
-  const Softmax softmax(p.softmax);
+  const Softmax softmax = hopper_policy<Softmax>(p.softmax);
   auto visible = [&](int key, int query) { return query < p.T && key <= query; };
 
   float dk_acc[1][D / 8][4], dv_acc[1][D / 8][4];  // (64, d) rows of dK, dV of the warpgroup; this warp's 16
@@ -178,14 +180,14 @@ __global__ void __launch_bounds__(flash::sm90::block_threads<SageDkDvSm90Layout<
     float dp[1][kNTiles][4];  // (64 keys, 64 queries): dPᵀ, runs while Pᵀ is made
     issue_ss(dp, v_tile, wg_row0, do_tile(s));
     wait_for<1>(st_sum);
-    float score[1][kNTiles][4];  // Sᵀ
-    biased_to_scores<D>(score, st_sum[0], s_k * s_q);
+    float score[1][kNTiles][4];  // Sᵀ (·log2(e) for the exact softmax, hopper_scores)
+    hopper_scores<Softmax, D>(score, st_sum[0], s_k * s_q);
     if (p.smooth_q) {  // the bias of each key (c·μ_Qi·(K − μ_K))
       const float* bias = ws.query_bias + (scale0 + i) * ws.Tp + warp_key0;
 #pragma unroll
       for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) score[0][nt][e] += bias[frag_row(e)];
+        for (int e = 0; e < 4; ++e) score[0][nt][e] = fmaf(bias[frag_row(e)], kHopperScoreUnit<Softmax>, score[0][nt][e]);
     }
     // w(nt, e) = f(nt, e, key, query index) where the key sees the query, else
     // 0, over the warp's (16 keys, 64 queries); the mask only off the diagonal.

@@ -10,7 +10,8 @@
 // 64-key step K̂ (64, d), V (64, d; bf16, in place from qkv) and K̂ᵀ (d, 64) into
 // a two-stage ring.
 // Per warpgroup and key block j up to the diagonal:
-//   S = Q̂ K̂ᵀ (s32, wgmma ss) · s_Q s_K (+ smooth_q bias); dP = dO Vᵀ (bf16
+//   S = Q̂ K̂ᵀ (s32, wgmma ss) · s_Q s_K (+ smooth_q bias; S·log2(e) for the
+//   exact softmax, hopper_scores); dP = dO Vᵀ (bf16
 //   wgmma ss, fp32) issued before S is waited for; dS = policy(S, dP) masked;
 //   dŜ quantised per row into s8 A fragments; dQ += dŜ K̂ · s_dS s_K (s32
 //   wgmma rs into fresh accumulators, one per 64 columns of d, weight_product;
@@ -106,7 +107,7 @@ __global__ void __launch_bounds__(flash::sm90::block_threads<SageDqSm90Layout<D,
 
   const QueryWarpgroup wg(ws, bh, q0, p.smooth_q);
   float* terms = p.row_terms + static_cast<size_t>(bh) * ws.Tp * Softmax::kTermFloats;  // (Tp, kTerm)
-  const Softmax softmax(p.softmax);
+  const Softmax softmax = hopper_policy<Softmax>(p.softmax);
   typename Softmax::Row rows[2];  // with a row sweep the terms are made below
   load_rows<Softmax>(rows, p.stats + static_cast<size_t>(bh) * p.T * Softmax::kStatFloats, terms, wg.first_query, p.T);
   feed.resident(resident);  // Q̂ and dO have landed (the step rings count only K̂, V, K̂ᵀ)
@@ -120,8 +121,8 @@ __global__ void __launch_bounds__(flash::sm90::block_threads<SageDqSm90Layout<D,
     issue_s8_ss(sum, q_tile, wg.wg_row0, k_tile(s));
     issue_ss(dp, do_tile, wg.wg_row0, v_tile(s));  // runs while S is converted
     wait_for<1>(sum);
-    biased_to_scores<D>(score, sum[0], wg.scale_q * wg.scale_k[j]);
-    add_key_bias(score, wg.bias, j * kKeys);  // score_grads and the sweep mask
+    hopper_scores<Softmax, D>(score, sum[0], wg.scale_q * wg.scale_k[j]);
+    add_key_bias(score, wg.bias, j * kKeys, kHopperScoreUnit<Softmax>);  // score_grads and the sweep mask
     wait_for<0>(dp);
   };
 

@@ -4,7 +4,8 @@
 // devices without sm_90a; both use the same helpers (int8_operands.cuh for the
 // int8 sums, ψ of the weights and their fragments; sage_softmax.cuh for the
 // bias, the mask and the softmax policies), so that for the same quantised
-// operands they compute the same numbers in the same order.
+// operands they compute the same numbers, up to fp32 rounding where this kernel
+// works in the log2 domain (ExactSoftmax's kLog2Scores).
 //
 // A block: three consumer warpgroups of 64 query rows (two with the K-interval
 // block; Layout::kWarpgroups, sage_sm90.cuh), each warpgroup's rows in one
@@ -15,7 +16,9 @@
 //   S = Q̂ K̂ᵀ (s32, wgmma ss) · s_Q s_K (+ smooth_q bias) -> causal mask
 //   -> online softmax (O rescaled) -> P̃ quantised per row (s_P = max|P̃_row| / 127)
 //   into s8 A fragments -> P̂ V̂ (s32, wgmma rs, a fresh accumulator: s32 cannot
-//   be rescaled) -> O += P̂ V̂ · s_P s_V (fp32);
+//   be rescaled) -> O += P̂ V̂ · s_P s_V (fp32). The exact softmax takes S·log2(e)
+//   from the int32 sums in one FFMA and rescales O only when a row's max has
+//   grown by 2^8 (ExactSoftmax::update_rescaling_rarely);
 // then O /= l and L (or, with the K-interval block, a first pass over K̂ for each
 // row's max and min, ŵ for P̃, O /= Ẑ and the RowStats).
 #pragma once
@@ -104,19 +107,20 @@ __global__ void __launch_bounds__(flash::sm90::block_threads<SageForwardSm90Layo
   // masked tile: weights 0, O unchanged.
   const QueryWarpgroup wg(ws, bh, q0, p.smooth_q);
   const float* scale_v = ws.v.scale + wg.scale0;
-  // s (64, 64) = the scores of key block j, masked entries −inf; this warp's 16 rows.
+  // s (64, 64) = the scores of key block j (S·log2(e) for the exact softmax,
+  // hopper_scores), masked entries −inf; this warp's 16 rows.
   auto scores = [&](float (&s)[1][kNTiles][4], int j, int stage) {
     int sum[1][kNTiles][4];
     biased_zero(sum[0]);
     issue_s8_ss(sum, q_tile, wg.wg_row0, k_tile(stage));
     wait_for<0>(sum);
-    biased_to_scores<D>(s, sum[0], wg.scale_q * wg.scale_k[j]);
-    bias_and_mask(s, wg.bias, j * kKeys, wg.first_query);
+    hopper_scores<Softmax, D>(s, sum[0], wg.scale_q * wg.scale_k[j]);
+    bias_and_mask(s, wg.bias, j * kKeys, wg.first_query, kHopperScoreUnit<Softmax>);
   };
 
   float o_acc[1][D / 8][4];  // (64, d) rows of O of the warpgroup; this warp's 16
   zero(o_acc);
-  Softmax softmax(p.softmax);
+  Softmax softmax = hopper_policy<Softmax>(p.softmax);
   feed.resident(resident);
   if constexpr (Softmax::kCalibrates) {  // pass 1: each row's max and min, then its grid
     feed.consume(0, key_blocks, keys, [&](int j, int stage) {
@@ -131,9 +135,15 @@ __global__ void __launch_bounds__(flash::sm90::block_threads<SageForwardSm90Layo
     if (!wg.sees(j, p.T)) return;
     float s[1][kNTiles][4];
     scores(s, j, stage);
-    softmax.update(s, o_acc);  // s now holds P̃ = exp(S − m), or ŵ
     float s_p[2], inv_s_p[2];  // ψ's scale of each of the thread's two rows
-    weight_scales<1>(s, false, nullptr, s_p, inv_s_p);
+    if constexpr (Softmax::kLog2Scores) {
+      float p_max[2];
+      softmax.update_rescaling_rarely(s, o_acc, p_max);  // s now holds P̃ = exp(S − m)
+      scales_of_amax(p_max, s_p, inv_s_p);
+    } else {
+      softmax.update(s, o_acc);  // s now holds ŵ
+      weight_scales<1>(s, false, nullptr, s_p, inv_s_p);
+    }
     uint32_t p_hat[1][kNTiles / 4][4];  // P̂ (64, 64) s8 A fragments over the permuted keys
     pack_weights(p_hat[0], s, inv_s_p);
     const float row_scale[2] = {s_p[0] * scale_v[j], s_p[1] * scale_v[j]};

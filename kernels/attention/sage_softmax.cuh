@@ -19,6 +19,7 @@
 #include <cmath>
 #include <type_traits>
 
+#include "attention/int8_operands.cuh"  // kBias: the biased sums
 #include "attention/kinterval_softmax.cuh"
 #include "attention/online_softmax.cuh"
 #include "attention/tile_mma.cuh"
@@ -37,21 +38,24 @@ __device__ __forceinline__ int frag_row(int e) { return (threadIdx.x % 32) / 4 +
 __device__ __forceinline__ int frag_col(int nt, int e) { return nt * 8 + 2 * (threadIdx.x % 4) + e % 2; }
 
 // The scores s (16 rows, the keys k0 .. k0 + 8 kNTiles − 1) of a warp plus
-// smooth_q's bias of each key (bias null: none), in every kernel that makes S.
+// smooth_q's bias of each key (bias null: none), in every kernel that makes S;
+// `unit` is one unit of S in units of s (1, or log2(e) for the Hopper kernels'
+// S·log2(e), hopper_scores).
 template <int kNTiles>
-__device__ __forceinline__ void add_key_bias(float (&s)[1][kNTiles][4], const float* bias, int k0) {
+__device__ __forceinline__ void add_key_bias(float (&s)[1][kNTiles][4], const float* bias, int k0,
+                                             float unit = 1.0f) {
   if (!bias) return;
 #pragma unroll
   for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) s[0][nt][e] += bias[k0 + frag_col(nt, e)];
+    for (int e = 0; e < 4; ++e) s[0][nt][e] = fmaf(bias[k0 + frag_col(nt, e)], unit, s[0][nt][e]);
 }
 // The scores as both families' forward hands them to the policies: biased, and
 // keys after the row's query (rows from first_query) −inf (causal).
 template <int kNTiles>
 __device__ __forceinline__ void bias_and_mask(float (&s)[1][kNTiles][4], const float* bias, int k0,
-                                              int first_query) {
-  add_key_bias(s, bias, k0);
+                                              int first_query, float unit = 1.0f) {
+  add_key_bias(s, bias, k0, unit);
   if (k0 + 8 * kNTiles > first_query) {  // some key past the warp's first row
 #pragma unroll
     for (int nt = 0; nt < kNTiles; ++nt)
@@ -74,16 +78,78 @@ struct SoftmaxOptions {
 // ---------------------------------------------------------------------------
 // Plain SageBwd: the online softmax of online_softmax.cuh; backward P = exp(S − L),
 // dS = P (dP − δ) with the pre-pass's δ = rowsum(dO ∘ O).
+//
+// The Hopper kernels hand it S·log2(e) (kLog2Scores: biased_to_log2_scores, one
+// FFMA per score from the int32 sum; scale_log2 = 1) instead of S (FADD and
+// FMUL, then an FFMA into the exponent), and its forward there takes ψ's amax of
+// P̃ from the row's max and rescales O only when a row's max has grown
+// (update_rescaling_rarely).
 struct ExactSoftmax : flash::OnlineSoftmax<1> {
   static constexpr bool kCalibrates = false;  // the forward is one online pass
   static constexpr bool kRowPass = false;     // the backward's row terms come from the pre-pass
+  static constexpr bool kLog2Scores = true;   // see above
   static constexpr int kStatFloats = 1;       // saved per row: L
   static constexpr int kTermFloats = 1;       // backward per row: δ
   struct Row {
     float lse, delta;
   };
 
-  __device__ explicit ExactSoftmax(const SoftmaxOptions&) : OnlineSoftmax<1>(kLog2e) {}
+  // scale_log2: log2(e) for scores S, 1 for scores S·log2(e).
+  __device__ explicit ExactSoftmax(const SoftmaxOptions&, float scale_log2 = kLog2e) : OnlineSoftmax<1>(scale_log2) {}
+
+  // The forward's key block as update() takes it (masked scores −inf): s
+  // becomes P̃ = exp(S − m) and p_max = max P̃ of the block per row (ψ's amax:
+  // the P̃ of the row's largest score). The reference m moves to the running
+  // max, rescaling l and O, only when some row of the warp would otherwise see
+  // a P̃ above 2^8 (FlashAttention-4's conditional rescale): ψ's per-row scale
+  // makes P̂ the same for any m, and l, O and L = m + log l share it, so a stale
+  // m changes rounding only, and most blocks skip the rescale of O.
+  template <int kNTiles, int kDTiles>
+  __device__ __forceinline__ void update_rescaling_rarely(float (&s)[1][kNTiles][4], float (&o)[1][kDTiles][4],
+                                                          float (&p_max)[2]) {
+    constexpr float kMaxGrowthLog2 = 8.0f;
+    float block_max[2];
+    bool grows = false;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      block_max[half] = -INFINITY;
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt)
+        block_max[half] = fmaxf(block_max[half], fmaxf(s[0][nt][2 * half], s[0][nt][2 * half + 1]));
+      block_max[half] = flash::row_max4(block_max[half]);
+      grows = grows || (block_max[half] - row_max[0][half]) * scale_log2 > kMaxGrowthLog2;
+    }
+    if (__any_sync(0xffffffffu, grows)) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const float m_new = fmaxf(row_max[0][half], block_max[half]);
+        // A row with no visible key yet keeps m = -inf: base 0 makes its weights 0, not NaN.
+        const float base = m_new == -INFINITY ? 0.0f : m_new * scale_log2;
+        const float correction = fast_exp2(row_max[0][half] * scale_log2 - base);
+        row_max[0][half] = m_new;
+        row_sum[0][half] *= correction;
+#pragma unroll
+        for (int dt = 0; dt < kDTiles; ++dt) {
+          o[0][dt][2 * half] *= correction;
+          o[0][dt][2 * half + 1] *= correction;
+        }
+      }
+    }
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const float base = row_max[0][half] == -INFINITY ? 0.0f : row_max[0][half] * scale_log2;
+      float sum = row_sum[0][half];
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+        for (int e = 2 * half; e < 2 * half + 2; ++e) {
+          s[0][nt][e] = fast_exp2(fmaf(s[0][nt][e], scale_log2, -base));
+          sum += s[0][nt][e];
+        }
+      row_sum[0][half] = sum;
+      p_max[half] = fast_exp2(fmaf(block_max[half], scale_log2, -base));
+    }
+  }
 
   // After finalize: L of rows [row0, row0 + 16) of the warp into stats (T).
   __device__ void store(float* stats, int row0, int rows_valid) const { store_lse(stats, row0, rows_valid); }
@@ -94,7 +160,7 @@ struct ExactSoftmax : flash::OnlineSoftmax<1> {
   }
   // The weight of one visible entry for dV (and the start of dS).
   __device__ float probability(const Row& r, float score) const {
-    return OnlineSoftmax<1>::probability(score, r.lse, kLog2e);
+    return OnlineSoftmax<1>::probability(score, r.lse, scale_log2);
   }
   // dS of one visible entry, given its probability p.
   __device__ float grad(const Row& r, float /*score*/, float p, float dp, int /*key*/) const {
@@ -108,6 +174,7 @@ struct ExactSoftmax : flash::OnlineSoftmax<1> {
 struct KIntervalSoftmax {
   static constexpr bool kCalibrates = true;  // forward pass 1: each row's max and min
   static constexpr bool kRowPass = true;     // backward: the dQ kernel sweeps the row terms first
+  static constexpr bool kLog2Scores = false; // its grid is in units of S
   static constexpr int kStatFloats = kinterval::kRowStats;
   static constexpr int kTermFloats = 4;
   // Backward per row: the grid, and the terms of the row sweep.
@@ -333,11 +400,30 @@ __device__ __forceinline__ void score_grads(float (&w)[1][kNTiles][4], const flo
         const int key = k0 + frag_col(nt, e), row = first_row + frag_row(e);
         const typename Softmax::Row& r = rows[e / 2];
         w[0][nt][e] = unmasked || (row < T && key <= row)
-                          ? softmax.grad(r, score[0][nt][e], softmax.probability(r, score[0][nt][e]),
-                                         dp[0][nt][e], key)
+                          ? softmax.grad(r, score[0][nt][e], softmax.probability(r, score[0][nt][e]), dp[0][nt][e], key)
                           : 0.0f;
       }
   });
+}
+
+// The policy and its scores as the Hopper kernels make them from the biased
+// int32 sums of S = Q̂ K̂ᵀ at `scale` = s_Q s_K: S·log2(e) for ExactSoftmax
+// (kLog2Scores), S for the K-interval policy, whose grid is in units of S.
+template <class Softmax>
+__device__ __forceinline__ Softmax hopper_policy(const SoftmaxOptions& opt) {
+  if constexpr (Softmax::kLog2Scores)
+    return Softmax(opt, 1.0f);
+  else
+    return Softmax(opt);
+}
+template <class Softmax>
+constexpr float kHopperScoreUnit = Softmax::kLog2Scores ? kLog2e : 1.0f;  // one unit of S in the scores
+template <class Softmax, int kTerms, int kNTiles>
+__device__ __forceinline__ void hopper_scores(float (&s)[1][kNTiles][4], const int (&sum)[kNTiles][4], float scale) {
+  if constexpr (Softmax::kLog2Scores)
+    flash::biased_to_log2_scores<kTerms>(s, sum, scale);
+  else
+    flash::biased_to_scores<kTerms>(s, sum, scale);
 }
 
 }  // namespace qattn::cuda::sage

@@ -65,22 +65,40 @@ __device__ __forceinline__ uint64_t smem_desc(const void* p, uint32_t leading_by
          static_cast<uint64_t>(leading_bytes >> 4) << 16 |
          static_cast<uint64_t>(stride_bytes >> 4) << 32 | swizzle << 62;
 }
+// The descriptor d moved on by `bytes` (a multiple of 16): one 32-bit add to its
+// start address (bits 0-13, in 16-byte units), which cannot carry out of the
+// field inside the 256 KB shared window. The products below build one
+// descriptor per tile and advance it per k step, so that each step costs one
+// add, not the address arithmetic of smem_desc (measured: 165 instructions to
+// issue the dK/dV kernel's S and dP products, most of them descriptors).
+__device__ __forceinline__ uint64_t desc_plus(uint64_t d, uint32_t bytes) {
+  const uint32_t lo = static_cast<uint32_t>(d) + (bytes >> 4);
+  return (d & 0xFFFFFFFF00000000ull) | lo;
+}
 
-// Rows [row0, row0 + 64) x columns [16 ks, 16 ks + 16) of a tile read K-major.
+// Rows [row0, row0 + 64) of a tile read K-major; columns [16 ks, 16 ks + 16)
+// are desc_plus(desc, k_major_step_bytes<kRows>(ks)) (64-column panels of kRows
+// 128-byte rows).
 template <int kRows, int kCols>
-__device__ __forceinline__ uint64_t desc_k_major(SmemTile<kRows, kCols> tile, int row0, int ks) {
-  return smem_desc(tile.at(row0, 0) + (ks / 4) * kRows * 64 + (ks % 4) * 16, 16, 1024);
+__device__ __forceinline__ uint64_t desc_k_major(SmemTile<kRows, kCols> tile, int row0) {
+  return smem_desc(tile.at(row0, 0), 16, 1024);
 }
-// Rows [16 ks, 16 ks + 16) x all columns of a tile read MN-major (rows are K).
+template <int kRows>
+__host__ __device__ constexpr uint32_t k_major_step_bytes(int ks) {
+  return (ks / 4) * kRows * 128 + (ks % 4) * 32;
+}
+// All columns of a tile read MN-major (rows are K); rows [16 ks, 16 ks + 16) are
+// desc_plus(desc, mn_major_step_bytes(ks)).
 template <int kRows, int kCols>
-__device__ __forceinline__ uint64_t desc_mn_major(SmemTile<kRows, kCols> tile, int ks) {
-  return smem_desc(tile.data + ks * 16 * 64, kRows * 128, 1024);
+__device__ __forceinline__ uint64_t desc_mn_major(SmemTile<kRows, kCols> tile) {
+  return smem_desc(tile.data, kRows * 128, 1024);
 }
-// Rows [row0, row0 + 64) (or all rows, as B) x bytes [32 ks, 32 ks + 32) of an
-// int8 tile read K-major.
+__host__ __device__ constexpr uint32_t mn_major_step_bytes(int ks) { return ks * 16 * 128; }
+// Rows [row0, row0 + 64) (or all rows, as B) of an int8 tile read K-major;
+// bytes [32 ks, 32 ks + 32) of each row are desc_plus(desc, 32 ks).
 template <int kRows, int kRowBytes>
-__device__ __forceinline__ uint64_t desc_k_major(Int8SmemTile<kRows, kRowBytes> tile, int row0, int ks) {
-  return smem_desc(tile.data + row0 * kRowBytes + ks * 32, 16, 8 * kRowBytes, kRowBytes == 128 ? 1 : 2);
+__device__ __forceinline__ uint64_t desc_k_major(Int8SmemTile<kRows, kRowBytes> tile, int row0) {
+  return smem_desc(tile.data + row0 * kRowBytes, 16, 8 * kRowBytes, kRowBytes == 128 ? 1 : 2);
 }
 
 __device__ __forceinline__ void wgmma_fence() {
@@ -258,10 +276,12 @@ template <int kNTiles, int kRowsA, int kRowsB, int kCols>
 __device__ __forceinline__ void issue_ss(float (&acc)[1][kNTiles][4], SmemTile<kRowsA, kCols> a,
                                          int row0, SmemTile<kRowsB, kCols> b) {
   static_assert(kNTiles * 8 == kRowsB, "B's rows are the output columns");
+  const uint64_t a_desc = desc_k_major(a, row0), b_desc = desc_k_major(b, 0);
   wgmma_fence();
 #pragma unroll
   for (int ks = 0; ks < kCols / 16; ++ks)
-    mma_ss(acc, desc_k_major(a, row0, ks), desc_k_major(b, 0, ks), ks > 0);
+    mma_ss(acc, desc_plus(a_desc, k_major_step_bytes<kRowsA>(ks)), desc_plus(b_desc, k_major_step_bytes<kRowsB>(ks)),
+           ks > 0);
   wgmma_commit();
   fence_operands(acc);
 }
@@ -273,9 +293,10 @@ template <int kNTiles, int kKSteps, int kRows, int kCols>
 __device__ __forceinline__ void issue_rs(float (&acc)[1][kNTiles][4],
                                          uint32_t (&a)[1][kKSteps][4], SmemTile<kRows, kCols> b) {
   static_assert(kNTiles * 8 == kCols && kKSteps * 16 <= kRows);
+  const uint64_t b_desc = desc_mn_major(b);
   wgmma_fence();
 #pragma unroll
-  for (int ks = 0; ks < kKSteps; ++ks) mma_rs(acc, a[0][ks], desc_mn_major(b, ks));
+  for (int ks = 0; ks < kKSteps; ++ks) mma_rs(acc, a[0][ks], desc_plus(b_desc, mn_major_step_bytes(ks)));
   wgmma_commit();
   fence_operands(acc);
 }
@@ -305,9 +326,10 @@ template <int kNTiles, int kRowsA, int kRowsB, int kRowBytes>
 __device__ __forceinline__ void issue_s8_ss(int (&acc)[1][kNTiles][4], Int8SmemTile<kRowsA, kRowBytes> a,
                                             int row0, Int8SmemTile<kRowsB, kRowBytes> b) {
   static_assert(kNTiles * 8 == kRowsB, "B's rows are the output columns");
+  const uint64_t a_desc = desc_k_major(a, row0), b_desc = desc_k_major(b, 0);
   wgmma_fence();
 #pragma unroll
-  for (int ks = 0; ks < kRowBytes / 32; ++ks) mma_s8_ss(acc, desc_k_major(a, row0, ks), desc_k_major(b, 0, ks));
+  for (int ks = 0; ks < kRowBytes / 32; ++ks) mma_s8_ss(acc, desc_plus(a_desc, 32 * ks), desc_plus(b_desc, 32 * ks));
   wgmma_commit();
   fence_operands(acc);
 }
@@ -319,9 +341,10 @@ template <int kNTiles, int kKSteps, int kRowsB, int kRowBytes>
 __device__ __forceinline__ void issue_s8_rs(int (&acc)[1][kNTiles][4], uint32_t (&a)[1][kKSteps][4],
                                             Int8SmemTile<kRowsB, kRowBytes> bt) {
   static_assert(kNTiles * 8 == kRowsB && kKSteps * 32 == kRowBytes);
+  const uint64_t b_desc = desc_k_major(bt, 0);
   wgmma_fence();
 #pragma unroll
-  for (int ks = 0; ks < kKSteps; ++ks) mma_s8_rs(acc, a[0][ks], desc_k_major(bt, 0, ks));
+  for (int ks = 0; ks < kKSteps; ++ks) mma_s8_rs(acc, a[0][ks], desc_plus(b_desc, 32 * ks));
   wgmma_commit();
   fence_operands(acc);
 }
