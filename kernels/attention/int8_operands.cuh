@@ -64,24 +64,23 @@ __device__ __forceinline__ void ldmatrix_x4_s8(uint32_t (&r)[4], const int8_t* p
   ldmatrix_x4(r, reinterpret_cast<const bf16*>(p));
 }
 
-// Conversions without the conversion unit (16 per clock per SM on sm_90, a
-// quarter of the FP32 rate; per key step they outnumbered the MMAs 3 to 1):
-// - int32 -> fp32: the int32 accumulators start at the bits of 1.5·2^23, so while
-//   |Σ| < 2^22 the sum's bits are the float 1.5·2^23 + Σ exactly, and one FADD
-//   takes the offset off. Bound: every product here sums at most 128 terms of
-//   |q̂ k̂| <= 127², and 127²·128 = 2,064,512 < 2^22 (static_asserts below);
-//   the biased sum stays below 2^31, so nothing wraps.
+// Conversions at the FP32 rate:
+// - int32 -> fp32: cvt.rn.f32.s32, which ptxas emits for sm_90 as I2FP.F32.S32,
+//   an FP32-rate instruction (a probe on an H200, 2026-12-01: 51 conversions
+//   per clock per SM, as many as the FADD of a biased-float trick that also
+//   needed the accumulators set to its bias first), exact while |Σ| < 2^24.
+//   Bound: every product here sums at most 128 terms of |q̂ k̂| <= 127², and
+//   127²·128 = 2,064,512 (static_asserts below).
 // - fp32 -> int8 (ψ's level of x given 1/s): fma(x, 1/s, 1.5·2^23) rounds x/s to
 //   the nearest integer (ties to even; the CPU reference rounds ties away from
 //   zero: a tie needs x/s exactly k + ½, and flips one level) and leaves the
 //   level's two's complement in the low byte of the float's bits; |x| <= max|X|
 //   keeps it in [-127, 127]. PRMT packs four such bytes.
-constexpr int kBiasedZero = 0x4B400000;  // bits of 1.5·2^23
-constexpr float kBias = 12582912.0f;     // 1.5·2^23
+constexpr float kBias = 12582912.0f;  // 1.5·2^23
 template <int kTerms>
-__device__ __forceinline__ float biased_to_float(int biased_sum) {
-  static_assert(127 * 127 * kTerms < (1 << 22), "the int32 sum must stay below 2^22 (biased_to_float)");
-  return __int_as_float(biased_sum) - kBias;
+__device__ __forceinline__ float sum_to_float(int sum) {
+  static_assert(127 * 127 * kTerms < (1 << 24), "the int32 sum must convert exactly (sum_to_float)");
+  return __int2float_rn(sum);
 }
 __device__ __forceinline__ uint32_t pack_s8x4(float a, float b, float c, float d, float inv) {
   const uint32_t la = __float_as_uint(fmaf(a, inv, kBias)), lb = __float_as_uint(fmaf(b, inv, kBias));
@@ -96,44 +95,37 @@ __device__ __forceinline__ float fast_rcp(float x) {
   return y;
 }
 
-// Integer accumulators (16, 8 kNTiles) set to the biased zero.
+// Integer accumulators (16, 8 kNTiles) set to zero (mma.sync adds to them; the
+// first wgmma of a product overwrites its accumulators instead).
 template <int kNTiles>
-__device__ __forceinline__ void biased_zero(int (&sum)[kNTiles][4]) {
+__device__ __forceinline__ void zero_sums(int (&sum)[kNTiles][4]) {
 #pragma unroll
   for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) sum[nt][e] = kBiasedZero;
+    for (int e = 0; e < 4; ++e) sum[nt][e] = 0;
 }
 // acc = sum · scale, sums of kTerms products with one scale for the tile.
 template <int kTerms, int kNTiles>
-__device__ __forceinline__ void biased_to_scores(float (&acc)[1][kNTiles][4], const int (&sum)[kNTiles][4],
-                                                 float scale) {
+__device__ __forceinline__ void sums_to_scores(float (&acc)[1][kNTiles][4], const int (&sum)[kNTiles][4],
+                                               float scale) {
 #pragma unroll
   for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) acc[0][nt][e] = biased_to_float<kTerms>(sum[nt][e]) * scale;
+    for (int e = 0; e < 4; ++e) acc[0][nt][e] = sum_to_float<kTerms>(sum[nt][e]) * scale;
 }
-// acc = sum · scale · log2(e) in one FFMA per element (the scores of an exact
-// softmax in the log2 domain): a = scale·log2(e) cut to 22 significant bits
-// (a relative change below 2^-21), so that 1.5·2^23·a = 3·2^22·a is exact and
-// fma(f, a, −1.5·2^23·a) = Σ·a, rounded once, from the biased sum's bits f.
+// acc = sum · scale · log2(e): the scores of an exact softmax in the log2 domain.
 template <int kTerms, int kNTiles>
-__device__ __forceinline__ void biased_to_log2_scores(float (&acc)[1][kNTiles][4], const int (&sum)[kNTiles][4],
-                                                      float scale) {
-  static_assert(127 * 127 * kTerms < (1 << 22), "the int32 sum must stay below 2^22 (biased_to_float)");
-  const float a = __uint_as_float(__float_as_uint(scale * kLog2e) & ~3u);
-  const float offset = -kBias * a;
-#pragma unroll
-  for (int nt = 0; nt < kNTiles; ++nt)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) acc[0][nt][e] = fmaf(__int_as_float(sum[nt][e]), a, offset);
+__device__ __forceinline__ void sums_to_log2_scores(float (&acc)[1][kNTiles][4], const int (&sum)[kNTiles][4],
+                                                    float scale) {
+  sums_to_scores<kTerms>(acc, sum, scale * kLog2e);
 }
 // acc += sum · row_scale of the element's row (g: [0], g + 8: [1]), kTerms products each.
 template <int kTerms>
-__device__ __forceinline__ void add_biased(float (&acc)[4], const int (&sum)[4], const float (&row_scale)[2]) {
+__device__ __forceinline__ void add_sum(float (&acc)[4], const int (&sum)[4], const float (&row_scale)[2]) {
 #pragma unroll
-  for (int e = 0; e < 4; ++e) acc[e] += biased_to_float<kTerms>(sum[e]) * row_scale[e / 2];
+  for (int e = 0; e < 4; ++e) acc[e] = fmaf(sum_to_float<kTerms>(sum[e]), row_scale[e / 2], acc[e]);
 }
+
 // ψ(w) as int8 A fragments over the permuted k (see above): the weights w (16
 // rows, 8 kNTiles columns = the product's k) at the row scales' inverses `inv`.
 template <int kKSteps, int kNTiles>
@@ -161,7 +153,7 @@ __device__ __forceinline__ void int8_product_nk(float (&acc)[1][kNTiles][4], Int
   static_assert(kNTiles % 2 == 0 && kNTiles * 8 <= kRowsB);
   const int lane = threadIdx.x % 32;
   int sum[kNTiles][4];
-  biased_zero(sum);
+  zero_sums(sum);
 #pragma unroll
   for (int ks = 0; ks < kCols / 32; ++ks) {
     uint32_t af[4];
@@ -174,7 +166,7 @@ __device__ __forceinline__ void int8_product_nk(float (&acc)[1][kNTiles][4], Int
       mma_s8_16832(sum[2 * np + 1], af, r[2], r[3]);
     }
   }
-  biased_to_scores<kCols>(acc, sum, scale);
+  sums_to_scores<kCols>(acc, sum, scale);
 }
 
 // ψ's scale s = amax / 127 and 1/s of each of the thread's two rows, without
@@ -238,7 +230,7 @@ __device__ __forceinline__ void int8_product_weights(float (&acc)[1][kDTiles][4]
 #pragma unroll
   for (int np = 0; np < kDTiles / 2; ++np) {  // 16 output columns at a time: few int32 registers
     int sum[2][4];
-    biased_zero(sum);
+    zero_sums(sum);
 #pragma unroll
     for (int ks = 0; ks < kKSteps; ++ks) {
       uint32_t r[4];
@@ -246,8 +238,8 @@ __device__ __forceinline__ void int8_product_weights(float (&acc)[1][kDTiles][4]
       mma_s8_16832(sum[0], a[ks], r[0], r[1]);
       mma_s8_16832(sum[1], a[ks], r[2], r[3]);
     }
-    add_biased<kCols>(acc[0][2 * np], sum[0], row_scale);
-    add_biased<kCols>(acc[0][2 * np + 1], sum[1], row_scale);
+    add_sum<kCols>(acc[0][2 * np], sum[0], row_scale);
+    add_sum<kCols>(acc[0][2 * np + 1], sum[1], row_scale);
   }
 }
 

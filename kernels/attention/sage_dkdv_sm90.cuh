@@ -144,7 +144,6 @@ __global__ void __launch_bounds__(flash::sm90::block_threads<SageDkDvSm90Layout<
   float dv_scale[2], dk_scale[2];                        // of the thread's two keys
   auto issue = [&](int (&sum)[1][kChunkTiles][4], bool dv, int chunk, int s) {
     const Int8SmemTile<kChunk, kQueries> bt{(dv ? dot_tile(s) : qt_tile(s)).data + chunk * kChunk * kQueries};
-    biased_zero(sum[0]);
     issue_s8_rs(sum, dv ? p_hat : ds_hat, bt);
   };
   auto fold = [&](bool dv, int chunk, const int (&sum)[1][kChunkTiles][4]) {
@@ -154,13 +153,13 @@ __global__ void __launch_bounds__(flash::sm90::block_threads<SageDkDvSm90Layout<
 #pragma unroll
       for (int dt = 0; dt < kChunkTiles; ++dt) {
         if (dv)
-          add_biased<kQueries>(dv_acc[0][c * kChunkTiles + dt], sum[0][dt], dv_scale);
+          add_sum<kQueries>(dv_acc[0][c * kChunkTiles + dt], sum[0][dt], dv_scale);
         else
-          add_biased<kQueries>(dk_acc[0][c * kChunkTiles + dt], sum[0][dt], dk_scale);
+          add_sum<kQueries>(dk_acc[0][c * kChunkTiles + dt], sum[0][dt], dk_scale);
       }
     }
   };
-  int sums[2][1][kChunkTiles][4];  // (64 keys, 64 columns) biased s32 of dV and dK
+  int sums[2][1][kChunkTiles][4];  // (64 keys, 64 columns) s32 of dV and dK
 
   feed.resident(resident);
   feed.consume(q_first, ws.blocks, queries, [&](int i, int s) {
@@ -174,8 +173,7 @@ __global__ void __launch_bounds__(flash::sm90::block_threads<SageDkDvSm90Layout<
     // The warp's last key sees the step's first query, and every query is real.
     const bool all_visible = warp_key0 + 15 <= q0 && q0 + kQueries <= p.T;
 
-    int st_sum[1][kNTiles][4];  // (64 keys, 64 queries) K̂ Q̂ᵀ, biased s32
-    biased_zero(st_sum[0]);
+    int st_sum[1][kNTiles][4];  // (64 keys, 64 queries) K̂ Q̂ᵀ, s32
     issue_s8_ss(st_sum, k_tile, wg_row0, q_tile(s));
     float dp[1][kNTiles][4];  // (64 keys, 64 queries): dPᵀ, runs while Pᵀ is made
     issue_ss(dp, v_tile, wg_row0, do_tile(s));

@@ -117,7 +117,6 @@ __global__ void __launch_bounds__(flash::sm90::block_threads<SageDqSm90Layout<D,
   // score, dp (64 queries, 64 keys; this warp's 16 rows) = S and dP of key block j.
   auto scores_and_dp = [&](float (&score)[1][kNTiles][4], float (&dp)[1][kNTiles][4], int j, int s) {
     int sum[1][kNTiles][4];
-    biased_zero(sum[0]);
     issue_s8_ss(sum, q_tile, wg.wg_row0, k_tile(s));
     issue_ss(dp, do_tile, wg.wg_row0, v_tile(s));  // runs while S is converted
     wait_for<1>(sum);

@@ -111,7 +111,6 @@ __global__ void __launch_bounds__(flash::sm90::block_threads<SageForwardSm90Layo
   // hopper_scores), masked entries −inf; this warp's 16 rows.
   auto scores = [&](float (&s)[1][kNTiles][4], int j, int stage) {
     int sum[1][kNTiles][4];
-    biased_zero(sum[0]);
     issue_s8_ss(sum, q_tile, wg.wg_row0, k_tile(stage));
     wait_for<0>(sum);
     hopper_scores<Softmax, D>(s, sum[0], wg.scale_q * wg.scale_k[j]);

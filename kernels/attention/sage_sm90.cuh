@@ -66,9 +66,9 @@ struct SageBackwardSm90Common {
 
 #ifdef __CUDACC__
 // acc (64, d) += (a bt) · row_scale (per row of the thread, int8_operands.cuh's
-// add_biased): a the warpgroup's s8 A fragments (64 rows, 32 kKSteps), bt (d,
+// add_sum): a the warpgroup's s8 A fragments (64 rows, 32 kKSteps), bt (d,
 // 32 kKSteps) the transposed B (V̂ᵀ, K̂ᵀ), as kChunks wgmma groups over d / kChunks
-// columns each into biased s32 sums, kInFlight of them issued at once and each
+// columns each into s32 sums, kInFlight of them issued at once and each
 // folded as soon as it lands: with two in flight the fold of the first half runs
 // beside the second's product; with one the sums take half the registers.
 template <int kChunks, int kInFlight, int D, int kKSteps>
@@ -81,10 +81,9 @@ __device__ __forceinline__ void weight_product(float (&acc)[1][D / 8][4], uint32
   static_assert(kChunks % kInFlight == 0 && kInFlight <= 2, "the waits below are for one or two groups");
 #pragma unroll
   for (int c0 = 0; c0 < kChunks; c0 += kInFlight) {
-    int sum[kInFlight][1][kChunkTiles][4];  // (64, d / kChunks) biased s32 each
+    int sum[kInFlight][1][kChunkTiles][4];  // (64, d / kChunks) s32 each
 #pragma unroll
     for (int i = 0; i < kInFlight; ++i) {
-      biased_zero(sum[i][0]);
       issue_s8_rs(sum[i], a, Int8SmemTile<kChunkRows, 32 * kKSteps>{bt.data + (c0 + i) * kChunkRows * 32 * kKSteps});
     }
 #pragma unroll
@@ -95,7 +94,7 @@ __device__ __forceinline__ void weight_product(float (&acc)[1][D / 8][4], uint32
         wait_for<0>(sum[i], a);
 #pragma unroll
       for (int dt = 0; dt < kChunkTiles; ++dt)
-        add_biased<32 * kKSteps>(acc[0][(c0 + i) * kChunkTiles + dt], sum[i][0][dt], row_scale);
+        add_sum<32 * kKSteps>(acc[0][(c0 + i) * kChunkTiles + dt], sum[i][0][dt], row_scale);
     }
   }
 }

@@ -19,7 +19,7 @@
 #include <cmath>
 #include <type_traits>
 
-#include "attention/int8_operands.cuh"  // kBias: the biased sums
+#include "attention/int8_operands.cuh"  // the int32 sums' conversions
 #include "attention/kinterval_softmax.cuh"
 #include "attention/online_softmax.cuh"
 #include "attention/tile_mma.cuh"
@@ -79,9 +79,9 @@ struct SoftmaxOptions {
 // Plain SageBwd: the online softmax of online_softmax.cuh; backward P = exp(S − L),
 // dS = P (dP − δ) with the pre-pass's δ = rowsum(dO ∘ O).
 //
-// The Hopper kernels hand it S·log2(e) (kLog2Scores: biased_to_log2_scores, one
-// FFMA per score from the int32 sum; scale_log2 = 1) instead of S (FADD and
-// FMUL, then an FFMA into the exponent), and its forward there takes ψ's amax of
+// The Hopper kernels hand it S·log2(e) (kLog2Scores, sums_to_log2_scores;
+// scale_log2 = 1), so that the exponent of P is one FADD from the score, and
+// its forward there takes ψ's amax of
 // P̃ from the row's max and rescales O only when a row's max has grown
 // (update_rescaling_rarely).
 struct ExactSoftmax : flash::OnlineSoftmax<1> {
@@ -406,8 +406,7 @@ __device__ __forceinline__ void score_grads(float (&w)[1][kNTiles][4], const flo
   });
 }
 
-// The policy and its scores as the Hopper kernels make them from the biased
-// int32 sums of S = Q̂ K̂ᵀ at `scale` = s_Q s_K: S·log2(e) for ExactSoftmax
+// The policy and its scores as the Hopper kernels make them from the int32 sums of S = Q̂ K̂ᵀ at `scale` = s_Q s_K: S·log2(e) for ExactSoftmax
 // (kLog2Scores), S for the K-interval policy, whose grid is in units of S.
 template <class Softmax>
 __device__ __forceinline__ Softmax hopper_policy(const SoftmaxOptions& opt) {
@@ -421,9 +420,9 @@ constexpr float kHopperScoreUnit = Softmax::kLog2Scores ? kLog2e : 1.0f;  // one
 template <class Softmax, int kTerms, int kNTiles>
 __device__ __forceinline__ void hopper_scores(float (&s)[1][kNTiles][4], const int (&sum)[kNTiles][4], float scale) {
   if constexpr (Softmax::kLog2Scores)
-    flash::biased_to_log2_scores<kTerms>(s, sum, scale);
+    flash::sums_to_log2_scores<kTerms>(s, sum, scale);
   else
-    flash::biased_to_scores<kTerms>(s, sum, scale);
+    flash::sums_to_scores<kTerms>(s, sum, scale);
 }
 
 }  // namespace qattn::cuda::sage

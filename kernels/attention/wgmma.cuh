@@ -40,8 +40,8 @@
 //   accumulator (64, N) s32: as the fp32 one above,
 // so int8_operands.cuh's packing of fp32 weights into A fragments over the
 // permuted k (kPermuted), and the transposed copies in that order, serve both.
-// The accumulators start at int8_operands.cuh's biased zero and every MMA adds
-// to them (no overwrite), so that one FADD per element converts the sum.
+// The first k step of a product overwrites its accumulators (scale-d 0), so
+// that no instruction sets them to zero; int8_operands.cuh converts the sums.
 #pragma once
 #include <cstdint>
 
@@ -199,10 +199,12 @@ __device__ __forceinline__ void mma_rs(float (&acc)[1][kNTiles][4], const uint32
 #endif
 }
 
-// acc (64, N) += A (64, 32) Bᵀ, s8 x s8 -> s32, A and B K-major int8 tiles in
-// shared memory (B is (N, 32): rows are output columns).
+// acc (64, N) (+)= A (64, 32) Bᵀ, s8 x s8 -> s32, A and B K-major int8 tiles in
+// shared memory (B is (N, 32): rows are output columns). accumulate = false
+// overwrites acc.
 template <int kNTiles>
-__device__ __forceinline__ void mma_s8_ss(int (&acc)[1][kNTiles][4], uint64_t a_desc, uint64_t b_desc) {
+__device__ __forceinline__ void mma_s8_ss(int (&acc)[1][kNTiles][4], uint64_t a_desc, uint64_t b_desc,
+                                          bool accumulate) {
   static_assert(kNTiles == 8 || kNTiles == 16, "wgmma N is 64 or 128 here");
 #if QATTN_SM90A_DEVICE
   auto& c = acc[0];
@@ -211,22 +213,23 @@ __device__ __forceinline__ void mma_s8_ss(int (&acc)[1][kNTiles][4], uint64_t a_
         "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n64k32.s32.s8.s8 " QATTN_REGS32 ", %32, %33, p;\n}\n"
         : QATTN_IACC32(c)
-        : "l"(a_desc), "l"(b_desc), "r"(1));
+        : "l"(a_desc), "l"(b_desc), "r"(accumulate ? 1 : 0));
   } else {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8 " QATTN_REGS64 ", %64, %65, p;\n}\n"
         : QATTN_IACC64(c)
-        : "l"(a_desc), "l"(b_desc), "r"(1));
+        : "l"(a_desc), "l"(b_desc), "r"(accumulate ? 1 : 0));
   }
 #endif
 }
 
-// acc (64, N) += A (64, 32) B, s8 x s8 -> s32, A from registers (one s8 A
-// fragment per warp) and B K-major in shared memory (B's rows are output columns).
+// acc (64, N) (+)= A (64, 32) B, s8 x s8 -> s32, A from registers (one s8 A
+// fragment per warp) and B K-major in shared memory (B's rows are output
+// columns). accumulate = false overwrites acc.
 template <int kNTiles>
 __device__ __forceinline__ void mma_s8_rs(int (&acc)[1][kNTiles][4], const uint32_t (&a)[4],
-                                          uint64_t b_desc) {
+                                          uint64_t b_desc, bool accumulate) {
   static_assert(kNTiles == 8 || kNTiles == 16, "wgmma N is 64 or 128 here");
 #if QATTN_SM90A_DEVICE
   auto& c = acc[0];
@@ -236,14 +239,14 @@ __device__ __forceinline__ void mma_s8_rs(int (&acc)[1][kNTiles][4], const uint3
         "wgmma.mma_async.sync.aligned.m64n64k32.s32.s8.s8 " QATTN_REGS32
         ", {%32, %33, %34, %35}, %36, p;\n}\n"
         : QATTN_IACC32(c)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(1));
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate ? 1 : 0));
   } else {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8 " QATTN_REGS64
         ", {%64, %65, %66, %67}, %68, p;\n}\n"
         : QATTN_IACC64(c)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(1));
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate ? 1 : 0));
   }
 #endif
 }
@@ -319,9 +322,9 @@ __device__ __forceinline__ void product_rs(float (&acc)[1][kNTiles][4],
   wait_for<0>(acc, a);
 }
 
-// The int8 products, issued like issue_ss / issue_rs; acc holds biased s32 sums
-// (int8_operands.cuh) and is added to. acc (64, N) += rows [row0, row0 + 64) of
-// a times bᵀ over the tiles' row bytes (S = Q̂ K̂ᵀ, dP = dÔ V̂ᵀ and the transposes).
+// The int8 products, issued like issue_ss / issue_rs, into fresh s32
+// accumulators. acc (64, N) = rows [row0, row0 + 64) of a times bᵀ over the
+// tiles' row bytes (S = Q̂ K̂ᵀ, dP = dÔ V̂ᵀ and the transposes).
 template <int kNTiles, int kRowsA, int kRowsB, int kRowBytes>
 __device__ __forceinline__ void issue_s8_ss(int (&acc)[1][kNTiles][4], Int8SmemTile<kRowsA, kRowBytes> a,
                                             int row0, Int8SmemTile<kRowsB, kRowBytes> b) {
@@ -329,14 +332,14 @@ __device__ __forceinline__ void issue_s8_ss(int (&acc)[1][kNTiles][4], Int8SmemT
   const uint64_t a_desc = desc_k_major(a, row0), b_desc = desc_k_major(b, 0);
   wgmma_fence();
 #pragma unroll
-  for (int ks = 0; ks < kRowBytes / 32; ++ks) mma_s8_ss(acc, desc_plus(a_desc, 32 * ks), desc_plus(b_desc, 32 * ks));
+  for (int ks = 0; ks < kRowBytes / 32; ++ks) mma_s8_ss(acc, desc_plus(a_desc, 32 * ks), desc_plus(b_desc, 32 * ks), ks > 0);
   wgmma_commit();
   fence_operands(acc);
 }
 
-// acc (64, N) += a bᵀ, a (64, 32 kKSteps) s8 A fragments of the calling
+// acc (64, N) = a bᵀ, a (64, 32 kKSteps) s8 A fragments of the calling
 // warpgroup (they must stay untouched until the wait), bt (N, 32 kKSteps) the
-// transposed B (O += P̂ V̂ with bt = V̂ᵀ, and the other products over T).
+// transposed B (P̂ V̂ with bt = V̂ᵀ, and the other products over T).
 template <int kNTiles, int kKSteps, int kRowsB, int kRowBytes>
 __device__ __forceinline__ void issue_s8_rs(int (&acc)[1][kNTiles][4], uint32_t (&a)[1][kKSteps][4],
                                             Int8SmemTile<kRowsB, kRowBytes> bt) {
@@ -344,7 +347,7 @@ __device__ __forceinline__ void issue_s8_rs(int (&acc)[1][kNTiles][4], uint32_t 
   const uint64_t b_desc = desc_k_major(bt, 0);
   wgmma_fence();
 #pragma unroll
-  for (int ks = 0; ks < kKSteps; ++ks) mma_s8_rs(acc, a[0][ks], desc_plus(b_desc, 32 * ks));
+  for (int ks = 0; ks < kKSteps; ++ks) mma_s8_rs(acc, a[0][ks], desc_plus(b_desc, 32 * ks), ks > 0);
   wgmma_commit();
   fence_operands(acc);
 }
