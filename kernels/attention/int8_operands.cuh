@@ -113,12 +113,6 @@ __device__ __forceinline__ void sums_to_scores(float (&acc)[1][kNTiles][4], cons
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc[0][nt][e] = sum_to_float<kTerms>(sum[nt][e]) * scale;
 }
-// acc = sum · scale · log2(e): the scores of an exact softmax in the log2 domain.
-template <int kTerms, int kNTiles>
-__device__ __forceinline__ void sums_to_log2_scores(float (&acc)[1][kNTiles][4], const int (&sum)[kNTiles][4],
-                                                    float scale) {
-  sums_to_scores<kTerms>(acc, sum, scale * kLog2e);
-}
 // acc += sum · row_scale of the element's row (g: [0], g + 8: [1]), kTerms products each.
 template <int kTerms>
 __device__ __forceinline__ void add_sum(float (&acc)[4], const int (&sum)[4], const float (&row_scale)[2]) {

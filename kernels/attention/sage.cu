@@ -624,7 +624,8 @@ void forward_sm90(const SageParams& p, cudaStream_t stream) {
   f.vt = maps.transposed(ws.v.i8t);
   constexpr int kWarpgroups = SageForwardSm90Layout<D, Softmax>::kWarpgroups;  // one 64-row block each
   launch(sage_forward_sm90_kernel<D, Softmax>, dim3(ceil_div(ws.blocks, kWarpgroups), p.B * p.H),
-         sm90::block_threads<kWarpgroups>(), SageForwardSm90Layout<D, Softmax>::kBytes, stream, f);
+         sm90::block_threads<kWarpgroups>(), SageForwardSm90Layout<D, Softmax>::kBytes + scale_table_bytes(2, ws.blocks),
+         stream, f);
 }
 
 template <int D, class Softmax>
@@ -655,7 +656,8 @@ void dq_sm90(const SageParams& p, cudaStream_t stream) {
   f.v = qkv_map(p, D);
   constexpr int kWarpgroups = SageDqSm90Layout<D, Softmax>::kWarpgroups;  // one 64-row block each
   launch(sage_dq_sm90_kernel<D, Softmax>, dim3(ceil_div(ws.blocks, kWarpgroups), p.B * p.H),
-         sm90::block_threads<kWarpgroups>(), SageDqSm90Layout<D, Softmax>::kBytes, stream, f);
+         sm90::block_threads<kWarpgroups>(), SageDqSm90Layout<D, Softmax>::kBytes + scale_table_bytes(1, ws.blocks),
+         stream, f);
 }
 
 // The wgmma dK/dV kernel: tensor maps over the pre-pass's int8 and bf16 copies.
@@ -672,7 +674,8 @@ void dkdv_sm90(const SageParams& p, cudaStream_t stream) {
   f.dout = dout_map(p, D);
   constexpr int kWarpgroups = SageDkDvSm90Layout<D, Softmax>::kWarpgroups;  // one 64-row block each
   launch(sage_dkdv_sm90_kernel<D, Softmax>, dim3(ceil_div(ws.blocks, kWarpgroups), p.B * p.H),
-         sm90::block_threads<kWarpgroups>(), SageDkDvSm90Layout<D, Softmax>::kBytes, stream, f);
+         sm90::block_threads<kWarpgroups>(), SageDkDvSm90Layout<D, Softmax>::kBytes + scale_table_bytes(2, ws.blocks),
+         stream, f);
 }
 
 // dQ first: with a row sweep it writes the row terms the dK/dV kernel reads.
@@ -729,7 +732,8 @@ int sage_row_stats(const SageOptions& opt) {
   return opt.softmax ? KIntervalSoftmax::kStatFloats : ExactSoftmax::kStatFloats;
 }
 
-SageTiles sage_default_tiles(int d) {
+SageTiles sage_default_tiles(const AttentionShape& s) {
+  const int d = s.d;
   // d = 64: the 4-warp forward and dQ fit three CTAs (12 warps) per SM by
   // registers, 8-warp CTAs one; the dK/dV kernel holds 8 warps per SM either
   // way and with 8 warps loads each query block once per 128 keys.
@@ -751,11 +755,11 @@ SageTiles sage_default_tiles(int d) {
   //   against 19.127 at (1, 16, 16384, 128), 3.098 against 3.153 at (4, 12,
   //   4096, 64) (21:27 UTC, after the fix of its unwaited Q̂/dO copies; the
   //   "[sage-wgmma]" many-heads test passes).
-  //   With three warpgroups at d = 64 (sage_sm90.cuh) the wgmma forward
-  //   is no faster at T = 1024, where training runs (2026-12-01, device call 4,
-  //   three rounds: 0.126-0.130 vs 0.120-0.126 ms at (8, 12, 1024, 64)), and
-  //   3-5% faster at T = 4096 (0.521-0.532 vs 0.550-0.564 at (4, 12, 4096, 64)).
-  tiles.forward_kernels = d == 128 ? FpaKernels::automatic : FpaKernels::mma_sync;
+  // - forward at d = 64: wgmma from T = 2048, mma.sync below, where the wgmma
+  //   one is slower (tools/sage_tiles, forward with its pre-pass, 2026-12-01
+  //   device call 5: 0.102 vs 0.099 ms at (8, 12, 1024, 64), 0.253 vs 0.268 at
+  //   (8, 12, 2048, 64), 0.400 vs 0.451 at (4, 12, 4096, 64)).
+  tiles.forward_kernels = d == 128 || s.T >= 2048 ? FpaKernels::automatic : FpaKernels::mma_sync;
   tiles.dq_kernels = tiles.dkdv_kernels = FpaKernels::automatic;
   return tiles;
 }
@@ -804,13 +808,13 @@ void sage_backward(const SageOptions& opt, const AttentionShape& s, const bf16* 
 
 void sage_forward(const SageOptions& opt, const AttentionShape& s, const bf16* qkv, bf16* o, float* stats,
                   void* saved, cudaStream_t stream) {
-  sage_forward(opt, s, qkv, o, stats, saved, stream, sage_default_tiles(s.d));
+  sage_forward(opt, s, qkv, o, stats, saved, stream, sage_default_tiles(s));
 }
 
 void sage_backward(const SageOptions& opt, const AttentionShape& s, const bf16* qkv, const bf16* o,
                    const bf16* dout, const float* stats, const void* saved, bf16* dqkv, void* workspace,
                    cudaStream_t stream) {
-  sage_backward(opt, s, qkv, o, dout, stats, saved, dqkv, workspace, stream, sage_default_tiles(s.d));
+  sage_backward(opt, s, qkv, o, dout, stats, saved, dqkv, workspace, stream, sage_default_tiles(s));
 }
 
 }  // namespace qattn::cuda

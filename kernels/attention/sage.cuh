@@ -26,7 +26,7 @@ int sage_row_stats(const SageOptions& opt);
 
 // Warps per CTA of each mma.sync kernel: 4 (64 resident rows: queries, or keys
 // for dK/dV) or 8 (128 rows). Every shape computes the same outputs bit for bit;
-// sage_default_tiles is the one expected fastest per head dim, the others are
+// sage_default_tiles is the one expected fastest per shape, the others are
 // there to be timed against it (tools/sage_tiles.cu) and are tested alike.
 //
 // The family of each kernel is chosen at run time: on a device and build with
@@ -40,14 +40,14 @@ int sage_row_stats(const SageOptions& opt);
 // cannot run (no sm_90a, other options); automatic is wgmma where it runs.
 // sage_default_tiles, what training runs, names the family of each kernel
 // (measured choices, sage.cu): wgmma wherever it runs, except the forward at
-// d = 64, where mma.sync measured faster.
+// d = 64 and T < 2048, where mma.sync measured faster.
 struct SageTiles {
   int forward, dq, dkdv;
   FpaKernels forward_kernels = FpaKernels::automatic;
   FpaKernels dq_kernels = FpaKernels::automatic;
   FpaKernels dkdv_kernels = FpaKernels::automatic;
 };
-SageTiles sage_default_tiles(int d);
+SageTiles sage_default_tiles(const AttentionShape& s);
 
 // qkv (B, T, 3C) -> o (B, T, C), stats (B, H, T, sage_row_stats), and the
 // quantised Q, K, V in `saved` (sage_saved_bytes).

@@ -4,9 +4,9 @@
 // kernel runs every other combination and the devices without sm_90a. Both use
 // the same helpers (int8_operands.cuh: the int8 sums, ψ of the weights and their
 // fragments; sage_softmax.cuh: the softmax policies), in the same order, so that
-// for the same quantised operands Sᵀ and dV's partial sums are the same
-// numbers, and Pᵀ the same up to fp32 rounding where the exact softmax works
-// in the log2 domain (kLog2Scores); dPᵀ is a bf16 product whose fp32 sum
+// for the same quantised operands Sᵀ's sums and dV's partial sums are the same
+// numbers, and Pᵀ the same up to fp32 rounding (the exact softmax takes
+// rescaled scores here, HopperScores); dPᵀ is a bf16 product whose fp32 sum
 // order differs between the families, and with it dSᵀ by rounding.
 //
 // A block: R = Layout::kRows keys (sage_sm90.cuh: 192 for plain sage at
@@ -18,8 +18,8 @@
 // or RowStats) and row terms (δ, or the row sweep's). Per warpgroup and query
 // block i from the diagonal (transposed tiles, keys x queries):
 //   Sᵀ = K̂ Q̂ᵀ (s32, wgmma ss) and dPᵀ = V dOᵀ (fp32, bf16 wgmma ss) issued back
-//   to back; Sᵀ · s_K s_Q (+ smooth_q bias; ·log2(e) for the exact softmax,
-//   hopper_scores) -> Pᵀ (masked 0) while dPᵀ runs ->
+//   to back; Sᵀ · s_K s_Q (+ smooth_q bias; for the exact softmax the sums,
+//   its exponent scaled, HopperScores) -> Pᵀ (masked 0) while dPᵀ runs ->
 //   ψ(Pᵀ) per row (per key) into s8 A fragments -> dSᵀ = Pᵀ ∘ (dPᵀ − δ) (the
 //   policy's grad) -> ψ(dSᵀ) per row into s8 A fragments -> dV += P̂ᵀ dÔ ·
 //   s_P s_dO and dK += dŜᵀ Q̂ · s_dS s_Q (s32, wgmma rs, B the transposed
@@ -43,8 +43,9 @@ struct SageDkDvSm90Params : SageBackwardSm90Common {
 
 // Shared memory: K̂ (R, d) | V (R, d) bf16 | 2 stages of [Q̂ (64, d) | Q̂ᵀ (d, 64)
 // | dÔᵀ (d, 64) | dO (64, d) bf16 | statistics (64 rows) | row terms (64 rows)] |
-// barriers. Every tile starts at a multiple of 1024 bytes (its swizzle). At the
-// end dK and dV (R, d) bf16 are staged from offset 0.
+// barriers (kBytes in all) | the head's s_Q, s_dO (stage_scales). Every tile
+// starts at a multiple of 1024 bytes (its swizzle). At the end dK and dV (R, d)
+// bf16 are staged from offset 0.
 template <int D, class Softmax>
 struct SageDkDvSm90Layout {
   static constexpr int kWarpgroups = D == 64 && !Softmax::kRowPass ? 3 : 2;  // sage_sm90.cuh
@@ -128,9 +129,12 @@ __global__ void __launch_bounds__(flash::sm90::block_threads<SageDkDvSm90Layout<
   const int wg_key0 = k0 + wg_row0;           // and its first key
   const int warp_key0 = k0 + warp_row0();     // the warp's first key
   const size_t scale0 = static_cast<size_t>(bh) * ws.blocks;
+  const float* scales =  // (2, blocks): s_Q, s_dO of the head
+      stage_scales<Feed::kConsumerThreads, 2>(smem + Layout::kBytes, {ws.q.scale + scale0, ws.dout.scale + scale0},
+                                              ws.blocks);
   // The warpgroup's quantisation block (a block past the last: the last, as sage.cu).
   const float s_k = ws.k.scale[scale0 + min(wg_key0 / kSageBlock, ws.blocks - 1)];
-  const Softmax softmax = hopper_policy<Softmax>(p.softmax);
+  const Softmax softmax(p.softmax);
   auto visible = [&](int key, int query) { return query < p.T && key <= query; };
 
   float dk_acc[1][D / 8][4], dv_acc[1][D / 8][4];  // (64, d) rows of dK, dV of the warpgroup; this warp's 16
@@ -166,7 +170,7 @@ __global__ void __launch_bounds__(flash::sm90::block_threads<SageDkDvSm90Layout<
     const int q0 = i * kQueries;
     // Every key of the warpgroup after every query of the block, or past T (uniform).
     if (wg_key0 > q0 + kQueries - 1 || wg_key0 >= p.T) return;
-    const float s_q = ws.q.scale[scale0 + i], s_do = ws.dout.scale[scale0 + i];
+    const float s_q = scales[i], s_do = scales[ws.blocks + i];
     const float* stats = stats_slot(s);
     const float* terms = terms_slot(s);
     auto query_row = [&](int qi) { return Softmax::load_row(stats + qi * kStat, terms + qi * kTerm); };
@@ -178,14 +182,17 @@ __global__ void __launch_bounds__(flash::sm90::block_threads<SageDkDvSm90Layout<
     float dp[1][kNTiles][4];  // (64 keys, 64 queries): dPᵀ, runs while Pᵀ is made
     issue_ss(dp, v_tile, wg_row0, do_tile(s));
     wait_for<1>(st_sum);
-    float score[1][kNTiles][4];  // Sᵀ (·log2(e) for the exact softmax, hopper_scores)
-    hopper_scores<Softmax, D>(score, st_sum[0], s_k * s_q);
+    using Scores = HopperScores<Softmax>;
+    float score[1][kNTiles][4];  // Sᵀ as HopperScores has it for the backward
+    Scores::template backward<D>(score, st_sum[0], s_k * s_q);
+    const Softmax tile_softmax = Scores::backward_policy(softmax, s_k * s_q);
     if (p.smooth_q) {  // the bias of each key (c·μ_Qi·(K − μ_K))
       const float* bias = ws.query_bias + (scale0 + i) * ws.Tp + warp_key0;
+      const float unit = Scores::backward_unit(s_k * s_q);
 #pragma unroll
       for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) score[0][nt][e] = fmaf(bias[frag_row(e)], kHopperScoreUnit<Softmax>, score[0][nt][e]);
+        for (int e = 0; e < 4; ++e) score[0][nt][e] = fmaf(bias[frag_row(e)], unit, score[0][nt][e]);
     }
     // w(nt, e) = f(nt, e, key, query index) where the key sees the query, else
     // 0, over the warp's (16 keys, 64 queries); the mask only off the diagonal.
@@ -201,14 +208,14 @@ __global__ void __launch_bounds__(flash::sm90::block_threads<SageDkDvSm90Layout<
           }
       });
     };
-    visible_entries([&](int nt, int e, int, int qi) { return softmax.probability(query_row(qi), score[0][nt][e]); });
+    visible_entries([&](int nt, int e, int, int qi) { return tile_softmax.probability(query_row(qi), score[0][nt][e]); });
     float s_p[2], inv_s_p[2];  // ψ's scale of each of the thread's two keys
     weight_scales<1>(w, false, nullptr, s_p, inv_s_p);
     pack_weights(p_hat[0], w, inv_s_p);
     dv_scale[0] = s_p[0] * s_do, dv_scale[1] = s_p[1] * s_do;
     wait_for<0>(dp);
     visible_entries([&](int nt, int e, int key, int qi) {
-      return softmax.grad(query_row(qi), score[0][nt][e], w[0][nt][e], dp[0][nt][e], key);
+      return tile_softmax.grad(query_row(qi), score[0][nt][e], w[0][nt][e], dp[0][nt][e], key);
     });
     float s_ds[2], inv_s_ds[2];
     weight_scales<1>(w, false, nullptr, s_ds, inv_s_ds);

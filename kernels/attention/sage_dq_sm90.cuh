@@ -10,8 +10,8 @@
 // 64-key step K̂ (64, d), V (64, d; bf16, in place from qkv) and K̂ᵀ (d, 64) into
 // a two-stage ring.
 // Per warpgroup and key block j up to the diagonal:
-//   S = Q̂ K̂ᵀ (s32, wgmma ss) · s_Q s_K (+ smooth_q bias; S·log2(e) for the
-//   exact softmax, hopper_scores); dP = dO Vᵀ (bf16
+//   S = Q̂ K̂ᵀ (s32, wgmma ss) · s_Q s_K (+ smooth_q bias; for the exact softmax
+//   the sums, its exponent scaled, HopperScores); dP = dO Vᵀ (bf16
 //   wgmma ss, fp32) issued before S is waited for; dS = policy(S, dP) masked;
 //   dŜ quantised per row into s8 A fragments; dQ += dŜ K̂ · s_dS s_K (s32
 //   wgmma rs into fresh accumulators, one per 64 columns of d, weight_product;
@@ -37,7 +37,8 @@ struct SageDqSm90Params : SageBackwardSm90Common {
 
 // Shared memory, with R = kRows query rows per block: Q̂ (R, d) |
 // dO (R, d) bf16 | 2 x [K̂ (64, d) | V (64, d) bf16 | K̂ᵀ (d, 64)] | dQ (R, d) bf16 |
-// barriers; every tile at a multiple of 1024 bytes.
+// barriers | the head's s_K (stage_scales; kBytes ends with the barriers);
+// every tile at a multiple of 1024 bytes.
 template <int D, class Softmax>
 struct SageDqSm90Layout {
   static constexpr int kWarpgroups = !Softmax::kRowPass ? 3 : 2;  // sage_sm90.cuh
@@ -105,23 +106,29 @@ __global__ void __launch_bounds__(flash::sm90::block_threads<SageDqSm90Layout<D,
   }
   feed.consumer_start();
 
-  const QueryWarpgroup wg(ws, bh, q0, p.smooth_q);
+  const float* scale_k =  // (blocks): s_K of the head
+      stage_scales<Feed::kConsumerThreads, 1>(smem + Layout::kBytes, {ws.k.scale + static_cast<size_t>(bh) * ws.blocks},
+                                              ws.blocks);
+  const QueryWarpgroup wg(ws, bh, q0, p.smooth_q, scale_k);
   float* terms = p.row_terms + static_cast<size_t>(bh) * ws.Tp * Softmax::kTermFloats;  // (Tp, kTerm)
-  const Softmax softmax = hopper_policy<Softmax>(p.softmax);
+  const Softmax softmax(p.softmax);
   typename Softmax::Row rows[2];  // with a row sweep the terms are made below
   load_rows<Softmax>(rows, p.stats + static_cast<size_t>(bh) * p.T * Softmax::kStatFloats, terms, wg.first_query, p.T);
   feed.resident(resident);  // Q̂ and dO have landed (the step rings count only K̂, V, K̂ᵀ)
 
   // A warp whose rows all precede a key block the warpgroup sees gets dS = 0 there:
   // nothing added.
-  // score, dp (64 queries, 64 keys; this warp's 16 rows) = S and dP of key block j.
+  // score, dp (64 queries, 64 keys; this warp's 16 rows) = S (as HopperScores has
+  // it for the backward) and dP of key block j.
+  using Scores = HopperScores<Softmax>;
   auto scores_and_dp = [&](float (&score)[1][kNTiles][4], float (&dp)[1][kNTiles][4], int j, int s) {
     int sum[1][kNTiles][4];
     issue_s8_ss(sum, q_tile, wg.wg_row0, k_tile(s));
     issue_ss(dp, do_tile, wg.wg_row0, v_tile(s));  // runs while S is converted
     wait_for<1>(sum);
-    hopper_scores<Softmax, D>(score, sum[0], wg.scale_q * wg.scale_k[j]);
-    add_key_bias(score, wg.bias, j * kKeys, kHopperScoreUnit<Softmax>);  // score_grads and the sweep mask
+    const float scale = wg.scale_q * wg.scale_k[j];
+    Scores::template backward<D>(score, sum[0], scale);
+    add_key_bias(score, wg.bias, j * kKeys, Scores::backward_unit(scale));  // score_grads and the sweep mask
     wait_for<0>(dp);
   };
 
@@ -143,7 +150,8 @@ __global__ void __launch_bounds__(flash::sm90::block_threads<SageDqSm90Layout<D,
     float score[1][kNTiles][4], dp[1][kNTiles][4];  // S, dP
     scores_and_dp(score, dp, j, s);
     float w[1][kNTiles][4];  // dS
-    score_grads(w, score, dp, softmax, rows, j * kKeys, wg.first_query, p.T);
+    score_grads(w, score, dp, Scores::backward_policy(softmax, wg.scale_q * wg.scale_k[j]), rows, j * kKeys,
+                wg.first_query, p.T);
     float s_ds[2], inv_s_ds[2];  // ψ's scale of each of the thread's two rows
     weight_scales<1>(w, false, nullptr, s_ds, inv_s_ds);
     uint32_t ds_hat[1][kNTiles / 4][4];  // dŜ (64, 64) s8 A fragments over the permuted keys

@@ -5,7 +5,7 @@
 // int8 sums, ψ of the weights and their fragments; sage_softmax.cuh for the
 // bias, the mask and the softmax policies), so that for the same quantised
 // operands they compute the same numbers, up to fp32 rounding where this kernel
-// works in the log2 domain (ExactSoftmax's kLog2Scores).
+// feeds the exact softmax rescaled scores (HopperScores).
 //
 // A block: three consumer warpgroups of 64 query rows (two with the K-interval
 // block; Layout::kWarpgroups, sage_sm90.cuh), each warpgroup's rows in one
@@ -42,7 +42,8 @@ struct SageForwardSm90Params {
 };
 
 // Shared memory, with R = kRows query rows per block:
-// Q̂ (R, d) | 2 x K̂ (64, d) | 2 x V̂ᵀ (d, 64) | O (R, d) bf16 | barriers.
+// Q̂ (R, d) | 2 x K̂ (64, d) | 2 x V̂ᵀ (d, 64) | O (R, d) bf16 | barriers |
+// the head's s_K, s_V (stage_scales; kBytes ends with the barriers).
 // Each int8 tile starts at a multiple of 1024 bytes (its swizzle, tma.cuh).
 template <int D, class Softmax>
 struct SageForwardSm90Layout {
@@ -105,21 +106,24 @@ __global__ void __launch_bounds__(flash::sm90::block_threads<SageForwardSm90Layo
 
   // A warp whose rows all precede a block the warpgroup sees gets a fully
   // masked tile: weights 0, O unchanged.
-  const QueryWarpgroup wg(ws, bh, q0, p.smooth_q);
-  const float* scale_v = ws.v.scale + wg.scale0;
+  const size_t scale0 = static_cast<size_t>(bh) * ws.blocks;
+  const float* scales =  // (2, blocks): s_K, s_V of the head
+      stage_scales<Feed::kConsumerThreads, 2>(smem + Layout::kBytes, {ws.k.scale + scale0, ws.v.scale + scale0}, ws.blocks);
+  const QueryWarpgroup wg(ws, bh, q0, p.smooth_q, scales);
+  const float* scale_v = scales + ws.blocks;
   // s (64, 64) = the scores of key block j (S·log2(e) for the exact softmax,
-  // hopper_scores), masked entries −inf; this warp's 16 rows.
+  // HopperScores), masked entries −inf; this warp's 16 rows.
   auto scores = [&](float (&s)[1][kNTiles][4], int j, int stage) {
     int sum[1][kNTiles][4];
     issue_s8_ss(sum, q_tile, wg.wg_row0, k_tile(stage));
     wait_for<0>(sum);
-    hopper_scores<Softmax, D>(s, sum[0], wg.scale_q * wg.scale_k[j]);
-    bias_and_mask(s, wg.bias, j * kKeys, wg.first_query, kHopperScoreUnit<Softmax>);
+    HopperScores<Softmax>::template forward<D>(s, sum[0], wg.scale_q * wg.scale_k[j]);
+    bias_and_mask(s, wg.bias, j * kKeys, wg.first_query, HopperScores<Softmax>::kForwardUnit);
   };
 
   float o_acc[1][D / 8][4];  // (64, d) rows of O of the warpgroup; this warp's 16
   zero(o_acc);
-  Softmax softmax = hopper_policy<Softmax>(p.softmax);
+  Softmax softmax = HopperScores<Softmax>::forward_policy(p.softmax);
   feed.resident(resident);
   if constexpr (Softmax::kCalibrates) {  // pass 1: each row's max and min, then its grid
     feed.consume(0, key_blocks, keys, [&](int j, int stage) {
@@ -135,7 +139,7 @@ __global__ void __launch_bounds__(flash::sm90::block_threads<SageForwardSm90Layo
     float s[1][kNTiles][4];
     scores(s, j, stage);
     float s_p[2], inv_s_p[2];  // ψ's scale of each of the thread's two rows
-    if constexpr (Softmax::kLog2Scores) {
+    if constexpr (Softmax::kExact) {
       float p_max[2];
       softmax.update_rescaling_rarely(s, o_acc, p_max);  // s now holds P̃ = exp(S − m)
       scales_of_amax(p_max, s_p, inv_s_p);

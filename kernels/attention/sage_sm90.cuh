@@ -23,6 +23,25 @@ namespace qattn::cuda::sage {
 // the forward 858 -> 741 at (4, 16, 4096, 128).
 constexpr int sage_rows(int warpgroups) { return warpgroups * flash::sm90::kWarpgroupRows; }
 
+// A head's per-block scales in shared memory, past the Layout's bytes:
+// kArrays arrays of `blocks` floats (a few KB at most), copied by the consumers
+// before the first step, so that a step reads its block's scale from shared
+// memory instead of waiting on a global load (ncu's "long scoreboard" was the
+// kernels' largest stall besides the fixed-latency ones).
+constexpr size_t scale_table_bytes(int arrays, int blocks) { return static_cast<size_t>(arrays) * blocks * 4; }
+#ifdef __CUDACC__
+template <int kConsumerThreads, int kArrays>
+__device__ __forceinline__ const float* stage_scales(unsigned char* at, const float* const (&src)[kArrays],
+                                                     int blocks) {
+  float* table = reinterpret_cast<float*>(at);
+#pragma unroll
+  for (int a = 0; a < kArrays; ++a)
+    for (int i = static_cast<int>(threadIdx.x); i < blocks; i += kConsumerThreads) table[a * blocks + i] = src[a][i];
+  flash::sm90::consumers_sync<kConsumerThreads / 128>();
+  return table;
+}
+#endif
+
 // A query warpgroup of the forward or the dQ kernel (64 rows at q0 + its
 // offset in the block of sage_rows): its rows lie in one quantisation block, so
 // its S has one scale s_Q s_K per key block (a block past the last: the last,
@@ -33,18 +52,18 @@ struct QueryWarpgroup {
   int wg_first;          // its first query
   int first_query;       // the calling warp's first query
   float scale_q;         // s_Q of its quantisation block
-  const float* scale_k;  // (blocks) s_K of the head's key blocks
+  const float* scale_k;  // (blocks) s_K of the head's key blocks (stage_scales' copy)
   const float* bias;     // (Tp) the smooth_q bias of its block's queries, or null
   size_t scale0;         // the head's first block in the per-block arrays (scales, μ, bias)
 
-  __device__ QueryWarpgroup(const SageWorkspace& ws, int bh, int q0, bool smooth_q)
+  __device__ QueryWarpgroup(const SageWorkspace& ws, int bh, int q0, bool smooth_q, const float* head_scale_k)
       : wg_row0(flash::sm90::warpgroup_row0()),
         wg_first(q0 + wg_row0),
         first_query(q0 + flash::sm90::warp_row0()),
+        scale_k(head_scale_k),
         scale0(static_cast<size_t>(bh) * ws.blocks) {
     const int q_block = min(wg_first / kSageBlock, ws.blocks - 1);
     scale_q = ws.q.scale[scale0 + q_block];
-    scale_k = ws.k.scale + scale0;
     bias = smooth_q ? ws.query_bias + (scale0 + q_block) * ws.Tp : nullptr;
   }
   __device__ bool sees(int j, int T) const {

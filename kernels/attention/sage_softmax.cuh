@@ -39,8 +39,7 @@ __device__ __forceinline__ int frag_col(int nt, int e) { return nt * 8 + 2 * (th
 
 // The scores s (16 rows, the keys k0 .. k0 + 8 kNTiles − 1) of a warp plus
 // smooth_q's bias of each key (bias null: none), in every kernel that makes S;
-// `unit` is one unit of S in units of s (1, or log2(e) for the Hopper kernels'
-// S·log2(e), hopper_scores).
+// `unit` is one unit of S in units of s (1, or as HopperScores has it).
 template <int kNTiles>
 __device__ __forceinline__ void add_key_bias(float (&s)[1][kNTiles][4], const float* bias, int k0,
                                              float unit = 1.0f) {
@@ -79,15 +78,13 @@ struct SoftmaxOptions {
 // Plain SageBwd: the online softmax of online_softmax.cuh; backward P = exp(S − L),
 // dS = P (dP − δ) with the pre-pass's δ = rowsum(dO ∘ O).
 //
-// The Hopper kernels hand it S·log2(e) (kLog2Scores, sums_to_log2_scores;
-// scale_log2 = 1), so that the exponent of P is one FADD from the score, and
-// its forward there takes ψ's amax of
-// P̃ from the row's max and rescales O only when a row's max has grown
-// (update_rescaling_rarely).
+// The Hopper kernels hand it rescaled scores (HopperScores), and its forward
+// there takes ψ's amax of P̃ from the row's max and rescales O only when a
+// row's max has grown (update_rescaling_rarely).
 struct ExactSoftmax : flash::OnlineSoftmax<1> {
   static constexpr bool kCalibrates = false;  // the forward is one online pass
   static constexpr bool kRowPass = false;     // the backward's row terms come from the pre-pass
-  static constexpr bool kLog2Scores = true;   // see above
+  static constexpr bool kExact = true;        // P's exponent is linear in S (HopperScores)
   static constexpr int kStatFloats = 1;       // saved per row: L
   static constexpr int kTermFloats = 1;       // backward per row: δ
   struct Row {
@@ -174,7 +171,7 @@ struct ExactSoftmax : flash::OnlineSoftmax<1> {
 struct KIntervalSoftmax {
   static constexpr bool kCalibrates = true;  // forward pass 1: each row's max and min
   static constexpr bool kRowPass = true;     // backward: the dQ kernel sweeps the row terms first
-  static constexpr bool kLog2Scores = false; // its grid is in units of S
+  static constexpr bool kExact = false;      // its grid is in units of S
   static constexpr int kStatFloats = kinterval::kRowStats;
   static constexpr int kTermFloats = 4;
   // Backward per row: the grid, and the terms of the row sweep.
@@ -406,23 +403,40 @@ __device__ __forceinline__ void score_grads(float (&w)[1][kNTiles][4], const flo
   });
 }
 
-// The policy and its scores as the Hopper kernels make them from the int32 sums of S = Q̂ K̂ᵀ at `scale` = s_Q s_K: S·log2(e) for ExactSoftmax
-// (kLog2Scores), S for the K-interval policy, whose grid is in units of S.
+// How the Hopper kernels turn the int32 sums of S = Q̂ K̂ᵀ at `scale` = s_Q s_K
+// into a policy's scores. ExactSoftmax's exponent is linear in S, so it takes
+// rescaled scores, one FMUL or FADD per score fewer:
+//   forward   S·log2(e), the policy at scale_log2 = 1 (its online max runs
+//             over key blocks of different scales: the scores share units);
+//   backward  the sums themselves, and per tile the policy at scale_log2 =
+//             scale·log2(e): P = exp2(Σ·a − L log2(e)) in one FFMA.
+// The K-interval policy, whose grid is in units of S, takes S in both.
+// `unit` is one unit of S in the scores' units (smooth_q's bias, add_key_bias).
 template <class Softmax>
-__device__ __forceinline__ Softmax hopper_policy(const SoftmaxOptions& opt) {
-  if constexpr (Softmax::kLog2Scores)
-    return Softmax(opt, 1.0f);
-  else
-    return Softmax(opt);
-}
-template <class Softmax>
-constexpr float kHopperScoreUnit = Softmax::kLog2Scores ? kLog2e : 1.0f;  // one unit of S in the scores
-template <class Softmax, int kTerms, int kNTiles>
-__device__ __forceinline__ void hopper_scores(float (&s)[1][kNTiles][4], const int (&sum)[kNTiles][4], float scale) {
-  if constexpr (Softmax::kLog2Scores)
-    flash::sums_to_log2_scores<kTerms>(s, sum, scale);
-  else
-    flash::sums_to_scores<kTerms>(s, sum, scale);
-}
+struct HopperScores {
+  __device__ static Softmax forward_policy(const SoftmaxOptions& opt) {
+    if constexpr (Softmax::kExact)
+      return Softmax(opt, 1.0f);
+    else
+      return Softmax(opt);
+  }
+  static constexpr float kForwardUnit = Softmax::kExact ? kLog2e : 1.0f;
+  template <int kTerms, int kNTiles>
+  __device__ static void forward(float (&s)[1][kNTiles][4], const int (&sum)[kNTiles][4], float scale) {
+    flash::sums_to_scores<kTerms>(s, sum, Softmax::kExact ? scale * kLog2e : scale);
+  }
+
+  __device__ static Softmax backward_policy(const Softmax& policy, float scale) {
+    if constexpr (Softmax::kExact)
+      return Softmax(SoftmaxOptions{}, scale * kLog2e);
+    else
+      return policy;
+  }
+  __device__ static float backward_unit(float scale) { return Softmax::kExact ? flash::fast_rcp(scale) : 1.0f; }
+  template <int kTerms, int kNTiles>
+  __device__ static void backward(float (&s)[1][kNTiles][4], const int (&sum)[kNTiles][4], float scale) {
+    flash::sums_to_scores<kTerms>(s, sum, Softmax::kExact ? 1.0f : scale);
+  }
+};
 
 }  // namespace qattn::cuda::sage

@@ -207,8 +207,8 @@ bool wgmma_dkdv_runs(const SageOptions& opt) {
 }
 // The default tiles with each kernel that has a wgmma version on `family`
 // (wgmma only where it runs these options; the others on mma.sync).
-qattn::cuda::SageTiles family_tiles(const SageOptions& opt, int d, FpaKernels family) {
-  qattn::cuda::SageTiles tiles = qattn::cuda::sage_default_tiles(d);
+qattn::cuda::SageTiles family_tiles(const SageOptions& opt, const AttentionShape& s, FpaKernels family) {
+  qattn::cuda::SageTiles tiles = qattn::cuda::sage_default_tiles(s);
   if (family == FpaKernels::automatic) return tiles;  // as attention_forward runs it
   const bool wgmma = family == FpaKernels::wgmma;
   tiles.forward_kernels = wgmma && !wgmma_forward_runs(opt) ? FpaKernels::mma_sync : family;
@@ -238,7 +238,7 @@ std::vector<std::pair<FpaKernels, const char*>> sage_families(const SageOptions&
 GpuRun run_gpu(const AttentionConfig& cfg, const AttentionShape& s, const std::vector<bf16>& qkv,
                const std::vector<bf16>& dout, FpaKernels family = FpaKernels::automatic) {
   AttentionBuffers b(cfg, s, qkv, dout);
-  const qattn::cuda::SageTiles tiles = family_tiles(cfg.sage, s.d, family);
+  const qattn::cuda::SageTiles tiles = family_tiles(cfg.sage, s, family);
   if (cfg.kind == AttentionKind::sage)
     qattn::cuda::sage_forward(cfg.sage, s, b.qkv.get(), b.o.get(), b.stats.get(), b.saved.get(), nullptr, tiles);
   else
@@ -901,7 +901,7 @@ struct FamilyRun {
 FamilyRun run_families(const AttentionConfig& cfg, const AttentionShape& s, const std::vector<bf16>& qkv,
                        const std::vector<bf16>& dout, FpaKernels forward, FpaKernels dq, FpaKernels dkdv) {
   AttentionBuffers b(cfg, s, qkv, dout);
-  qattn::cuda::SageTiles tiles = qattn::cuda::sage_default_tiles(s.d);
+  qattn::cuda::SageTiles tiles = qattn::cuda::sage_default_tiles(s);
   tiles.forward_kernels = forward;
   qattn::cuda::sage_forward(cfg.sage, s, b.qkv.get(), b.o.get(), b.stats.get(), b.saved.get(), nullptr, tiles);
   FamilyRun r{b.o.download(), {}, b.stats.download()};
@@ -1060,7 +1060,7 @@ TEST_CASE("sage wgmma backward on many heads: dQ stable and finite over poisoned
     const AttentionConfig cfg = sage_config();
     const std::vector<bf16> qkv = random_qkv(s, 1.0f, 0.3f), dout = random_heads(s);
     AttentionBuffers b(cfg, s, qkv, dout);
-    qattn::cuda::SageTiles wgmma = qattn::cuda::sage_default_tiles(s.d);
+    qattn::cuda::SageTiles wgmma = qattn::cuda::sage_default_tiles(s);
     wgmma.forward_kernels = wgmma.dq_kernels = wgmma.dkdv_kernels = FpaKernels::wgmma;
     qattn::cuda::SageTiles mma_sync_dq = wgmma;
     mma_sync_dq.dq_kernels = FpaKernels::mma_sync;
@@ -1139,7 +1139,7 @@ TEST_CASE("sage tile shapes compute the default shape's outputs bit for bit", "[
          {AttentionShape{1, 2, 64, 64}, AttentionShape{2, 1, 1030, 64}, AttentionShape{1, 2, 64, 128},
           AttentionShape{1, 2, 1030, 128}}) {
       const std::vector<bf16> qkv = random_qkv(s, 1.5f, 0.3f), dout = random_heads(s);
-      const TileRun want = run_tiles(c.cfg, s, qkv, dout, qattn::cuda::sage_default_tiles(s.d));
+      const TileRun want = run_tiles(c.cfg, s, qkv, dout, qattn::cuda::sage_default_tiles(s));
       for (const qattn::cuda::SageTiles& tiles : shapes) {
         const TileRun got = run_tiles(c.cfg, s, qkv, dout, tiles);
         INFO(c.name << " (B,H,T,d)=(" << s.B << "," << s.H << "," << s.T << "," << s.d << ") warps forward "
@@ -1161,7 +1161,7 @@ TEST_CASE("sage: each layer's backward reads its own saved buffer, the scratch s
   AttentionBuffers two(cfg, s, random_qkv(s, 2.0f, -0.5f), random_heads(s));
   for (const auto& [family, name] : sage_families(cfg.sage)) {
     INFO("family " << name);
-    const qattn::cuda::SageTiles tiles = family_tiles(cfg.sage, s.d, family);
+    const qattn::cuda::SageTiles tiles = family_tiles(cfg.sage, s, family);
     auto forward = [&](AttentionBuffers& b) {
       qattn::cuda::sage_forward(cfg.sage, s, b.qkv.get(), b.o.get(), b.stats.get(), b.saved.get(), nullptr, tiles);
     };
@@ -1217,7 +1217,7 @@ TEST_CASE("sage kernels refuse what they cannot run, naming the option", "[sage]
                                     "attention.sage.precision.qk = pv = int8 (got qk = int8, pv = bf16)"));
   SageOptions tile;
   tile.bwd_granularity = BwdGranularity::tile;
-  qattn::cuda::SageTiles dq_wgmma = qattn::cuda::sage_default_tiles(s.d);
+  qattn::cuda::SageTiles dq_wgmma = qattn::cuda::sage_default_tiles(s);
   dq_wgmma.dq_kernels = FpaKernels::wgmma;
   CHECK_THROWS_WITH(qattn::cuda::sage_backward(tile, s, nullptr, nullptr, nullptr, nullptr, saved.get(), nullptr,
                                                work.get(), nullptr, dq_wgmma),
