@@ -674,8 +674,7 @@ void dkdv_sm90(const SageParams& p, cudaStream_t stream) {
   f.dout = dout_map(p, D);
   constexpr int kWarpgroups = SageDkDvSm90Layout<D, Softmax>::kWarpgroups;  // one 64-row block each
   launch(sage_dkdv_sm90_kernel<D, Softmax>, dim3(ceil_div(ws.blocks, kWarpgroups), p.B * p.H),
-         sm90::block_threads<kWarpgroups>(), SageDkDvSm90Layout<D, Softmax>::kBytes + scale_table_bytes(2, ws.blocks),
-         stream, f);
+         sm90::block_threads<kWarpgroups>(), SageDkDvSm90Layout<D, Softmax>::kBytes, stream, f);
 }
 
 // dQ first: with a row sweep it writes the row terms the dK/dV kernel reads.

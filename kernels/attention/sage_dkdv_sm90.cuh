@@ -43,9 +43,8 @@ struct SageDkDvSm90Params : SageBackwardSm90Common {
 
 // Shared memory: K̂ (R, d) | V (R, d) bf16 | 2 stages of [Q̂ (64, d) | Q̂ᵀ (d, 64)
 // | dÔᵀ (d, 64) | dO (64, d) bf16 | statistics (64 rows) | row terms (64 rows)] |
-// barriers (kBytes in all) | the head's s_Q, s_dO (stage_scales). Every tile
-// starts at a multiple of 1024 bytes (its swizzle). At the end dK and dV (R, d)
-// bf16 are staged from offset 0.
+// barriers. Every tile starts at a multiple of 1024 bytes (its swizzle). At the
+// end dK and dV (R, d) bf16 are staged from offset 0.
 template <int D, class Softmax>
 struct SageDkDvSm90Layout {
   static constexpr int kWarpgroups = D == 64 && !Softmax::kRowPass ? 3 : 2;  // sage_sm90.cuh
@@ -129,9 +128,6 @@ __global__ void __launch_bounds__(flash::sm90::block_threads<SageDkDvSm90Layout<
   const int wg_key0 = k0 + wg_row0;           // and its first key
   const int warp_key0 = k0 + warp_row0();     // the warp's first key
   const size_t scale0 = static_cast<size_t>(bh) * ws.blocks;
-  const float* scales =  // (2, blocks): s_Q, s_dO of the head
-      stage_scales<Feed::kConsumerThreads, 2>(smem + Layout::kBytes, {ws.q.scale + scale0, ws.dout.scale + scale0},
-                                              ws.blocks);
   // The warpgroup's quantisation block (a block past the last: the last, as sage.cu).
   const float s_k = ws.k.scale[scale0 + min(wg_key0 / kSageBlock, ws.blocks - 1)];
   const Softmax softmax(p.softmax);
@@ -170,7 +166,11 @@ __global__ void __launch_bounds__(flash::sm90::block_threads<SageDkDvSm90Layout<
     const int q0 = i * kQueries;
     // Every key of the warpgroup after every query of the block, or past T (uniform).
     if (wg_key0 > q0 + kQueries - 1 || wg_key0 >= p.T) return;
-    const float s_q = scales[i], s_do = scales[ws.blocks + i];
+    // Read from global memory: staging them in shared memory (stage_scales, as
+    // the forward and dQ do) measured slower here at d = 128 (device call 7:
+    // backward 1.747-1.763 vs 1.779-1.789 ms at (4, 16, 4096, 128), though
+    // 0.875 vs 0.858 at (4, 12, 4096, 64)).
+    const float s_q = ws.q.scale[scale0 + i], s_do = ws.dout.scale[scale0 + i];
     const float* stats = stats_slot(s);
     const float* terms = terms_slot(s);
     auto query_row = [&](int qi) { return Softmax::load_row(stats + qi * kStat, terms + qi * kTerm); };
