@@ -102,11 +102,14 @@ struct CpAsyncFeed {
 
 // ---------------------------------------------------------------------------
 // kRowValues: steps copy per-row values too (a second producer warp does).
-template <int kConsumerThreads_, bool kRowValues>
+// kStages_: the ring's depth; with three, a consumer warpgroup that is a step
+// ahead of another finds its next step's tiles landed (the ring frees a stage
+// only when every warpgroup has released it).
+template <int kConsumerThreads_, bool kRowValues, int kStages_ = 2>
 struct TmaFeed {
   static constexpr int kConsumerThreads = kConsumerThreads_;
   static constexpr int kThreads = kConsumerThreads_ + 128;  // and the producer warpgroup
-  static constexpr int kStages = 2;
+  static constexpr int kStages = kStages_;
   static constexpr int kBarrierBytes = (1 + 2 * kStages) * 8;
   // TMA zero-fills a tile's rows before row 0 of its matrix (negative coordinates).
   static constexpr bool kZeroFillsBeforeRow0 = true;

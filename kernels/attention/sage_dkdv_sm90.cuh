@@ -14,7 +14,7 @@
 // each, so one s_K per warpgroup), and a producer warpgroup: one thread
 // copies K̂ (R, d) and V (R, d; bf16, in place from qkv) once, then per 64-query
 // step Q̂ (64, d), Q̂ᵀ and dÔᵀ (d, 64) (T permuted, kPermuted) and dO (64, d;
-// in place) into a two-stage ring, one warp the queries' saved statistics (L,
+// in place) into a three-stage ring, one warp the queries' saved statistics (L,
 // or RowStats) and row terms (δ, or the row sweep's). Per warpgroup and query
 // block i from the diagonal (transposed tiles, keys x queries):
 //   Sᵀ = K̂ Q̂ᵀ (s32, wgmma ss) and dPᵀ = V dOᵀ (fp32, bf16 wgmma ss) issued back
@@ -41,7 +41,7 @@ struct SageDkDvSm90Params : SageBackwardSm90Common {
   CUtensorMap dout;        // dO (B·T, H·d) as the backward gets it, boxes (64, 64)
 };
 
-// Shared memory: K̂ (R, d) | V (R, d) bf16 | 2 stages of [Q̂ (64, d) | Q̂ᵀ (d, 64)
+// Shared memory: K̂ (R, d) | V (R, d) bf16 | kStages stages of [Q̂ (64, d) | Q̂ᵀ (d, 64)
 // | dÔᵀ (d, 64) | dO (64, d) bf16 | statistics (64 rows) | row terms (64 rows)] |
 // barriers. Every tile starts at a multiple of 1024 bytes (its swizzle). At the
 // end dK and dV (R, d) bf16 are staged from offset 0.
@@ -49,7 +49,10 @@ template <int D, class Softmax>
 struct SageDkDvSm90Layout {
   static constexpr int kWarpgroups = D == 64 && !Softmax::kRowPass ? 3 : 2;  // sage_sm90.cuh
   static constexpr int kRows = sage_rows(kWarpgroups);
-  using Feed = flash::TmaFeed<kWarpgroups * 128, true>;
+  // Three stages (feeds.cuh): backward 6.297-6.305 -> 6.240-6.244 ms at (1, 16,
+  // 16384, 128); at (4, 16, 4096, 128) 1.747-1.763 -> 1.749-1.750, within the
+  // noise (device call 9, two rounds).
+  using Feed = flash::TmaFeed<kWarpgroups * 128, true, 3>;
   static constexpr int kK = 0, kV = kK + kRows * D, kStage0 = kV + kRows * D * 2;
   // Offsets within a stage.
   static constexpr int kQ = 0, kQt = kQ + kSageBlock * D, kDot = kQt + D * kSageBlock;

@@ -42,15 +42,17 @@ struct SageForwardSm90Params {
 };
 
 // Shared memory, with R = kRows query rows per block:
-// Q̂ (R, d) | 2 x K̂ (64, d) | 2 x V̂ᵀ (d, 64) | O (R, d) bf16 | barriers |
+// Q̂ (R, d) | kStages x K̂ (64, d) | kStages x V̂ᵀ (d, 64) | O (R, d) bf16 | barriers |
 // the head's s_K, s_V (stage_scales; kBytes ends with the barriers).
 // Each int8 tile starts at a multiple of 1024 bytes (its swizzle, tma.cuh).
 template <int D, class Softmax>
 struct SageForwardSm90Layout {
   static constexpr int kWarpgroups = !Softmax::kRowPass ? 3 : 2;  // sage_sm90.cuh
   static constexpr int kRows = sage_rows(kWarpgroups);
+  // Two stages: three (feeds.cuh) measured no faster here (device call 9).
   using Feed = flash::TmaFeed<kWarpgroups * 128, false>;
-  static constexpr int kQ = 0, kK = kRows * D, kVt = kK + 2 * kSageBlock * D, kO = kVt + 2 * D * kSageBlock;
+  static constexpr int kQ = 0, kK = kRows * D, kVt = kK + Feed::kStages * kSageBlock * D;
+  static constexpr int kO = kVt + Feed::kStages * D * kSageBlock;
   static constexpr int kBarriers = kO + kRows * D * 2;
   static constexpr int kBytes = kBarriers + Feed::kBarrierBytes;
   static_assert(kK % 1024 == 0 && kVt % 1024 == 0 && kO % 1024 == 0);
