@@ -643,7 +643,7 @@ SageBackwardSm90Common backward_sm90_common(const SageParams& p) {
   return {p.ws, p.stats, p.row_terms, p.dqkv, p.softmax, p.B, p.H, p.T, p.c, p.smooth_q};
 }
 
-// The wgmma dQ: tensor maps over the pre-pass's int8 and bf16 copies.
+// The wgmma dQ: tensor maps over the pre-pass's int8 copies, and over V and dO in place.
 template <int D, class Softmax>
 void dq_sm90(const SageParams& p, cudaStream_t stream) {
   const SageWorkspace& ws = p.ws;
@@ -660,7 +660,7 @@ void dq_sm90(const SageParams& p, cudaStream_t stream) {
          stream, f);
 }
 
-// The wgmma dK/dV kernel: tensor maps over the pre-pass's int8 and bf16 copies.
+// The wgmma dK/dV kernel: tensor maps over the pre-pass's int8 copies, and over V and dO in place.
 template <int D, class Softmax>
 void dkdv_sm90(const SageParams& p, cudaStream_t stream) {
   const SageWorkspace& ws = p.ws;

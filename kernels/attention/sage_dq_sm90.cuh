@@ -126,9 +126,8 @@ __global__ void __launch_bounds__(flash::sm90::block_threads<SageDqSm90Layout<D,
     issue_s8_ss(sum, q_tile, wg.wg_row0, k_tile(s));
     issue_ss(dp, do_tile, wg.wg_row0, v_tile(s));  // runs while S is converted
     wait_for<1>(sum);
-    const float scale = wg.scale_q * wg.scale_k[j];
-    Scores::template backward<D>(score, sum[0], scale);
-    add_key_bias(score, wg.bias, j * kKeys, Scores::backward_unit(scale));  // score_grads and the sweep mask
+    Scores::template backward<D>(score, sum[0], wg.scale(j));
+    add_key_bias(score, wg.bias, j * kKeys, Scores::backward_unit(wg.scale(j)));  // score_grads and the sweep mask
     wait_for<0>(dp);
   };
 
@@ -150,7 +149,7 @@ __global__ void __launch_bounds__(flash::sm90::block_threads<SageDqSm90Layout<D,
     float score[1][kNTiles][4], dp[1][kNTiles][4];  // S, dP
     scores_and_dp(score, dp, j, s);
     float w[1][kNTiles][4];  // dS
-    score_grads(w, score, dp, Scores::backward_policy(softmax, wg.scale_q * wg.scale_k[j]), rows, j * kKeys,
+    score_grads(w, score, dp, Scores::backward_policy(softmax, wg.scale(j)), rows, j * kKeys,
                 wg.first_query, p.T);
     float s_ds[2], inv_s_ds[2];  // ψ's scale of each of the thread's two rows
     weight_scales<1>(w, false, nullptr, s_ds, inv_s_ds);

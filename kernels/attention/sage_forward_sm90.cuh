@@ -119,7 +119,7 @@ __global__ void __launch_bounds__(flash::sm90::block_threads<SageForwardSm90Layo
     int sum[1][kNTiles][4];
     issue_s8_ss(sum, q_tile, wg.wg_row0, k_tile(stage));
     wait_for<0>(sum);
-    HopperScores<Softmax>::template forward<D>(s, sum[0], wg.scale_q * wg.scale_k[j]);
+    HopperScores<Softmax>::template forward<D>(s, sum[0], wg.scale(j));
     bias_and_mask(s, wg.bias, j * kKeys, wg.first_query, HopperScores<Softmax>::kForwardUnit);
   };
 

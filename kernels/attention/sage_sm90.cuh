@@ -27,7 +27,7 @@ constexpr int sage_rows(int warpgroups) { return warpgroups * flash::sm90::kWarp
 // kArrays arrays of `blocks` floats (a few KB at most), copied by the consumers
 // before the first step, so that a step reads its block's scale from shared
 // memory, not by a global load it then waits for. The forward and dQ use it
-// (the forward measured 568 -> 549 us at (4, 16, 4096, 128), device calls 5
+// (the forward measured 569 -> 549 us at (4, 16, 4096, 128), device calls 5
 // and 6); the dK/dV kernel does not (slower there, sage_dkdv_sm90.cuh).
 constexpr size_t scale_table_bytes(int arrays, int blocks) { return static_cast<size_t>(arrays) * blocks * 4; }
 #ifdef __CUDACC__
@@ -67,6 +67,8 @@ struct QueryWarpgroup {
     scale_q = ws.q.scale[scale0 + q_block];
     bias = smooth_q ? ws.query_bias + (scale0 + q_block) * ws.Tp : nullptr;
   }
+  // S's scale s_Q s_K of key block j.
+  __device__ float scale(int j) const { return scale_q * scale_k[j]; }
   __device__ bool sees(int j, int T) const {
     return wg_first < T && j * kSageBlock <= wg_first + flash::sm90::kWarpgroupRows - 1;
   }
