@@ -165,16 +165,22 @@ __device__ __forceinline__ void int8_product_nk(float (&acc)[1][kNTiles][4], Int
 
 // ψ's scale s = amax / 127 and 1/s of each of the thread's two rows, without
 // IEEE divisions (each a slow-path call: ~60 instructions per weight_scales in
-// the dK/dV kernel): s = amax·(1/127) is within one ulp of amax / 127, 1/s from
-// the hardware reciprocal within two; a level round(w / s) over |w| <= amax is
-// at most 127·(1 + 2^-21), so it stays in [-127, 127]. Below 2^-100 (no weight
-// that matters is that small) a row counts as zero: level 0, s = 1.
+// the dK/dV kernel): s = amax·(1/127) is within 2^-23 of amax / 127 (relative),
+// 1/s = rcp(s) (the hardware reciprocal) within one ulp of 1/s; a level
+// round(w / s) over |w| <= amax is at most 127·(1 + 2^-21), so it stays in
+// [-127, 127].
+// The reciprocal of s, not 127·rcp(amax): for amax >= 2^126 the reciprocal of
+// amax is subnormal, and ftz would make every level 0; that of s is normal for
+// every finite amax. Below 2^-100 (no weight that matters is that small) a row
+// counts as zero: level 0, s = 1 (tested, "ψ's weight scales").
+constexpr float kZeroAmax = 0x1p-100f;
 __device__ __forceinline__ void scales_of_amax(const float (&amax)[2], float (&scale)[2], float (&inv)[2]) {
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
-    const bool zero = amax[half] < 0x1p-100f;
-    scale[half] = zero ? 1.0f : amax[half] * (1.0f / 127.0f);
-    inv[half] = zero ? 1.0f : 127.0f * fast_rcp(amax[half]);
+    const bool zero = amax[half] < kZeroAmax;
+    const float s = amax[half] * (1.0f / 127.0f);
+    scale[half] = zero ? 1.0f : s;
+    inv[half] = zero ? 1.0f : fast_rcp(s);
   }
 }
 

@@ -103,5 +103,10 @@ void poison_shared_memory();
 // reciprocal per scale) and by quantise_level_by_division (quant_levels.cu).
 void quant_levels(const std::vector<float>& x, const std::vector<float>& s, std::vector<uint32_t>& by_reciprocal,
                   std::vector<uint32_t>& by_division);
+// ψ's scale and its inverse of weights whose largest magnitude is amax[i], as
+// the kernels compute them (scales_of_amax), and the level amax itself gets
+// (quant_levels.cu).
+void weight_scales(const std::vector<float>& amax, std::vector<float>& scale, std::vector<float>& inv,
+                   std::vector<int>& top_level);
 
 }  // namespace qattn::test
