@@ -14,8 +14,8 @@ namespace qattn::cuda::sage {
 // thread), so that each warp scheduler has a third warp to switch to through
 // the long per-entry work (P̃ or dS, their levels, the folds); two otherwise, at
 // 240. Plain sage: the forward and dQ three at both head dims (the forward's
-// P̂V̂ at d = 128 in two halves one after the other, weight_product, which
-// leaves 8 bytes of spill), dK/dV three at d = 64 and two at d = 128 (its dK and
+// P̂V̂ at d = 128 in two halves one after the other, weight_product, so that
+// it does not spill), dK/dV three at d = 64 and two at d = 128 (its dK and
 // dV alone hold 128 fp32 a thread: 1,160 bytes of spill at 160). The K-interval
 // policy keeps two (its dK/dV spilled 384 bytes at d = 64).
 // Measured (H200, 2026-12-01, device calls 3, 6, 7): backward 0.238 -> 0.221 ms
