@@ -7,11 +7,8 @@
 # Logs go to $OUT; a summary is printed last.
 #   usage (device): tools/device_cuda_backend.sh [steps]
 set -uo pipefail
-cd "$(dirname "$0")/.."
+source "$(dirname "$0")/device_env.sh"  # the repository root, $OUT, $BUILD, .deps/ libraries
 STEPS=${1:-12}
-OUT=${OUT:-/tmp/qattn_out}
-mkdir -p "$OUT"
-export LD_LIBRARY_PATH=$PWD/.deps/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
 
 BUILD=build-cuda

@@ -11,12 +11,9 @@
 # device lacks pcre2's development files), data in $BIN/data.
 #   usage (device): tools/device_dist.sh [BIN]
 set -uo pipefail
-cd "$(dirname "$0")/.."
+source "$(dirname "$0")/device_env.sh"  # the repository root, $OUT, $BUILD, .deps/ libraries
 BIN=${1:-build-h8/carry}
-OUT=${OUT:-/tmp/qattn_out}
 RUNS=/tmp/qattn_dist_runs
-mkdir -p "$OUT"
-export LD_LIBRARY_PATH=$PWD/.deps/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
 if ldd "$BIN/qattn" | grep -q "libnccl.*not found"; then  # NCCL from a Python wheel, if that is where it is
   NCCL_DIR=$(dirname "$(find / -name libnccl.so.2 -not -path "/proc/*" 2>/dev/null | head -1)")
   export LD_LIBRARY_PATH=$NCCL_DIR:$LD_LIBRARY_PATH

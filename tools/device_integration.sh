@@ -6,12 +6,8 @@
 # .deps/: the device lacks pcre2's development files). Logs go to $OUT.
 #   usage (device): tools/device_integration.sh [steps]
 set -uo pipefail
-cd "$(dirname "$0")/.."
+source "$(dirname "$0")/device_env.sh"  # the repository root, $OUT, $BUILD, .deps/ libraries
 STEPS=${1:-8}
-OUT=${OUT:-/tmp/qattn_out}
-BUILD=${BUILD:-build-gpu}
-mkdir -p "$OUT"
-export LD_LIBRARY_PATH=$PWD/.deps/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
 

@@ -14,7 +14,7 @@
 #   environment: QATTN_BIN (default build-repro/qattn), TOKENS_PER_RUN (a fixed
 #   budget instead of the planned one), OUT (default /tmp/qattn_out)
 set -uo pipefail
-cd "$(dirname "$0")/.."
+source "$(dirname "$0")/device_env.sh"  # the repository root, $OUT, $BUILD, .deps/ libraries
 START=$(date +%s)
 BUDGET=${1:-500}
 IFS=, read -r -a WANTED <<< "${2:-kinterval,sagebwd}"
@@ -29,9 +29,6 @@ FINAL_RESERVE_S=35
 # Planned per run besides its tokens: start-up, evaluations, the diagnostics
 # step, final checkpoint.
 RUN_OVERHEAD_S=8
-OUT=${OUT:-/tmp/qattn_out}
-mkdir -p "$OUT"
-export LD_LIBRARY_PATH=$PWD/.deps/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
 export QATTN_BIN=${QATTN_BIN:-$PWD/build-repro/qattn}
 log() { echo "[device_reproduce +$(($(date +%s) - START))s] $*"; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader

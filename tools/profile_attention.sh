@@ -8,11 +8,7 @@
 #   usage (device): BUILD=carry-gpu OUT=/tmp/out tools/profile_attention.sh \
 #                     --kind sage --shape 4,16,4096,128 [more bench arguments]
 set -uo pipefail
-cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/qattn_out}
-BUILD=${BUILD:-build-gpu}
-mkdir -p "$OUT"
-export LD_LIBRARY_PATH=$PWD/.deps/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
+source "$(dirname "$0")/device_env.sh"  # the repository root, $OUT, $BUILD, .deps/ libraries
 stalls="long_scoreboard short_scoreboard barrier wait gmma math_pipe_throttle mio_throttle lg_throttle \
 dispatch_stall no_instruction not_selected selected branch_resolving sleeping membar"
 metrics="gpu__time_duration.sum,sm__inst_issued.avg.pct_of_peak_sustained_active"

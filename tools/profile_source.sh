@@ -9,14 +9,10 @@
 #   usage (device): BUILD=carry-gpu OUT=/tmp/out tools/profile_source.sh sage_dkdv_sm90 \
 #                     --kind sage --shape 4,16,4096,128 [more bench arguments]
 set -uo pipefail
-cd "$(dirname "$0")/.."
+source "$(dirname "$0")/device_env.sh"  # the repository root, $OUT, $BUILD, .deps/ libraries
 [ $# -ge 1 ] || { echo "usage: $0 KERNEL_REGEX [bench arguments]" >&2; exit 2; }
 kernel=$1
 shift
-OUT=${OUT:-/tmp/qattn_out}
-BUILD=${BUILD:-build-gpu}
-mkdir -p "$OUT"
-export LD_LIBRARY_PATH=$PWD/.deps/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
 name=$(echo "$kernel" | tr -c 'A-Za-z0-9_\n' '_')
 report=$(mktemp -d)/source
 timeout 300 ncu --kernel-name "regex:$kernel" --launch-count 1 --section SourceCounters --section WarpStateStats \

@@ -6,13 +6,9 @@
 # device_integration.sh (built on the workstation, carried with .deps/).
 #   usage (device): BUILD=carry-gpu OUT=/tmp/out tools/profile_step.sh [attention.kind]
 set -uo pipefail
-cd "$(dirname "$0")/.."
+source "$(dirname "$0")/device_env.sh"  # the repository root, $OUT, $BUILD, .deps/ libraries
 KIND=${1:-fpa}
-OUT=${OUT:-/tmp/qattn_out}
-BUILD=${BUILD:-build-gpu}
 DATA=/tmp/qattn_profile_synth
-mkdir -p "$OUT"
-export LD_LIBRARY_PATH=$PWD/.deps/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
 python3 - "$DATA" <<'PY'
 import array, os, random, struct, sys
 out = sys.argv[1]; os.makedirs(out, exist_ok=True); random.seed(0)
