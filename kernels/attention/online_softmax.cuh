@@ -66,30 +66,50 @@ struct OnlineSoftmax {
     for (int mt = 0; mt < kRowTiles; ++mt)
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        float m_new = row_max[mt][half];
-#pragma unroll
-        for (int nt = 0; nt < kNTiles; ++nt)
-          m_new = fmaxf(m_new, fmaxf(s[mt][nt][2 * half], s[mt][nt][2 * half + 1]));
-        m_new = row_max4(m_new);
-        // A row with no visible key yet keeps m = -inf: base 0 makes its weights 0, not NaN.
-        const float base = m_new == -INFINITY ? 0.0f : m_new * scale_log2;
-        const float correction = fast_exp2(row_max[mt][half] * scale_log2 - base);
-        row_max[mt][half] = m_new;
-        float sum = row_sum[mt][half] * correction;
-#pragma unroll
-        for (int dt = 0; dt < kDTiles; ++dt) {
-          o[mt][dt][2 * half] *= correction;
-          o[mt][dt][2 * half + 1] *= correction;
-        }
-#pragma unroll
-        for (int nt = 0; nt < kNTiles; ++nt)
-#pragma unroll
-          for (int e = 2 * half; e < 2 * half + 2; ++e) {
-            s[mt][nt][e] = fast_exp2(fmaf(s[mt][nt][e], scale_log2, -base));
-            sum += s[mt][nt][e];
-          }
-        row_sum[mt][half] = sum;
+        move_max(mt, half, fmaxf(row_max[mt][half], block_max(s, mt, half)), o);
+        exponentiate(mt, half, s);
       }
+  }
+
+  // The steps of update, for policies that order them otherwise
+  // (ExactSoftmax::update_rescaling_rarely, sage_softmax.cuh).
+  // The largest raw score of row half (g or g + 8) of row tile mt in the block.
+  template <int kNTiles>
+  __device__ __forceinline__ static float block_max(const float (&s)[kRowTiles][kNTiles][4], int mt, int half) {
+    float m = -INFINITY;
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; ++nt) m = fmaxf(m, fmaxf(s[mt][nt][2 * half], s[mt][nt][2 * half + 1]));
+    return row_max4(m);
+  }
+  // c·m, the exponent's offset; a row with no visible key yet keeps m = -inf:
+  // offset 0 makes its weights 0, not NaN.
+  __device__ __forceinline__ float exponent_base(float m) const { return m == -INFINITY ? 0.0f : m * scale_log2; }
+  // The row's reference max moves to m_new: l and the row's outputs o are
+  // rescaled by exp(c (m_old - m_new)).
+  template <int kDTiles>
+  __device__ __forceinline__ void move_max(int mt, int half, float m_new, float (&o)[kRowTiles][kDTiles][4]) {
+    const float correction = fast_exp2(row_max[mt][half] * scale_log2 - exponent_base(m_new));
+    row_max[mt][half] = m_new;
+    row_sum[mt][half] *= correction;
+#pragma unroll
+    for (int dt = 0; dt < kDTiles; ++dt) {
+      o[mt][dt][2 * half] *= correction;
+      o[mt][dt][2 * half + 1] *= correction;
+    }
+  }
+  // The row's scores become exp(c (s - m)) at its reference m, added to l.
+  template <int kNTiles>
+  __device__ __forceinline__ void exponentiate(int mt, int half, float (&s)[kRowTiles][kNTiles][4]) {
+    const float base = exponent_base(row_max[mt][half]);
+    float sum = row_sum[mt][half];
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+      for (int e = 2 * half; e < 2 * half + 2; ++e) {
+        s[mt][nt][e] = fast_exp2(fmaf(s[mt][nt][e], scale_log2, -base));
+        sum += s[mt][nt][e];
+      }
+    row_sum[mt][half] = sum;
   }
 
   // O = O / l, after the last key block. Every row sees key 0, so l >= 1.

@@ -379,9 +379,9 @@ SageWorkspace carve(const SageOptions& opt, const AttentionShape& s, const SageC
   carve_operand(ws.k, copies.k, n, scales, saved);
   const bool v_bf_saved = v_bf16_is_the_forwards(opt);
   carve_operand(ws.v, {copies.v.i8, copies.v.i8t, copies.v.bf && v_bf_saved}, n, scales, saved);
-  ws.key_block_sums = saved.take<float>(heads * ws.blocks * s.d);
+  ws.key_block_sums = opt.smooth_k ? saved.take<float>(heads * ws.blocks * s.d) : nullptr;
   ws.key_mean = saved.take<float>(heads * s.d);
-  ws.query_mean = saved.take<float>(heads * ws.blocks * s.d);
+  ws.query_mean = opt.smooth_q ? saved.take<float>(heads * ws.blocks * s.d) : nullptr;
   ws.query_bias = opt.smooth_q ? saved.take<float>(heads * ws.blocks * ws.Tp) : nullptr;
   if (copies.v.bf && !v_bf_saved) ws.v.bf = scratch.take<bf16>(n);
   carve_operand(ws.dout, copies.dout, n, scales, scratch);

@@ -40,9 +40,9 @@ struct QuantOperand {
 struct SageWorkspace {
   int Tp, blocks;             // T padded to whole blocks; Tp / kSageBlock
   QuantOperand q, k, v, dout; // c·(Q − μ_Q), K − μ_K, V, dO
-  float* key_block_sums;      // (B·H, blocks, d)  Σ of K over each block (for μ_K)
+  float* key_block_sums;      // (B·H, blocks, d)  Σ of K over each block (for μ_K; smooth_k, else null)
   float* key_mean;            // (B·H, d)          μ_K (zeros without smooth_k)
-  float* query_mean;          // (B·H, blocks, d)  μ_Q per block (smooth_q)
+  float* query_mean;          // (B·H, blocks, d)  μ_Q per block (smooth_q, else null)
   float* query_bias;          // (B·H, blocks, Tp) c·μ_Qi·(K_j − μ_K) (smooth_q; else null)
   float* delta;               // (B·H, Tp)         δ = rowsum(dO ∘ O) (backward)
   float* row_terms;           // (B·H, Tp, 4)      the K-interval composition's backward row

@@ -38,6 +38,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -643,35 +644,48 @@ SageBackwardSm90Common backward_sm90_common(const SageParams& p) {
   return {p.ws, p.stats, p.row_terms, p.dqkv, p.softmax, p.B, p.H, p.T, p.c, p.smooth_q};
 }
 
-// The wgmma dQ: tensor maps over the pre-pass's int8 copies, and over V and dO in place.
+// The tensor maps both wgmma backward kernels read, encoded once per backward:
+// Q̂ and K̂ (the pre-pass's natural copies), V and dO in place.
+template <int D>
+struct BackwardMaps {
+  CUtensorMap q, k, v, dout;
+  explicit BackwardMaps(const SageParams& p) {
+    const WorkspaceMaps<D> maps(p);
+    q = maps.natural(p.ws.q.i8);
+    k = maps.natural(p.ws.k.i8);
+    v = qkv_map(p, D);
+    dout = dout_map(p, D);
+  }
+};
+
+// The wgmma dQ: also K̂ᵀ.
 template <int D, class Softmax>
-void dq_sm90(const SageParams& p, cudaStream_t stream) {
+void dq_sm90(const SageParams& p, const BackwardMaps<D>& maps, cudaStream_t stream) {
   const SageWorkspace& ws = p.ws;
-  const WorkspaceMaps<D> maps(p);
   SageDqSm90Params f{backward_sm90_common(p)};
-  f.q = maps.natural(ws.q.i8);
-  f.k = maps.natural(ws.k.i8);
-  f.kt = maps.transposed(ws.k.i8t);
-  f.dout = dout_map(p, D);
-  f.v = qkv_map(p, D);
+  f.q = maps.q;
+  f.k = maps.k;
+  f.kt = WorkspaceMaps<D>(p).transposed(ws.k.i8t);
+  f.dout = maps.dout;
+  f.v = maps.v;
   constexpr int kWarpgroups = SageDqSm90Layout<D, Softmax>::kWarpgroups;  // one 64-row block each
   launch(sage_dq_sm90_kernel<D, Softmax>, dim3(ceil_div(ws.blocks, kWarpgroups), p.B * p.H),
          sm90::block_threads<kWarpgroups>(), SageDqSm90Layout<D, Softmax>::kBytes + scale_table_bytes(1, ws.blocks),
          stream, f);
 }
 
-// The wgmma dK/dV kernel: tensor maps over the pre-pass's int8 copies, and over V and dO in place.
+// The wgmma dK/dV kernel: also Q̂ᵀ and dÔᵀ.
 template <int D, class Softmax>
-void dkdv_sm90(const SageParams& p, cudaStream_t stream) {
+void dkdv_sm90(const SageParams& p, const BackwardMaps<D>& maps, cudaStream_t stream) {
   const SageWorkspace& ws = p.ws;
-  const WorkspaceMaps<D> maps(p);
+  const WorkspaceMaps<D> copies(p);
   SageDkDvSm90Params f{backward_sm90_common(p)};
-  f.k = maps.natural(ws.k.i8);
-  f.q = maps.natural(ws.q.i8);
-  f.qt = maps.transposed(ws.q.i8t);
-  f.dot = maps.transposed(ws.dout.i8t);
-  f.v = qkv_map(p, D);
-  f.dout = dout_map(p, D);
+  f.k = maps.k;
+  f.q = maps.q;
+  f.qt = copies.transposed(ws.q.i8t);
+  f.dot = copies.transposed(ws.dout.i8t);
+  f.v = maps.v;
+  f.dout = maps.dout;
   constexpr int kWarpgroups = SageDkDvSm90Layout<D, Softmax>::kWarpgroups;  // one 64-row block each
   launch(sage_dkdv_sm90_kernel<D, Softmax>, dim3(ceil_div(ws.blocks, kWarpgroups), p.B * p.H),
          sm90::block_threads<kWarpgroups>(), SageDkDvSm90Layout<D, Softmax>::kBytes, stream, f);
@@ -681,15 +695,17 @@ void dkdv_sm90(const SageParams& p, cudaStream_t stream) {
 template <int D, class Softmax>
 void backward(const SageParams& p, const SageTiles& tiles, bool dq_wgmma, bool dkdv_wgmma,
               cudaStream_t stream) {
+  std::optional<BackwardMaps<D>> maps;
+  if (dq_wgmma || dkdv_wgmma) maps.emplace(p);
   if (dq_wgmma)
-    dq_sm90<D, Softmax>(p, stream);
+    dq_sm90<D, Softmax>(p, *maps, stream);
   else
     with_warps(tiles.dq, [&](auto warps) {
       using Tr = SageTraits<D, decltype(warps)::value>;
       launch(sage_backward_dq_kernel<Tr, Softmax>, grid_of<Tr>(p), Tr::kThreads, smem_bytes<Tr, 1>(dq_plan<Tr>(p)),
              stream, p);
     });
-  if (dkdv_wgmma) return dkdv_sm90<D, Softmax>(p, stream);
+  if (dkdv_wgmma) return dkdv_sm90<D, Softmax>(p, *maps, stream);
   with_warps(tiles.dkdv, [&](auto warps) {
     using Tr = SageTraits<D, decltype(warps)::value>;
     launch(sage_backward_dkdv_kernel<Tr, Softmax>, grid_of<Tr>(p), Tr::kThreads,

@@ -105,46 +105,20 @@ struct ExactSoftmax : flash::OnlineSoftmax<1> {
   __device__ __forceinline__ void update_rescaling_rarely(float (&s)[1][kNTiles][4], float (&o)[1][kDTiles][4],
                                                           float (&p_max)[2]) {
     constexpr float kMaxGrowthLog2 = 8.0f;
-    float block_max[2];
+    float top[2];  // the block's largest score per row
     bool grows = false;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      block_max[half] = -INFINITY;
-#pragma unroll
-      for (int nt = 0; nt < kNTiles; ++nt)
-        block_max[half] = fmaxf(block_max[half], fmaxf(s[0][nt][2 * half], s[0][nt][2 * half + 1]));
-      block_max[half] = flash::row_max4(block_max[half]);
-      grows = grows || (block_max[half] - row_max[0][half]) * scale_log2 > kMaxGrowthLog2;
+      top[half] = block_max(s, 0, half);
+      grows = grows || (top[half] - row_max[0][half]) * scale_log2 > kMaxGrowthLog2;
     }
-    if (__any_sync(0xffffffffu, grows)) {
+    if (__any_sync(0xffffffffu, grows))
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const float m_new = fmaxf(row_max[0][half], block_max[half]);
-        // A row with no visible key yet keeps m = -inf: base 0 makes its weights 0, not NaN.
-        const float base = m_new == -INFINITY ? 0.0f : m_new * scale_log2;
-        const float correction = fast_exp2(row_max[0][half] * scale_log2 - base);
-        row_max[0][half] = m_new;
-        row_sum[0][half] *= correction;
-#pragma unroll
-        for (int dt = 0; dt < kDTiles; ++dt) {
-          o[0][dt][2 * half] *= correction;
-          o[0][dt][2 * half + 1] *= correction;
-        }
-      }
-    }
+      for (int half = 0; half < 2; ++half) move_max(0, half, fmaxf(row_max[0][half], top[half]), o);
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      const float base = row_max[0][half] == -INFINITY ? 0.0f : row_max[0][half] * scale_log2;
-      float sum = row_sum[0][half];
-#pragma unroll
-      for (int nt = 0; nt < kNTiles; ++nt)
-#pragma unroll
-        for (int e = 2 * half; e < 2 * half + 2; ++e) {
-          s[0][nt][e] = fast_exp2(fmaf(s[0][nt][e], scale_log2, -base));
-          sum += s[0][nt][e];
-        }
-      row_sum[0][half] = sum;
-      p_max[half] = fast_exp2(fmaf(block_max[half], scale_log2, -base));
+      exponentiate(0, half, s);
+      p_max[half] = fast_exp2(fmaf(top[half], scale_log2, -exponent_base(row_max[0][half])));
     }
   }
 
