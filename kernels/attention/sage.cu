@@ -342,12 +342,7 @@ __global__ void __launch_bounds__(Tr::kThreads) sage_backward_dkdv_kernel(const 
     const bool all_visible = k0 + row0 + 15 <= q0 && q0 + kTile <= p.T;
     float score[1][kTileN][4];  // (16 keys, 64 queries): Sᵀ
     product_over_d<D, Tr::kRows>(score, p.qk8, k_slot, row0, q_slot(s), s_k * s_q);
-    if (bias) {
-#pragma unroll
-      for (int nt = 0; nt < kTileN; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) score[0][nt][e] += bias[frag_row(e)];
-    }
+    if (bias) add_row_key_bias(score, bias);
     float w[1][kTileN][4];  // (16 keys, 64 queries): Pᵀ, then dSᵀ
     with_mask(all_visible, [&](auto unmasked) {
 #pragma unroll
@@ -625,8 +620,8 @@ void forward_sm90(const SageParams& p, cudaStream_t stream) {
   f.vt = maps.transposed(ws.v.i8t);
   constexpr int kWarpgroups = SageForwardSm90Layout<D, Softmax>::kWarpgroups;  // one 64-row block each
   launch(sage_forward_sm90_kernel<D, Softmax>, dim3(ceil_div(ws.blocks, kWarpgroups), p.B * p.H),
-         sm90::block_threads<kWarpgroups>(), SageForwardSm90Layout<D, Softmax>::kBytes + scale_table_bytes(2, ws.blocks),
-         stream, f);
+         sm90::block_threads<kWarpgroups>(),
+         SageForwardSm90Layout<D, Softmax>::kBytes + scale_table_bytes(2, ws.blocks), stream, f);
 }
 
 template <int D, class Softmax>

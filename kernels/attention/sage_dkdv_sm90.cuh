@@ -189,14 +189,8 @@ __global__ void __launch_bounds__(flash::sm90::block_threads<SageDkDvSm90Layout<
     float score[1][kNTiles][4];  // Sᵀ as HopperScores has it for the backward
     Scores::template backward<D>(score, st_sum[0], s_k * s_q);
     const Softmax tile_softmax = Scores::backward_policy(softmax, s_k * s_q);
-    if (p.smooth_q) {  // the bias of each key (c·μ_Qi·(K − μ_K))
-      const float* bias = ws.query_bias + (scale0 + i) * ws.Tp + warp_key0;
-      const float unit = Scores::backward_unit(s_k * s_q);
-#pragma unroll
-      for (int nt = 0; nt < kNTiles; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) score[0][nt][e] = fmaf(bias[frag_row(e)], unit, score[0][nt][e]);
-    }
+    if (p.smooth_q)  // the bias of each key (c·μ_Qi·(K − μ_K))
+      add_row_key_bias(score, ws.query_bias + (scale0 + i) * ws.Tp + warp_key0, Scores::backward_unit(s_k * s_q));
     // w(nt, e) = f(nt, e, key, query index) where the key sees the query, else
     // 0, over the warp's (16 keys, 64 queries); the mask only off the diagonal.
     float w[1][kNTiles][4];  // Pᵀ, then dSᵀ
@@ -211,7 +205,8 @@ __global__ void __launch_bounds__(flash::sm90::block_threads<SageDkDvSm90Layout<
           }
       });
     };
-    visible_entries([&](int nt, int e, int, int qi) { return tile_softmax.probability(query_row(qi), score[0][nt][e]); });
+    visible_entries(
+        [&](int nt, int e, int, int qi) { return tile_softmax.probability(query_row(qi), score[0][nt][e]); });
     float s_p[2], inv_s_p[2];  // ψ's scale of each of the thread's two keys
     weight_scales<1>(w, false, nullptr, s_p, inv_s_p);
     pack_weights(p_hat[0], w, inv_s_p);

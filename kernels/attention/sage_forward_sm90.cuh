@@ -110,7 +110,8 @@ __global__ void __launch_bounds__(flash::sm90::block_threads<SageForwardSm90Layo
   // masked tile: weights 0, O unchanged.
   const size_t scale0 = static_cast<size_t>(bh) * ws.blocks;
   const float* scales =  // (2, blocks): s_K, s_V of the head
-      stage_scales<Feed::kConsumerThreads, 2>(smem + Layout::kBytes, {ws.k.scale + scale0, ws.v.scale + scale0}, ws.blocks);
+      stage_scales<Feed::kConsumerThreads, 2>(smem + Layout::kBytes, {ws.k.scale + scale0, ws.v.scale + scale0},
+                                              ws.blocks);
   const QueryWarpgroup wg(ws, bh, q0, p.smooth_q, scales);
   const float* scale_v = scales + ws.blocks;
   // s (64, 64) = the scores of key block j (S·log2(e) for the exact softmax,

@@ -332,7 +332,8 @@ __device__ __forceinline__ void issue_s8_ss(int (&acc)[1][kNTiles][4], Int8SmemT
   const uint64_t a_desc = desc_k_major(a, row0), b_desc = desc_k_major(b, 0);
   wgmma_fence();
 #pragma unroll
-  for (int ks = 0; ks < kRowBytes / 32; ++ks) mma_s8_ss(acc, desc_plus(a_desc, 32 * ks), desc_plus(b_desc, 32 * ks), ks > 0);
+  for (int ks = 0; ks < kRowBytes / 32; ++ks)
+    mma_s8_ss(acc, desc_plus(a_desc, 32 * ks), desc_plus(b_desc, 32 * ks), ks > 0);
   wgmma_commit();
   fence_operands(acc);
 }
