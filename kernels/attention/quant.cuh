@@ -47,6 +47,8 @@ struct SageWorkspace {
   float* delta;               // (B·H, Tp)         δ = rowsum(dO ∘ O) (backward)
   float* row_terms;           // (B·H, Tp, 4)      the K-interval composition's backward row
                               //                   terms (sage_softmax.cuh; softmax block only, else null)
+  // Head bh's first block in the per-block arrays (scales, query_mean, query_bias).
+  __host__ __device__ size_t head_block0(int bh) const { return static_cast<size_t>(bh) * blocks; }
 };
 
 // Which copies of each operand the kernels read, so that the pre-pass writes

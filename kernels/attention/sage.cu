@@ -243,10 +243,11 @@ __global__ void __launch_bounds__(Tr::kThreads) sage_forward_kernel(const SagePa
   auto masked_for_warp = [&](int j) { return j * kTile > first_query + 15; };
 
   load_natural<D, kThreads, Tr::kRows>(q_slot, ws.q, p.qk8, ws, bh, q_tile * Tr::kBlocks);
-  const float* scale_k = ws.k.scale + static_cast<size_t>(bh) * ws.blocks;
-  const float* scale_v = ws.v.scale + static_cast<size_t>(bh) * ws.blocks;
-  const float scale_q = ws.q.scale[static_cast<size_t>(bh) * ws.blocks + q_block];
-  const float* bias = p.smooth_q ? ws.query_bias + (static_cast<size_t>(bh) * ws.blocks + q_block) * ws.Tp : nullptr;
+  const size_t scale0 = ws.head_block0(bh);
+  const float* scale_k = ws.k.scale + scale0;
+  const float* scale_v = ws.v.scale + scale0;
+  const float scale_q = ws.q.scale[scale0 + q_block];
+  const float* bias = p.smooth_q ? ws.query_bias + (scale0 + q_block) * ws.Tp : nullptr;
   // s (16, 64) = the scores of key block j, masked entries −inf.
   auto scores = [&](float (&s)[1][kTileN][4], int j, int stage) {
     product_over_d<D, Tr::kRows>(s, p.qk8, q_slot, row0, k_slot(stage), scale_q * scale_k[j]);
@@ -320,7 +321,7 @@ __global__ void __launch_bounds__(Tr::kThreads) sage_backward_dkdv_kernel(const 
 
   load_natural<D, kThreads, Tr::kRows>(k_slot, ws.k, p.qk8, ws, bh, k_tile * Tr::kBlocks);
   load_natural<D, kThreads, Tr::kRows>(v_slot, ws.v, p.dp8, ws, bh, k_tile * Tr::kBlocks);
-  const size_t scale0 = static_cast<size_t>(bh) * ws.blocks;
+  const size_t scale0 = ws.head_block0(bh);
   const float s_k = ws.k.scale[scale0 + k_block], s_v = ws.v.scale[scale0 + k_block];
 
   const Softmax softmax(p.softmax);
@@ -430,7 +431,7 @@ __global__ void __launch_bounds__(Tr::kThreads) sage_backward_dq_kernel(const Sa
 
   load_natural<D, kThreads, Tr::kRows>(q_slot, ws.q, p.qk8, ws, bh, q_tile * Tr::kBlocks);
   load_natural<D, kThreads, Tr::kRows>(do_slot, ws.dout, p.dp8, ws, bh, q_tile * Tr::kBlocks);
-  const size_t scale0 = static_cast<size_t>(bh) * ws.blocks;
+  const size_t scale0 = ws.head_block0(bh);
   const float s_q = ws.q.scale[scale0 + q_block], s_do = ws.dout.scale[scale0 + q_block];
   const float* bias = p.smooth_q ? ws.query_bias + (scale0 + q_block) * ws.Tp : nullptr;
   constexpr int kStat = Softmax::kStatFloats, kTerm = Softmax::kTermFloats;

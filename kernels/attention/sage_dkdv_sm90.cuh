@@ -130,7 +130,7 @@ __global__ void __launch_bounds__(flash::sm90::block_threads<SageDkDvSm90Layout<
   const int wg_row0 = warpgroup_row0();       // the warpgroup's first key in the tile
   const int wg_key0 = k0 + wg_row0;           // and its first key
   const int warp_key0 = k0 + warp_row0();     // the warp's first key
-  const size_t scale0 = static_cast<size_t>(bh) * ws.blocks;
+  const size_t scale0 = ws.head_block0(bh);
   // The warpgroup's quantisation block (a block past the last: the last, as sage.cu).
   const float s_k = ws.k.scale[scale0 + min(wg_key0 / kSageBlock, ws.blocks - 1)];
   const Softmax softmax(p.softmax);

@@ -107,7 +107,7 @@ __global__ void __launch_bounds__(flash::sm90::block_threads<SageDqSm90Layout<D,
   feed.consumer_start();
 
   const float* scale_k =  // (blocks): s_K of the head
-      stage_scales<Feed::kConsumerThreads, 1>(smem + Layout::kBytes, {ws.k.scale + static_cast<size_t>(bh) * ws.blocks},
+      stage_scales<Feed::kConsumerThreads, 1>(smem + Layout::kBytes, {ws.k.scale + ws.head_block0(bh)},
                                               ws.blocks);
   const QueryWarpgroup wg(ws, bh, q0, p.smooth_q, scale_k);
   float* terms = p.row_terms + static_cast<size_t>(bh) * ws.Tp * Softmax::kTermFloats;  // (Tp, kTerm)

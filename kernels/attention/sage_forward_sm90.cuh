@@ -108,7 +108,7 @@ __global__ void __launch_bounds__(flash::sm90::block_threads<SageForwardSm90Layo
 
   // A warp whose rows all precede a block the warpgroup sees gets a fully
   // masked tile: weights 0, O unchanged.
-  const size_t scale0 = static_cast<size_t>(bh) * ws.blocks;
+  const size_t scale0 = ws.head_block0(bh);
   const float* scales =  // (2, blocks): s_K, s_V of the head
       stage_scales<Feed::kConsumerThreads, 2>(smem + Layout::kBytes, {ws.k.scale + scale0, ws.v.scale + scale0},
                                               ws.blocks);

@@ -55,17 +55,15 @@ struct QueryWarpgroup {
   float scale_q;         // s_Q of its quantisation block
   const float* scale_k;  // (blocks) s_K of the head's key blocks (stage_scales' copy)
   const float* bias;     // (Tp) the smooth_q bias of its block's queries, or null
-  size_t scale0;         // the head's first block in the per-block arrays (scales, μ, bias)
 
   __device__ QueryWarpgroup(const SageWorkspace& ws, int bh, int q0, bool smooth_q, const float* head_scale_k)
       : wg_row0(flash::sm90::warpgroup_row0()),
         wg_first(q0 + wg_row0),
         first_query(q0 + flash::sm90::warp_row0()),
-        scale_k(head_scale_k),
-        scale0(static_cast<size_t>(bh) * ws.blocks) {
-    const int q_block = min(wg_first / kSageBlock, ws.blocks - 1);
-    scale_q = ws.q.scale[scale0 + q_block];
-    bias = smooth_q ? ws.query_bias + (scale0 + q_block) * ws.Tp : nullptr;
+        scale_k(head_scale_k) {
+    const size_t q_block = ws.head_block0(bh) + min(wg_first / kSageBlock, ws.blocks - 1);
+    scale_q = ws.q.scale[q_block];
+    bias = smooth_q ? ws.query_bias + q_block * ws.Tp : nullptr;
   }
   // S's scale s_Q s_K of key block j.
   __device__ float scale(int j) const { return scale_q * scale_k[j]; }

@@ -16,6 +16,7 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <cfloat>
 #include <cmath>
 #include <type_traits>
 
@@ -399,6 +400,14 @@ __device__ __forceinline__ void score_grads(float (&w)[1][kNTiles][4], const flo
 //             scale·log2(e): P = exp2(Σ·a − L log2(e)) in one FFMA.
 // The K-interval policy, whose grid is in units of S, takes S in both.
 // `unit` is one unit of S in the scores' units (smooth_q's bias, add_key_bias).
+// Below the smallest normal float (s_Q s_K < 2^-126: c·Q and K both near
+// 1e-19) the reciprocal would be inf (the hardware reciprocal flushes its input
+// to 0, and 1/s overflows below 2^-128), and inf times the bias NaN. The unit
+// is 2^126 there, so the bias moves the exponent by bias · 2^126 · scale ·
+// log2(e) <= bias · log2(e) instead of by bias · log2(e): both below 1e-31,
+// which fp32 cannot see (the block's bf16 Q values are all equal, and s_Q = 1,
+// or they differ by an ulp, so max|Q − μ_Q| >= 2^-9 |μ_Q| and the bias
+// c·μ_Q·(K − μ_K) is below 2^9 · 127² · s_Q s_K).
 template <class Softmax>
 struct HopperScores {
   __device__ static Softmax forward_policy(const SoftmaxOptions& opt) {
@@ -419,7 +428,12 @@ struct HopperScores {
     else
       return policy;
   }
-  __device__ static float backward_unit(float scale) { return Softmax::kExact ? flash::fast_rcp(scale) : 1.0f; }
+  __device__ static float backward_unit(float scale) {
+    if constexpr (Softmax::kExact)
+      return flash::fast_rcp(fmaxf(scale, FLT_MIN));
+    else
+      return 1.0f;
+  }
   template <int kTerms, int kNTiles>
   __device__ static void backward(float (&s)[1][kNTiles][4], const int (&sum)[kNTiles][4], float scale) {
     flash::sums_to_scores<kTerms>(s, sum, Softmax::kExact ? 1.0f : scale);
