@@ -247,6 +247,12 @@ __global__ void __launch_bounds__(flash::sm90::block_threads<SageDkDvSm90Layout<
       for (int dt = 0; dt < D / 8; ++dt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) dk_acc[0][dt][e] += p.c * ds_sum[e / 2] * mu_q[frag_col(dt, e)];
+      // The next query block's bias of the warp's keys and μ_Q; not with three
+      // warpgroups (160 registers), where its addresses spill 20 bytes more.
+      if (Layout::kWarpgroups == 2 && i + 1 < ws.blocks) {
+        prefetch_l1(ws.query_bias + (scale0 + i + 1) * ws.Tp + warp_key0, 16 * 4);
+        prefetch_l1(mu_q + D, D * 4);
+      }
     }
   });
 

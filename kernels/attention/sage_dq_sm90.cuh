@@ -122,6 +122,7 @@ __global__ void __launch_bounds__(flash::sm90::block_threads<SageDqSm90Layout<D,
   // it for the backward) and dP of key block j.
   using Scores = HopperScores<Softmax>;
   auto scores_and_dp = [&](float (&score)[1][kNTiles][4], float (&dp)[1][kNTiles][4], int j, int s) {
+    if (wg.bias && j + 1 < key_blocks) prefetch_l1(wg.bias + (j + 1) * kKeys, kKeys * 4);  // the next block's
     int sum[1][kNTiles][4];
     issue_s8_ss(sum, q_tile, wg.wg_row0, k_tile(s));
     issue_ss(dp, do_tile, wg.wg_row0, v_tile(s));  // runs while S is converted
