@@ -322,11 +322,16 @@ __global__ void __launch_bounds__(kQuantThreads) quantise_kernel(const QuantiseP
 // (Tp / 64, ceil(blocks / 64), B·H): a block of 256 threads makes 64 query blocks
 // x 64 keys, each thread 4 x 4 of them, over d in chunks of 32 columns staged
 // column-major in shared memory, so that a thread's 4 means and 4 keys of a
-// column are one 16-byte load each (8 FFMA per load). Each sum takes the
-// columns in order, one FFMA each: a sequential fp32 GEMV's arithmetic. (One
-// thread per key reading its K row column by column, re-read per query block,
-// took 9.4 ms at (4, 16, 4096, 128): 14x the forward without smooth_q.)
+// column are one 16-byte load each (8 FFMA per load); the next chunk is read
+// from global memory while this one is multiplied. Each sum takes the columns
+// in order, one FFMA each: a sequential fp32 GEMV's arithmetic. (One thread
+// per key reading its K row column by column, re-read per query block, took
+// 9.4 ms at (4, 16, 4096, 128): 14x the forward without smooth_q.)
 constexpr int kBiasTile = 64, kBiasChunk = 32, kBiasThreads = 256;
+// A staged column's rows are XOR-swizzled by 8 per group of 8 columns: the 4
+// threads that stage one row's 32 columns then store to 4 banks, not one, and a
+// thread's 4 consecutive rows stay one 16-byte load.
+__device__ __forceinline__ int bias_swizzle(int col, int row) { return row ^ (8 * ((col / 8) % 4)); }
 template <int D>
 __global__ void __launch_bounds__(kBiasThreads) query_bias_kernel(const QuantiseParams p) {
   static_assert(kSageBlock % kBiasTile == 0 && D % kBiasChunk == 0, "Tp is whole tiles");
@@ -335,35 +340,39 @@ __global__ void __launch_bounds__(kBiasThreads) query_bias_kernel(const Quantise
   const int bh = blockIdx.z, b = bh / p.H, h = bh % p.H;
   const int t0 = blockIdx.x * kBiasTile, qb0 = blockIdx.y * kBiasTile;
   const SageWorkspace& ws = p.ws;
-  const float* mu_k = ws.key_mean + static_cast<size_t>(bh) * D;      // (d)
-  const float* mu_q = ws.query_mean + ws.head_block0(bh) * D;         // (blocks, d)
+  const float* mu_k = ws.key_mean + static_cast<size_t>(bh) * D;  // (d)
+  const float* mu_q = ws.query_mean + ws.head_block0(bh) * D;     // (blocks, d)
   // Staging: thread i copies 8 columns of key t0 + i / 4 and of query block qb0 + i / 4.
   const int stage_row = threadIdx.x / 4, stage_col = 8 * (threadIdx.x % 4);
   const int t_stage = t0 + stage_row, qb_stage = qb0 + stage_row;
+  const bf16* k_row = t_stage < p.T ? qkv_row(p, D, b, t_stage, 1, h) : nullptr;
+  const float* mean_row = qb_stage < ws.blocks ? mu_q + static_cast<size_t>(qb_stage) * D : nullptr;
+  float k[8], m[8];  // the staged columns of the next chunk; zeros past T and past the last block
+  auto load_chunk = [&](int c0) {
+    const int col = c0 + stage_col;
+    const Bf16x8 x = k_row ? load8(k_row + col) : Bf16x8{};
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      k[i] = k_row ? __bfloat162float(x.v[i]) - mu_k[col + i] : 0.0f;
+      m[i] = mean_row ? mean_row[col + i] : 0.0f;
+    }
+  };
   const int ty = threadIdx.x / 16, tx = threadIdx.x % 16;  // query blocks qb0 + 4 ty …, keys t0 + 4 tx …
   float acc[4][4] = {};
+  load_chunk(0);
   for (int c0 = 0; c0 < D; c0 += kBiasChunk) {
-    const int col = c0 + stage_col;
-    float k[8] = {}, m[8] = {};  // zeros past T and past the last block
-    if (t_stage < p.T) {
-      const Bf16x8 x = load8(qkv_row(p, D, b, t_stage, 1, h) + col);
-#pragma unroll
-      for (int i = 0; i < 8; ++i) k[i] = __bfloat162float(x.v[i]) - mu_k[col + i];
-    }
-    if (qb_stage < ws.blocks)
-#pragma unroll
-      for (int i = 0; i < 8; ++i) m[i] = mu_q[static_cast<size_t>(qb_stage) * D + col + i];
     __syncthreads();  // the previous chunk's reads are done
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
-      keys[stage_col + i][stage_row] = k[i];
-      means[stage_col + i][stage_row] = m[i];
+      keys[stage_col + i][bias_swizzle(stage_col + i, stage_row)] = k[i];
+      means[stage_col + i][bias_swizzle(stage_col + i, stage_row)] = m[i];
     }
     __syncthreads();
+    if (c0 + kBiasChunk < D) load_chunk(c0 + kBiasChunk);
 #pragma unroll 8
     for (int cc = 0; cc < kBiasChunk; ++cc) {
-      const float4 mq = *reinterpret_cast<const float4*>(&means[cc][4 * ty]);
-      const float4 kt = *reinterpret_cast<const float4*>(&keys[cc][4 * tx]);
+      const float4 mq = *reinterpret_cast<const float4*>(&means[cc][bias_swizzle(cc, 4 * ty)]);
+      const float4 kt = *reinterpret_cast<const float4*>(&keys[cc][bias_swizzle(cc, 4 * tx)]);
       const float mv[4] = {mq.x, mq.y, mq.z, mq.w}, kv[4] = {kt.x, kt.y, kt.z, kt.w};
 #pragma unroll
       for (int i = 0; i < 4; ++i)
