@@ -1,10 +1,11 @@
 // Shared by every CUDA file: error checks, bf16 <-> fp32 helpers, 16-byte
-// packed vectors and warp/block reductions.
+// packed vectors, an L1 prefetch and warp/block reductions.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 
@@ -44,6 +45,17 @@ __device__ __forceinline__ void store8_f32(bf16* p, const float (&in)[8]) {
 #pragma unroll
   for (int i = 0; i < 8; ++i) x.v[i] = __float2bfloat16(in[i]);
   store8(p, x);
+}
+
+// Brings `bytes` of global memory from `at` into L1 for a later read, one
+// 128-byte line per lane of the calling warp (at most 32 lines). The sage
+// kernels prefetch smooth_q's bias rows and means a step ahead: their L2
+// latency, waited on by the FFMA that adds them, was the largest stall of
+// those kernels with smooth_q (ncu, ninth session's device call 3).
+__device__ __forceinline__ void prefetch_l1(const void* at, int bytes) {
+  const uintptr_t first = reinterpret_cast<uintptr_t>(at) & ~uintptr_t{127};
+  const uintptr_t line = first + 128 * (threadIdx.x % 32);
+  if (line < reinterpret_cast<uintptr_t>(at) + bytes) asm volatile("prefetch.global.L1 [%0];" : : "l"(line));
 }
 
 __device__ __forceinline__ float warp_sum(float v) {

@@ -324,9 +324,11 @@ __global__ void __launch_bounds__(kQuantThreads) quantise_kernel(const QuantiseP
 // column-major in shared memory, so that a thread's 4 means and 4 keys of a
 // column are one 16-byte load each (8 FFMA per load); the next chunk is read
 // from global memory while this one is multiplied. Each sum takes the columns
-// in order, one FFMA each: a sequential fp32 GEMV's arithmetic. (One thread
-// per key reading its K row column by column, re-read per query block, took
-// 9.4 ms at (4, 16, 4096, 128): 14x the forward without smooth_q.)
+// in order, one FFMA each: a sequential fp32 GEMV's arithmetic. Not cuBLASLt:
+// its fp32 products take fp32 for both operands, and K is bf16 in qkv (an fp32
+// copy of K − μ_K would be written and read once more). (One thread per key
+// reading its K row column by column, re-read per query block, took 9.4 ms at
+// (4, 16, 4096, 128): 14x the forward without smooth_q.)
 constexpr int kBiasTile = 64, kBiasChunk = 32, kBiasThreads = 256;
 // A staged column's rows are XOR-swizzled by 8 per group of 8 columns: the 4
 // threads that stage one row's 32 columns then store to 4 banks, not one, and a
@@ -348,7 +350,7 @@ __global__ void __launch_bounds__(kBiasThreads) query_bias_kernel(const Quantise
   const bf16* k_row = t_stage < p.T ? qkv_row(p, D, b, t_stage, 1, h) : nullptr;
   const float* mean_row = qb_stage < ws.blocks ? mu_q + static_cast<size_t>(qb_stage) * D : nullptr;
   float k[8], m[8];  // the staged columns of the next chunk; zeros past T and past the last block
-  auto load_chunk = [&](int c0) {
+  auto read_columns = [&](int c0) {
     const int col = c0 + stage_col;
     const Bf16x8 x = k_row ? load8(k_row + col) : Bf16x8{};
 #pragma unroll
@@ -359,7 +361,7 @@ __global__ void __launch_bounds__(kBiasThreads) query_bias_kernel(const Quantise
   };
   const int ty = threadIdx.x / 16, tx = threadIdx.x % 16;  // query blocks qb0 + 4 ty …, keys t0 + 4 tx …
   float acc[4][4] = {};
-  load_chunk(0);
+  read_columns(0);
   for (int c0 = 0; c0 < D; c0 += kBiasChunk) {
     __syncthreads();  // the previous chunk's reads are done
 #pragma unroll
@@ -368,7 +370,7 @@ __global__ void __launch_bounds__(kBiasThreads) query_bias_kernel(const Quantise
       means[stage_col + i][bias_swizzle(stage_col + i, stage_row)] = m[i];
     }
     __syncthreads();
-    if (c0 + kBiasChunk < D) load_chunk(c0 + kBiasChunk);
+    if (c0 + kBiasChunk < D) read_columns(c0 + kBiasChunk);
 #pragma unroll 8
     for (int cc = 0; cc < kBiasChunk; ++cc) {
       const float4 mq = *reinterpret_cast<const float4*>(&means[cc][bias_swizzle(cc, 4 * ty)]);

@@ -62,16 +62,6 @@ __device__ __forceinline__ void add_row_key_bias(float (&s)[1][kNTiles][4], cons
 #pragma unroll
     for (int e = 0; e < 4; ++e) s[0][nt][e] = fmaf(bias[frag_row(e)], unit, s[0][nt][e]);
 }
-// Brings `bytes` of global memory from `at` into L1 for a later step, one
-// 128-byte line per lane of the calling warp (at most 32 lines). smooth_q's
-// bias rows and means are read from global memory in every step; their L2
-// latency, waited on by the FFMA that adds them, was the largest stall of the
-// three wgmma kernels with smooth_q (ncu, ninth session's device call 3).
-__device__ __forceinline__ void prefetch_l1(const void* at, int bytes) {
-  const uintptr_t first = reinterpret_cast<uintptr_t>(at) & ~uintptr_t{127};
-  const uintptr_t line = first + 128 * (threadIdx.x % 32);
-  if (line < reinterpret_cast<uintptr_t>(at) + bytes) asm volatile("prefetch.global.L1 [%0];" : : "l"(line));
-}
 // The scores as both families' forward hands them to the policies: biased, and
 // keys after the row's query (rows from first_query) −inf (causal).
 template <int kNTiles>
