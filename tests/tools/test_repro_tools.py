@@ -101,5 +101,35 @@ class ResultsStore(unittest.TestCase):
             self.assertIn("status 'running'", r.stderr)
 
 
+class GapTable(unittest.TestCase):
+    def test_paired_gap_per_step_with_interval(self):
+        with tempfile.TemporaryDirectory() as d:
+            def run(name, losses, diverged_at=None):
+                os.makedirs(os.path.join(d, name))
+                with open(os.path.join(d, name, "metrics.csv"), "w") as f:
+                    f.write("step,tokens,train_loss,val_loss,event\n")
+                    for step, loss in losses:
+                        f.write(f"{step},{step * 1000000},,{loss},\n")
+                    if diverged_at:
+                        f.write(f"{diverged_at},{diverged_at * 1000000},nan,,diverged: non-finite train loss\n")
+            with open(os.path.join(d, "summary.csv"), "w") as f:
+                f.write("id,setting,attention.kind,train.seed,status,baseline\n")
+                for seed in (1, 2, 3):
+                    f.write(f"b{seed},base,fpa,{seed},finished,(baseline)\n")
+                    f.write(f"q{seed},quant,kinterval,{seed},finished,base\n")
+                f.write("x1,bad,kinterval,1,diverged,base\n")
+            for seed, (b, q) in enumerate([(3.0, 3.1), (3.1, 3.2), (2.9, 3.0)], start=1):
+                run(f"b{seed}", [(0, 10.0), (100, b + 1), (200, b)])
+                run(f"q{seed}", [(0, 10.0), (100, q + 1.0), (200, q + 0.01 * seed)])
+            run("x1", [(0, 10.0), (100, 4.5)], diverged_at=150)
+            out = tool(os.path.join(TOOLS, "gap_table.py"), d, "--every", "100")
+            lines = out.splitlines()
+            self.assertEqual(lines[0], "| cell | seeds | diverged at (tokens) | 100M | 200M |")
+            # Step 100: gaps 0.1, 0.1, 0.1 (interval 0); step 200: 0.11, 0.12, 0.13,
+            # mean 0.12, half-width 4.3027 * 0.01 / sqrt(3) = 0.025.
+            self.assertEqual(lines[2], "| quant | 3 |  | +0.100 ± 0.000* | +0.120 ± 0.025* |")
+            self.assertEqual(lines[3], "| bad | 1 | 150.0M (seed 1) | +0.500 (n=1) |  |")
+
+
 if __name__ == "__main__":
     unittest.main()
