@@ -20,7 +20,7 @@ for variant in "$@"; do
   for a in ${variant#*|}; do sets+=(--set "$a"); done
   dir=/tmp/qattn_step_speed/$label
   rm -rf "$dir"
-  "$QATTN" train "$CONFIG" --set train.tokens="$TOKENS" --set eval.every=0 --set log.every=1 \
+  "$QATTN" train "$CONFIG" --set train.tokens="$TOKENS" --set train.warmup=1 --set eval.every=0 --set log.every=1 \
     --set log.diag_every=0 --set train.checkpoint_every=0 "${sets[@]}" --out "$dir" --fresh > "$OUT/step_speed_$label.log" 2>&1 ||
     { printf '%-28s failed: %s\n' "$label" "$(tail -n 1 "$OUT/step_speed_$label.log")"; continue; }
   python3 - "$dir/metrics.csv" "$label" <<'PY'
