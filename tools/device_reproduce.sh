@@ -97,9 +97,10 @@ PY
 [[ -n ${TOKENS_PER_RUN:-} ]] && TOKENS=$TOKENS_PER_RUN
 log "papers: ${PAPERS[*]}; tokens per run: $TOKENS"
 
-# ---- the grids side by side until the deadline. The sweeps ask for one SPEC §5
-# diagnostics step per run, at its end (fp64 CPU references of every layer's
-# heads, a few seconds: part of RUN_OVERHEAD_S).
+# ---- the grids side by side until the deadline. The sweeps ask for one
+# attention diagnostics step (docs/attention-maths.md §7) per run, at its end
+# (fp64 CPU references of every layer's heads, a few seconds: part of
+# RUN_OVERHEAD_S).
 SWEEP_DEADLINE=$((DEADLINE - FINAL_RESERVE_S + 20))
 PIDS=()
 for paper in "${PAPERS[@]}"; do

@@ -1,4 +1,4 @@
-// INT8 operands of SageBwd (SPEC §3) for the sage kernels: int8 shared-memory
+// INT8 operands of SageBwd (docs/attention-maths.md §4) for the sage kernels: int8 shared-memory
 // tiles, the tensor-core product mma.m16n8k32.s8 (sm_80 and up) and the
 // in-register quantisation of weights (P̃, P, dS) into its A operand.
 //

@@ -1,4 +1,4 @@
-// K-interval quantised-softmax attention (SPEC §4), fused: T x T is never
+// K-interval quantised-softmax attention (docs/attention-maths.md §5), fused: T x T is never
 // materialised. Built from the flash skeleton's tiles and products
 // (tile_mma.cuh, bf16_operands.cuh); the per-score maths is in kinterval_softmax.cuh.
 //

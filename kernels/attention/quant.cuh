@@ -1,4 +1,4 @@
-// SageBwd's quantisation pre-pass (SPEC §3 forward steps 1-3, backward dÔ):
+// SageBwd's quantisation pre-pass (docs/attention-maths.md §4.2-§4.5):
 // per block of kSageBlock rows of one (batch, head), ψ of c·(Q − μ_Q), K − μ_K,
 // V (the forward's, kept for the backward) and dO (the backward's), each in the
 // layouts the sage kernels read, plus the fp32 terms that go with them (μ_K,
@@ -17,7 +17,7 @@
 
 namespace qattn::cuda {
 
-// Rows per quantisation block = the kernels' tile (SPEC's block_q, block_k).
+// Rows per quantisation block = the kernels' tile (block_q, block_k: §4.8).
 constexpr int kSageBlock = 64;
 
 // The transposed copies hold T permuted within each group of 16: position p of
@@ -100,7 +100,7 @@ void sage_quantise_gradient(const SageOptions& opt, const AttentionShape& s, con
                             cudaStream_t stream);
 
 #ifdef __CUDACC__
-// ψ's level of x at scale s (SPEC §3): round(x / s), half away from zero, as the
+// ψ's level of x at scale s (§4.1): round(x / s), half away from zero, as the
 // CPU reference rounds, as a byte (two's complement).
 //
 // By definition: an IEEE division and roundf, each a conversion-unit

@@ -1,4 +1,4 @@
-// SageBwd INT8 attention (SPEC §3): the flash recurrences of flash_skeleton.cuh
+// SageBwd INT8 attention (docs/attention-maths.md §4): the flash recurrences of flash_skeleton.cuh
 // over operands that the pre-pass (quant.cu) has quantised per 64-row block.
 // Kernels first, launchers after.
 //
@@ -9,8 +9,7 @@
 // scales, and the int8 weight products need T-transposed copies. What they share
 // is used as is: the warp tile primitives (tile_mma.cuh) and the online softmax
 // policy (online_softmax.cuh). The Softmax template parameter (sage_softmax.cuh)
-// is plain SageBwd's exact softmax or the K-interval composition (SPEC §4,
-// "sage may take a softmax block").
+// is plain SageBwd's exact softmax or the K-interval composition (§6).
 //
 // Tiles (SageTraits): kWarps warps x 16 rows resident (64 or 128 rows: one or
 // two quantisation blocks), 64-row steps: every step and every warp's rows lie
@@ -87,7 +86,7 @@ struct SageParams {
   const bf16* dout;  // (B, T, H, d), backward: read in place by the wgmma kernels
   int B, H, T;
   float c;           // 1 / sqrt(d)
-  // Precision of each product (SPEC §3 keys): true = int8, false = bf16.
+  // Precision of each product (the keys of §4.7): true = int8, false = bf16.
   bool qk8, pv8, dv8, dp8, dq8, dk8;
   bool tile_scales;  // bwd_granularity "tile": one scale per 64x64 tile of P and dS
   bool smooth_q;     // add the bias to S and the dK correction

@@ -1,4 +1,4 @@
-// SageBwd's dK/dV kernel (SPEC §3) on Hopper (sm_90a): the products on wgmma,
+// SageBwd's dK/dV kernel (docs/attention-maths.md §4.5) on Hopper (sm_90a): the products on wgmma,
 // the tiles by TMA through TmaFeed (feeds.cuh), for the default backward flags
 // (qk = dv = dk = int8, dp = bf16, bwd_granularity rowcol). sage.cu's mma.sync
 // kernel runs every other combination and the devices without sm_90a. Both use

@@ -1,4 +1,4 @@
-// SageBwd's forward (SPEC §3) on Hopper (sm_90a): the int8 products on wgmma,
+// SageBwd's forward (docs/attention-maths.md §4.4) on Hopper (sm_90a): the int8 products on wgmma,
 // the tiles by TMA through TmaFeed (feeds.cuh), for qk = pv = int8 (the
 // default). sage.cu's mma.sync kernel runs every other precision and the
 // devices without sm_90a; both use the same helpers (int8_operands.cuh for the

@@ -1,9 +1,9 @@
 // The softmax policies of the SageBwd kernels (sage.cu): what turns a tile of
 // scores S (already carrying c = 1/√d: Q̂ = ψ(c·Q)) into weights, what the
 // forward saves per row, and what the backward makes of S and dP.
-//   ExactSoftmax      plain SageBwd (SPEC §3): online softmax, saves L.
+//   ExactSoftmax      plain SageBwd (docs/attention-maths.md §4): online softmax, saves L.
 //   KIntervalSoftmax  the composition with the K-interval quantised softmax
-//                     (SPEC §4, sage's softmax block): the forward calibrates
+//                     (§6, sage's softmax block): the forward calibrates
 //                     each row's grid in a first pass over the keys, saves its
 //                     RowStats; the backward's dQ kernel first sweeps each row
 //                     for its terms (ḡ, dL/dm, dL/dℓ; L for the probability

@@ -1,8 +1,9 @@
 // The training loop. One optimizer step = grad_accum micro-batches of
 // (micro_batch, seq_len) tokens, then the divergence check, the loss-spike
 // rule, clip, AdamW, a metrics row, and on their schedules an evaluation, the
-// SPEC §5 diagnostics and a checkpoint. A run continues from its newest valid
-// checkpoint bit-exactly: the checkpoint holds everything the loop reads.
+// attention diagnostics (docs/attention-maths.md §7) and a checkpoint. A run
+// continues from its newest valid checkpoint bit-exactly: the checkpoint holds
+// everything the loop reads.
 #include "qattn/atomic_file.hpp"
 #include "qattn/trainer.hpp"
 

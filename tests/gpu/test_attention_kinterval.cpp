@@ -1,4 +1,4 @@
-// K-interval attention (SPEC §4) on the GPU against the fp64 CPU reference on
+// K-interval attention (docs/attention-maths.md §5) on the GPU against the fp64 CPU reference on
 // the same bf16 inputs: every combination of calibration x rounding x ste x
 // detach_extrema x ste_window_mask, at K in {2, 4, 16, 32}, T in {64, 1000,
 // 1024} (1000: a tail tile), d in {64, 128}; long sequences compare a subsample

@@ -1,6 +1,6 @@
-// SageBwd INT8 attention on the GPU (SPEC §3), on fresh random inputs (seed
+// SageBwd INT8 attention on the GPU (docs/attention-maths.md §4), on fresh random inputs (seed
 // printed by gpu_test_util.hpp), outputs poisoned with NaN first:
-// - the quantisation pre-pass against SPEC §3 computed here in fp64 (levels
+// - the quantisation pre-pass against §4.1-§4.4 computed here in fp64 (levels
 //   equal except within 1e-4 of a rounding tie, scales to fp32 rounding, the
 //   transposed copy exact, μ_K, μ_Q, smooth_q's bias, δ; padded rows zero in
 //   every copy), and its levels by reciprocal equal to those by division;
@@ -10,7 +10,7 @@
 // - all six products bf16 against the CUDA FPA kernel;
 // - the Gaussian accuracy table (T = 4096) against fp64 FPA, as SageBwd's Table 1;
 // - causality: how much changing future tokens moves past outputs;
-// - the K-interval softmax block (SPEC §4 composition) against the CPU sage
+// - the K-interval softmax block (§6, the composition) against the CPU sage
 //   reference with the same block: every calibration x rounding x ste at
 //   K in {4, 16}, d in {64, 128}, T in {64, 1000}, and the other options once,
 //   on grid-exact inputs kept off the softmax's discontinuities; its two
@@ -311,7 +311,7 @@ void check_sage_errors(const qattn::cuda::AttentionErrors& e) {
 }
 
 // ---------------------------------------------------------------------------
-// The pre-pass against SPEC §3 in fp64.
+// The pre-pass against attention-maths.md §4.1-§4.4 in fp64.
 
 // One quantised operand of the workspace, copied to the host.
 struct HostOperand {
@@ -341,7 +341,7 @@ std::vector<float> download_floats(const float* x, size_t n) {
   return h;
 }
 
-// value(bh, t, x) is the SPEC's quantised value in fp64 (c·(Q − μ_Q), K − μ_K, V, dO).
+// value(bh, t, x) is the quantised value of §4.4 in fp64 (c·(Q − μ_Q), K − μ_K, V, dO).
 template <typename Value>
 void check_operand(const char* name, const HostOperand& got, const qattn::cuda::SageWorkspace& ws,
                    const AttentionShape& s, Value value) {
@@ -402,7 +402,7 @@ void check_operand(const char* name, const HostOperand& got, const qattn::cuda::
 
 }  // namespace
 
-TEST_CASE("sage pre-pass: quantised c(Q - mu_Q), K - mu_K, V, dO, scales, means, bias and delta per SPEC 3",
+TEST_CASE("sage pre-pass: quantised c(Q - mu_Q), K - mu_K, V, dO, scales, means, bias and delta",
           "[sage]") {
   struct Case {
     AttentionShape s;
@@ -940,7 +940,7 @@ TEST_CASE("sage accuracy on Gaussian inputs against fp64 FPA (SageBwd Table 1 se
   }
 }
 
-TEST_CASE("sage causality: how far future tokens move past outputs (SPEC 3 known property)", "[sage]") {
+TEST_CASE("sage causality: how far future tokens move past outputs (per-block scales)", "[sage]") {
   const AttentionShape s{1, 1, 1024, 64};
   const std::vector<bf16> qkv = random_qkv(s, 1.0f, 0.3f), dout = random_heads(s);
   SageOptions no_smooth_k;
