@@ -105,9 +105,10 @@ void sage_quantise_gradient(const SageOptions& opt, const AttentionShape& s, con
 //
 // By definition: an IEEE division and roundf, each a conversion-unit
 // instruction per element (MUFU.RCP, F2I: 16 per clock per SM on sm_90, a
-// quarter of the FP32 rate; ncu had that pipe 60% busy in the forward
-// pre-pass). quantise_level below avoids both: the forward pre-pass took 7% less
-// time with it, the backward's the same (H200, 2026-11-29, docs/sage.md).
+// quarter of the FP32 rate; Nsight Compute had that pipe 60% busy in the
+// forward pre-pass). quantise_level below avoids both: the forward pre-pass
+// takes 7% less time with it (tools/profile_attention.sh --kind sage), the
+// backward's the same.
 __device__ __forceinline__ uint32_t quantise_level_by_division(float x, float s) {
   return static_cast<uint32_t>(static_cast<int>(roundf(x / s))) & 0xFFu;
 }

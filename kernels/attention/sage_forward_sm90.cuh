@@ -49,7 +49,8 @@ template <int D, class Softmax>
 struct SageForwardSm90Layout {
   static constexpr int kWarpgroups = !Softmax::kRowPass ? 3 : 2;  // sage_sm90.cuh
   static constexpr int kRows = sage_rows(kWarpgroups);
-  // Two stages: three (feeds.cuh) measured no faster here (device call 9).
+  // Two stages: three (feeds.cuh) measured no faster here (`qattn bench attention
+  // --kind sage`, against the dK/dV kernel's three, which are).
   using Feed = flash::TmaFeed<kWarpgroups * 128, false>;
   static constexpr int kQ = 0, kK = kRows * D, kVt = kK + Feed::kStages * kSageBlock * D;
   static constexpr int kO = kVt + Feed::kStages * D * kSageBlock;

@@ -54,7 +54,7 @@ __device__ __forceinline__ void add_key_bias(float (&s)[1][kNTiles][4], const fl
 // keys: the warp's 16 keys from bias[0] (its first key's). The caller checks
 // that there is one: with the null test in here the wgmma backward measured
 // 1.758 vs 1.742-1.751 ms at (4, 16, 4096, 128), 2.379 vs 2.351 with smooth_q
-// (eighth session, device call 5; ptxas had moved its spills).
+// (`qattn bench attention --kind sage`; ptxas had moved its spills).
 template <int kNTiles>
 __device__ __forceinline__ void add_row_key_bias(float (&s)[1][kNTiles][4], const float* bias, float unit = 1.0f) {
 #pragma unroll
