@@ -94,7 +94,7 @@ void write_diag(std::ofstream& csv, int64_t step, const std::vector<LayerDiag>& 
 }
 
 // Opens a CSV for appending after resuming at `step`: rows of later steps
-// (written after the checkpoint by the session that died) are dropped.
+// (written after the checkpoint by the process that died) are dropped.
 // A fresh run (step < 0) starts the file anew.
 std::ofstream open_csv(const std::string& path, const char* header, int64_t step) {
   std::string kept = header;
