@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""The SPEC §5 attention diagnostics of a sweep as markdown (SageBwd's Table 2).
+"""The attention diagnostics of a sweep as markdown (SageBwd's Table 2;
+docs/attention-maths.md §7).
 
     tools/diag_table.py SWEEP_DIR [--step N]
 
@@ -50,7 +51,8 @@ def main():
     name = os.path.basename(os.path.normpath(a.sweep_dir))
     print(f"# Attention diagnostics: {name}\n")
     print("Per layer on the fixed probe batch (the first validation batch), against FPA on the same")
-    print("inputs (SPEC §5; SageBwd's Table 2). σ_Q, σ_K: RMS of q and k; cos: cosine similarity.\n")
+    print("inputs (attention-maths.md §7; SageBwd's Table 2). σ_Q, σ_K: RMS of q and k;")
+    print("cos: cosine similarity.\n")
     tables = []
     print("| run | status | step | worst layer | σ_Q | σ_K | max \\|S\\| | cos O | cos P | cos dS | cos dQ | cos dK | cos dV | lowest |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")

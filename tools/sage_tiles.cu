@@ -58,7 +58,7 @@ void sweep(int B, int H, int T, int d) {
   fill_normal<<<1024, 256>>>(dout, n_o, 5678u);
   CUDA_CHECK_LAUNCH();
 
-  const double fwd_flops = 2.0 * B * H * double(T) * T * d;  // counted as FPA's (docs/sage.md)
+  const double fwd_flops = 2.0 * B * H * double(T) * T * d;  // FPA's count (performance.md)
   const SageTiles dflt = sage_default_tiles(s);
   std::printf("B=%d H=%d T=%d d=%d (default tiles: forward %d, dq %d, dkdv %d warps)\n", B, H, T, d, dflt.forward,
               dflt.dq, dflt.dkdv);

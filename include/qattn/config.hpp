@@ -1,6 +1,6 @@
 // The run configuration: JSON sections model, attention, data, train, eval,
 // log, dist. Every key is validated; errors name the JSON path, the value and
-// what is allowed (DESIGN.md § Config).
+// what is allowed (docs/config.md).
 #pragma once
 #include <cstdint>
 #include <nlohmann/json.hpp>
@@ -18,7 +18,7 @@ struct ModelConfig {
   int heads = 12;
   int dim = 768;           // channels C; head_dim = dim / heads
   int seq_len = 1024;      // T
-  bool qk_norm = false;    // SPEC §2
+  bool qk_norm = false;    // docs/attention-maths.md §3
   std::string init_from;   // llm.c model file to start from ("": random init)
   int head_dim() const { return dim / heads; }
 };
@@ -60,7 +60,7 @@ struct LogConfig {
   int64_t every = 1;       // steps between console lines
   std::string out = "runs";// parent folder of the run directory
   std::string name;        // run name (default: config file stem)
-  int64_t diag_every = 0;  // steps between SPEC §5 diagnostics (0: off)
+  int64_t diag_every = 0;  // steps between diagnostics, attention-maths.md §7 (0: off)
 };
 
 struct DistConfig {

@@ -1,7 +1,8 @@
-// Operand precision policy of the flash skeleton: the six products of SPEC §3's
-// precision keys (qk, pv, dp, dv, dk, dq), here all bf16 x bf16 -> fp32 on the
-// tensor cores. FPA uses it for every product; a kind with int8 products
-// supplies a policy with the same six functions (quantised tiles, block scales).
+// Operand precision policy of the flash skeleton: the six products of the
+// precision keys qk, pv, dp, dv, dk, dq (docs/attention-maths.md §4.7), here
+// all bf16 x bf16 -> fp32 on the tensor cores. FPA uses it for every product;
+// a kind with int8 products supplies a policy with the same six functions
+// (quantised tiles, block scales).
 //
 // `a` operands are A fragments of the warp's rows (from shared memory); `w`
 // operands are fp32 accumulators of the previous step (weights P or dS), which

@@ -11,10 +11,11 @@
 //             finalize, the saved row statistic) and the backward's P and dS:
 //             OnlineSoftmax (online_softmax.cuh) for FPA.
 //
-// What the other kinds take (SPEC §3, §4): SageBwd (sage.cu) reads its operands
-// from a quantised workspace with run-time precision flags, so it keeps loop
-// bodies of its own and shares the warp primitives (tile_mma.cuh), the
-// pipeline and launcher (pipeline.cuh) and OnlineSoftmax;
+// What the other kinds take (docs/attention-maths.md §4, §5): SageBwd
+// (sage.cu) reads its operands from a quantised workspace with run-time
+// precision flags, so it keeps loop bodies of its own and shares the warp
+// primitives (tile_mma.cuh), the pipeline and launcher (pipeline.cuh) and
+// OnlineSoftmax;
 // K-interval (kinterval.cu) needs a first pass for each row's max and min and
 // extra row terms in the backward, so it writes its kernels once over a row
 // group (row_groups.cuh) and a feed (feeds.cuh) for both tensor-core families,

@@ -1,4 +1,4 @@
-// FPA (SPEC §1) on the flash skeleton: launchers called by dispatch.cu.
+// FPA (docs/attention-maths.md §2) on the flash skeleton: launchers called by dispatch.cu.
 #pragma once
 #include <cuda_runtime.h>
 

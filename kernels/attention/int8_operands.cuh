@@ -1,4 +1,4 @@
-// INT8 operands of SageBwd (SPEC §3) for the sage kernels: int8 shared-memory
+// INT8 operands of SageBwd (docs/attention-maths.md §4) for the sage kernels: int8 shared-memory
 // tiles, the tensor-core product mma.m16n8k32.s8 (sm_80 and up) and the
 // in-register quantisation of weights (P̃, P, dS) into its A operand.
 //
@@ -66,9 +66,9 @@ __device__ __forceinline__ void ldmatrix_x4_s8(uint32_t (&r)[4], const int8_t* p
 
 // Conversions at the FP32 rate:
 // - int32 -> fp32: cvt.rn.f32.s32, which ptxas emits for sm_90 as I2FP.F32.S32,
-//   an FP32-rate instruction (a probe on an H200, 2026-12-01: 51 conversions
-//   per clock per SM, as many as the FADD of a biased-float trick that also
-//   needed the accumulators set to its bias first), exact while |Σ| < 2^24.
+//   an FP32-rate instruction (51 conversions per clock per SM measured on an
+//   H200, as many as the FADD of a biased-float trick that also needed the
+//   accumulators set to its bias first), exact while |Σ| < 2^24.
 //   Bound: every product here sums at most 128 terms of |q̂ k̂| <= 127², and
 //   127²·128 = 2,064,512 (static_asserts below).
 // - fp32 -> int8 (ψ's level of x given 1/s): fma(x, 1/s, 1.5·2^23) rounds x/s to

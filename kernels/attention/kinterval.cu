@@ -1,4 +1,4 @@
-// K-interval quantised-softmax attention (SPEC §4), fused: T x T is never
+// K-interval quantised-softmax attention (docs/attention-maths.md §5), fused: T x T is never
 // materialised. Built from the flash skeleton's tiles and products
 // (tile_mma.cuh, bf16_operands.cuh); the per-score maths is in kinterval_softmax.cuh.
 //
@@ -31,7 +31,7 @@
 //
 // Rounding x STE (the rule), calibration and which indices pass 1 tracks are
 // compile-time options; K, the window, detach and the window mask are run-time values.
-// The kernels are bound by instructions per score (docs/kinterval.md, Performance).
+// The kernels are bound by instructions per score (docs/kinterval.md, "Cost").
 //
 // Each kernel is written once over a row group (row_groups.cuh) and a feed
 // (feeds.cuh), and runs in two families, picked at run time as FPA's (FpaKernels):
@@ -138,7 +138,7 @@ __device__ __forceinline__ void copy_row_stats(StagedStats dst, const RowStats* 
 // What a query row brings to the dK/dV pass besides its RowStats, 8 bytes in
 // shared memory so that one load fetches it; lerp minmax's dL/dℓ comes in an
 // array of its own (one 16-byte struct of all three measured slower for each of
-// the four benchmarked settings, 2026-12-01: kinterval.md).
+// the four benchmarked settings: docs/kinterval.md, "Design decisions").
 struct alignas(8) QueryValues {
   float delta;   // ḡ = dO·O, or for the probability STE the exact softmax's δ
   float second;  // dL/dm, or for the probability STE the exact L
@@ -427,9 +427,9 @@ __device__ __forceinline__ void row_deltas(float (&delta)[kRowTiles][2], SmemTil
 // and stores it for the dK/dV pass, in place of the skeleton's delta pre-pass:
 // the two-launch backward at d = 64, where dK/dV runs after the dQ pass anyway
 // (one launch and one read of dO fewer: lerp's backward 0.231 → 0.228 ms at
-// (8, 12, 1024, 64), 2026-12-01). At d = 128 the third resident tile made the dQ
-// pass slower than the pre-pass it saves (kinterval.md); a one-launch backward
-// runs the pre-pass.
+// (8, 12, 1024, 64) by `qattn bench attention --kind kinterval`). At d = 128 the
+// third resident tile made the dQ pass slower than the pre-pass it saves
+// (docs/kinterval.md, "Design decisions"); a one-launch backward runs the pre-pass.
 template <int D>
 constexpr bool dq_computes_delta() {
   return D == 64;
@@ -910,10 +910,10 @@ struct WgmmaFamily {
   // stage layout and shared-memory sizes the kernels share with the mma.sync
   // family), fed by TMA from a producer warpgroup.
   // The forward at d = 64 has three consumer warpgroups (192 rows, 160 registers a
-  // thread; kinterval.md, "Latest"): a third warp per scheduler to switch to
-  // through its long element-wise work per score. dQ takes 128-key steps at
-  // both head dims (at d = 128 its accumulators hold 192 registers of the 240,
-  // as dK/dV's do; measured faster than 64-key steps, 2026-12-01).
+  // thread): a third warp per scheduler to switch to through its long
+  // element-wise work per score. dQ takes 128-key steps at both head dims (at
+  // d = 128 its accumulators hold 192 registers of the 240, as dK/dV's do). Both
+  // measured faster than the alternative (docs/kinterval.md, "Design decisions").
   template <int D>
   using Tiles = KernelTiles<ForwardTraits<D, D == 64 ? 12 : 8, 1, 128>, DkDvTraits<D, 8, 1, 64>,
                             DqTraits<D, 8, 1, 128>>;

@@ -1,4 +1,5 @@
-// K-interval quantised-softmax attention (SPEC §4) on the GPU: launchers called by dispatch.cu.
+// K-interval quantised-softmax attention (docs/attention-maths.md §5) on the
+// GPU: launchers called by dispatch.cu.
 #pragma once
 #include <cuda_runtime.h>
 

@@ -1,4 +1,4 @@
-// The K-interval quantised softmax (SPEC §4) one score at a time, for the
+// The K-interval quantised softmax (docs/attention-maths.md §5) one score at a time, for the
 // kernels of kinterval.cu. Everything works on raw scores r = q·k (the
 // kernels' fp32 accumulators, before the factor c = 1/√d), with per-row
 // constants fixed by the forward's first pass and saved in RowStats:
@@ -9,7 +9,7 @@
 //   a = min(floor(u), K − 1), t = u − a;  u < 0 (below the fwm window): ŵ = 0.
 //
 // A flat minmax row (m − ℓ < 1e-6) has u_scale = 0 and step = 0, so every
-// grid value is 1 and every weight is 1, as the SPEC asks.
+// grid value is 1 and every weight is 1, as §5.2 asks.
 //
 // Cost per score (the kernels are bound by instructions per score, not by
 // the products): u is one FMA and a clamp; a grid value is one FMA and one
@@ -27,7 +27,7 @@ namespace qattn::cuda::kinterval {
 
 using flash::fast_exp2;
 
-// What the backward's dS follows (SPEC §4): lerp's exact derivative, or for
+// What the backward's dS follows (§5.7-§5.9): lerp's exact derivative, or for
 // nearest rounding the weight STE or the probability STE.
 enum class Rule { lerp, weight_ste, prob_ste };
 
@@ -81,7 +81,7 @@ __device__ __forceinline__ float grid_coord(const RowStats& r, float raw, const 
   return fminf(fmaxf(grid_position(r, raw), g.u_floor), g.K);
 }
 
-// floor(u + 1/2) (SPEC §4: ties go up) for |u| < 2^22 with three full-rate adds
+// floor(u + 1/2) (§5.4: ties go up) for |u| < 2^22 with three full-rate adds
 // (floorf would cost a conversion-pipe instruction): u + 1/2 rounded down keeps
 // its floor, and adding 1.5 · 2^23 rounded down leaves no fraction bits, so it
 // floors. Ties matter: the sage composition's scores are integers times one
@@ -174,7 +174,7 @@ __device__ __forceinline__ float lerp_m_bracket(float a, float t, float u, float
 }
 
 // Lerp's exact derivative at one entry, given h = dL/dŵ_j = (g_j − ḡ) / Ẑ:
-// ds, the direct part dL/ds_j, and the entry's share of dL/dm and dL/dℓ (SPEC §4;
+// ds, the direct part dL/ds_j, and the entry's share of dL/dm and dL/dℓ (§5.7;
 // fwm has no ℓ and its grid values do not depend on m). inv_delta = 1/Δ.
 struct LerpGrad {
   float ds, dm, dl;
@@ -214,7 +214,7 @@ __device__ __forceinline__ Extremum row_extremum4(Extremum e) {
   return e;
 }
 
-// The row's grid from its raw max and min (SPEC §4 calibration); inv_z is set
+// The row's grid from its raw max and min (§5.2 calibration); inv_z is set
 // by the forward's second pass. scale = c.
 __device__ __forceinline__ RowStats make_row_stats(const Extremum& hi, const Extremum& lo,
                                                    float scale, const GridOptions& g, bool fwm,

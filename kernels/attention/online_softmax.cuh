@@ -1,4 +1,4 @@
-// The exact softmax of FPA (SPEC §1) as a policy of the flash skeleton: online
+// The exact softmax of FPA (docs/attention-maths.md §2) as a policy of the flash skeleton: online
 // over key blocks in the forward (FlashAttention-2's recurrence), element-wise
 // in the backward. Everything is in the log2 domain: a raw score s becomes
 // exp2(s·c·log2(e) − base), with c = 1/sqrt(d).

@@ -227,7 +227,7 @@ __global__ void __launch_bounds__(kQuantThreads) quantise_kernel(const QuantiseP
       }
     }
 
-    // SPEC §3 steps 1-2: μ_K over all T tokens (key_mean_kernel), read per
+    // docs/attention-maths.md §4.2-§4.3: μ_K over all T tokens (key_mean_kernel), read per
     // thread; μ_Q over the block's valid rows in row order, from the staged tile.
     float mu[8] = {0, 0, 0, 0, 0, 0, 0, 0};  // the mean of this thread's channels
     if (smooth_k) {

@@ -1,4 +1,4 @@
-// SageBwd's quantisation pre-pass (SPEC §3 forward steps 1-3, backward dÔ):
+// SageBwd's quantisation pre-pass (docs/attention-maths.md §4.2-§4.5):
 // per block of kSageBlock rows of one (batch, head), ψ of c·(Q − μ_Q), K − μ_K,
 // V (the forward's, kept for the backward) and dO (the backward's), each in the
 // layouts the sage kernels read, plus the fp32 terms that go with them (μ_K,
@@ -17,7 +17,7 @@
 
 namespace qattn::cuda {
 
-// Rows per quantisation block = the kernels' tile (SPEC's block_q, block_k).
+// Rows per quantisation block = the kernels' tile (block_q, block_k: §4.8).
 constexpr int kSageBlock = 64;
 
 // The transposed copies hold T permuted within each group of 16: position p of
@@ -100,14 +100,15 @@ void sage_quantise_gradient(const SageOptions& opt, const AttentionShape& s, con
                             cudaStream_t stream);
 
 #ifdef __CUDACC__
-// ψ's level of x at scale s (SPEC §3): round(x / s), half away from zero, as the
+// ψ's level of x at scale s (§4.1): round(x / s), half away from zero, as the
 // CPU reference rounds, as a byte (two's complement).
 //
 // By definition: an IEEE division and roundf, each a conversion-unit
 // instruction per element (MUFU.RCP, F2I: 16 per clock per SM on sm_90, a
-// quarter of the FP32 rate; ncu had that pipe 60% busy in the forward
-// pre-pass). quantise_level below avoids both: the forward pre-pass took 7% less
-// time with it, the backward's the same (H200, 2026-11-29, docs/sage.md).
+// quarter of the FP32 rate; Nsight Compute had that pipe 60% busy in the
+// forward pre-pass). quantise_level below avoids both: the forward pre-pass
+// takes 7% less time with it (tools/profile_attention.sh --kind sage), the
+// backward's the same.
 __device__ __forceinline__ uint32_t quantise_level_by_division(float x, float s) {
   return static_cast<uint32_t>(static_cast<int>(roundf(x / s))) & 0xFFu;
 }

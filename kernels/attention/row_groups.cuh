@@ -16,13 +16,14 @@
 //     once the tile has landed;
 //   - gets its tiles through the family's feed (feeds.cuh);
 //   - has a body only where kCompiledHere (wgmma: sm_90a device code).
-// The two products are the two shapes of attention's six (SPEC §3's qk, pv, dp,
-// dv, dk, dq): scores (A Bᵀ, both operands from tiles) and accumulate (W B, W
-// the previous product's fp32 accumulators rounded to bf16, or bf16 A
-// fragments the kernel packed itself). issue_scores starts a scores product
-// and wait<n>(acc) waits until at most n started later are in flight, so that a
-// kernel overlaps element-wise work with the next product (wgmma runs
-// asynchronously; mma.sync computes at issue and waits for nothing).
+// The two products are the two shapes of attention's six (the qk, pv, dp,
+// dv, dk, dq of docs/attention-maths.md §4.7): scores (A Bᵀ, both operands
+// from tiles) and accumulate (W B, W the previous product's fp32 accumulators
+// rounded to bf16, or bf16 A fragments the kernel packed itself).
+// issue_scores starts a scores product and wait<n>(acc) waits until at most n
+// started later are in flight, so that a kernel overlaps element-wise work
+// with the next product (wgmma runs asynchronously; mma.sync computes at issue
+// and waits for nothing).
 #pragma once
 #include "bf16_operands.cuh"
 #include "flash_skeleton.cuh"

@@ -1,4 +1,4 @@
-// SageBwd INT8 attention (SPEC §3): the flash recurrences of flash_skeleton.cuh
+// SageBwd INT8 attention (docs/attention-maths.md §4): the flash recurrences of flash_skeleton.cuh
 // over operands that the pre-pass (quant.cu) has quantised per 64-row block.
 // Kernels first, launchers after.
 //
@@ -9,8 +9,7 @@
 // scales, and the int8 weight products need T-transposed copies. What they share
 // is used as is: the warp tile primitives (tile_mma.cuh) and the online softmax
 // policy (online_softmax.cuh). The Softmax template parameter (sage_softmax.cuh)
-// is plain SageBwd's exact softmax or the K-interval composition (SPEC §4,
-// "sage may take a softmax block").
+// is plain SageBwd's exact softmax or the K-interval composition (§6).
 //
 // Tiles (SageTraits): kWarps warps x 16 rows resident (64 or 128 rows: one or
 // two quantisation blocks), 64-row steps: every step and every warp's rows lie
@@ -87,7 +86,7 @@ struct SageParams {
   const bf16* dout;  // (B, T, H, d), backward: read in place by the wgmma kernels
   int B, H, T;
   float c;           // 1 / sqrt(d)
-  // Precision of each product (SPEC §3 keys): true = int8, false = bf16.
+  // Precision of each product (the keys of §4.7): true = int8, false = bf16.
   bool qk8, pv8, dv8, dp8, dq8, dk8;
   bool tile_scales;  // bwd_granularity "tile": one scale per 64x64 tile of P and dS
   bool smooth_q;     // add the bias to S and the dK correction
@@ -751,25 +750,13 @@ SageTiles sage_default_tiles(const AttentionShape& s) {
   // d = 128: every kernel holds 8 warps per SM at most (registers), and the
   // 4-warp dK/dV kernel only 4 (116 KB of shared memory).
   SageTiles tiles = d == 64 ? SageTiles{4, 4, 8} : SageTiles{8, 8, 8};
-  // The families, measured by tools/sage_tiles.cu on an H200 (2026-11-29, times
-  // without the pre-pass):
-  // - forward: wgmma (automatic) at d = 128, 0.911 vs 1.089 ms at (4, 16, 4096,
-  //   128); mma.sync at d = 64, where the wgmma one is slower (0.099 vs 0.084 ms
-  //   at (8, 12, 1024, 64), 0.599 vs 0.518 at (4, 12, 4096, 64));
-  // - dK/dV: wgmma (automatic): backward 0.338 vs 0.386 ms at (8, 12, 1024,
-  //   64), 1.740 vs 2.063 at (4, 12, 4096, 64), 3.507 vs 4.603 at (4, 16, 4096,
-  //   128), 11.522 vs 15.596 at (1, 16, 16384, 128) (dQ on mma.sync in both;
-  //   2026-11-29, 21:43 UTC, once its per-entry causal mask was compiled out
-  //   of the fully visible steps, with_mask);
-  // - dQ: wgmma (automatic): backward 4.983 ms with all three on wgmma against
-  //   5.493 with dK/dV on wgmma and dQ on mma.sync at (4, 16, 4096, 128), 17.278
-  //   against 19.127 at (1, 16, 16384, 128), 3.098 against 3.153 at (4, 12,
-  //   4096, 64) (21:27 UTC, after the fix of its unwaited Q̂/dO copies; the
-  //   "[sage-wgmma]" many-heads test passes).
-  // - forward at d = 64: wgmma from T = 2048, mma.sync below, where the wgmma
-  //   one is slower (tools/sage_tiles, forward with its pre-pass, 2026-12-01
-  //   device call 5: 0.102 vs 0.099 ms at (8, 12, 1024, 64), 0.253 vs 0.268 at
-  //   (8, 12, 2048, 64), 0.400 vs 0.451 at (4, 12, 4096, 64)).
+  // The family of each kernel is the faster one by build-gpu/sage_tiles
+  // (tools/sage_tiles.cu times every choice, each kernel with its pre-pass;
+  // docs/sage.md, "Design decisions"): wgmma for dQ and dK/dV at every shape
+  // (e.g. backward 3.507 ms with the wgmma dK/dV against 4.603 with mma.sync at
+  // (4, 16, 4096, 128)), and for the forward at d = 128 and at d = 64 from
+  // T = 2048 (0.253 vs 0.268 ms at (8, 12, 2048, 64)); below T = 2048 the d = 64
+  // forward is faster on mma.sync (0.099 vs 0.102 ms at (8, 12, 1024, 64)).
   tiles.forward_kernels = d == 128 || s.T >= 2048 ? FpaKernels::automatic : FpaKernels::mma_sync;
   tiles.dq_kernels = tiles.dkdv_kernels = FpaKernels::automatic;
   return tiles;

@@ -1,4 +1,5 @@
-// SageBwd INT8 attention (SPEC §3) on the GPU: launchers called by dispatch.cu.
+// SageBwd INT8 attention (docs/attention-maths.md §4) on the GPU: launchers
+// called by dispatch.cu.
 #pragma once
 #include <cuda_runtime.h>
 

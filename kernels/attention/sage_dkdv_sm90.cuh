@@ -1,4 +1,4 @@
-// SageBwd's dK/dV kernel (SPEC §3) on Hopper (sm_90a): the products on wgmma,
+// SageBwd's dK/dV kernel (docs/attention-maths.md §4.5) on Hopper (sm_90a): the products on wgmma,
 // the tiles by TMA through TmaFeed (feeds.cuh), for the default backward flags
 // (qk = dv = dk = int8, dp = bf16, bwd_granularity rowcol). sage.cu's mma.sync
 // kernel runs every other combination and the devices without sm_90a. Both use
@@ -49,9 +49,10 @@ template <int D, class Softmax>
 struct SageDkDvSm90Layout {
   static constexpr int kWarpgroups = D == 64 && !Softmax::kRowPass ? 3 : 2;  // sage_sm90.cuh
   static constexpr int kRows = sage_rows(kWarpgroups);
-  // Three stages (feeds.cuh): backward 6.297-6.305 -> 6.240-6.244 ms at (1, 16,
+  // Three stages (feeds.cuh), so that a warpgroup a step ahead of the other
+  // finds its tiles landed: backward 6.297-6.305 -> 6.240-6.244 ms at (1, 16,
   // 16384, 128); at (4, 16, 4096, 128) 1.747-1.763 -> 1.749-1.750, within the
-  // noise (device call 9, two rounds).
+  // noise (`qattn bench attention --kind sage`, two rounds of each binary).
   using Feed = flash::TmaFeed<kWarpgroups * 128, true, 3>;
   static constexpr int kK = 0, kV = kK + kRows * D, kStage0 = kV + kRows * D * 2;
   // Offsets within a stage.
@@ -170,9 +171,9 @@ __global__ void __launch_bounds__(flash::sm90::block_threads<SageDkDvSm90Layout<
     // Every key of the warpgroup after every query of the block, or past T (uniform).
     if (wg_key0 > q0 + kQueries - 1 || wg_key0 >= p.T) return;
     // Read from global memory: staging them in shared memory (stage_scales, as
-    // the forward and dQ do) measured slower here at d = 128 (device call 7:
-    // backward 1.747-1.763 vs 1.779-1.789 ms at (4, 16, 4096, 128), though
-    // 0.875 vs 0.858 at (4, 12, 4096, 64)).
+    // the forward and dQ do) measured slower here at d = 128 (`qattn bench
+    // attention --kind sage`, three rounds: backward 1.747-1.763 vs 1.779-1.789
+    // ms at (4, 16, 4096, 128), though 0.875 vs 0.858 at (4, 12, 4096, 64)).
     const float s_q = ws.q.scale[scale0 + i], s_do = ws.dout.scale[scale0 + i];
     const float* stats = stats_slot(s);
     const float* terms = terms_slot(s);

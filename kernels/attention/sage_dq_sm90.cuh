@@ -1,4 +1,4 @@
-// SageBwd's dQ (SPEC §3 backward) on Hopper (sm_90a), as sage_forward_sm90.cuh
+// SageBwd's dQ (docs/attention-maths.md §4.5) on Hopper (sm_90a), as sage_forward_sm90.cuh
 // does the forward: qk = dq = int8 with dp = bf16 (the defaults) and ψ per row
 // (bwd_granularity rowcol); sage.cu's mma.sync kernel runs every other
 // combination. Both share the softmax policies' backward (sage_softmax.cuh:

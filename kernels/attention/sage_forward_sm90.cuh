@@ -1,4 +1,4 @@
-// SageBwd's forward (SPEC §3) on Hopper (sm_90a): the int8 products on wgmma,
+// SageBwd's forward (docs/attention-maths.md §4.4) on Hopper (sm_90a): the int8 products on wgmma,
 // the tiles by TMA through TmaFeed (feeds.cuh), for qk = pv = int8 (the
 // default). sage.cu's mma.sync kernel runs every other precision and the
 // devices without sm_90a; both use the same helpers (int8_operands.cuh for the
@@ -49,7 +49,8 @@ template <int D, class Softmax>
 struct SageForwardSm90Layout {
   static constexpr int kWarpgroups = !Softmax::kRowPass ? 3 : 2;  // sage_sm90.cuh
   static constexpr int kRows = sage_rows(kWarpgroups);
-  // Two stages: three (feeds.cuh) measured no faster here (device call 9).
+  // Two stages: three (feeds.cuh) measured no faster here (`qattn bench attention
+  // --kind sage`, against the dK/dV kernel's three, which are).
   using Feed = flash::TmaFeed<kWarpgroups * 128, false>;
   static constexpr int kQ = 0, kK = kRows * D, kVt = kK + Feed::kStages * kSageBlock * D;
   static constexpr int kO = kVt + Feed::kStages * D * kSageBlock;

@@ -17,18 +17,18 @@ namespace qattn::cuda::sage {
 // P̂V̂ at d = 128 in two halves one after the other, weight_product, so that
 // it does not spill), dK/dV three at d = 64 and two at d = 128 (its dK and
 // dV alone hold 128 fp32 a thread: 1,160 bytes of spill at 160). The K-interval
-// policy keeps two (its dK/dV spilled 384 bytes at d = 64).
-// Measured (H200, 2026-12-01, device calls 3, 6, 7): backward 0.238 -> 0.221 ms
-// at (8, 12, 1024, 64), 1.381 -> 1.209 at (4, 12, 4096, 64); dQ 967 -> 847 us and
-// the forward 858 -> 741 at (4, 16, 4096, 128).
+// policy keeps two (its dK/dV spilled 384 bytes at d = 64). Three against two
+// (`qattn bench attention --kind sage`): backward 0.238 -> 0.221 ms at (8, 12,
+// 1024, 64), 1.381 -> 1.209 at (4, 12, 4096, 64); by tools/profile_attention.sh
+// dQ 967 -> 847 us and the forward 858 -> 741 at (4, 16, 4096, 128).
 constexpr int sage_rows(int warpgroups) { return warpgroups * flash::sm90::kWarpgroupRows; }
 
 // A head's per-block scales in shared memory, past the Layout's bytes:
 // kArrays arrays of `blocks` floats (a few KB at most), copied by the consumers
 // before the first step, so that a step reads its block's scale from shared
 // memory, not by a global load it then waits for. The forward and dQ use it
-// (the forward measured 569 -> 549 us at (4, 16, 4096, 128), device calls 5
-// and 6); the dK/dV kernel does not (slower there, sage_dkdv_sm90.cuh).
+// (the forward 569 -> 549 us at (4, 16, 4096, 128) by tools/profile_attention.sh);
+// the dK/dV kernel does not (slower there, sage_dkdv_sm90.cuh).
 constexpr size_t scale_table_bytes(int arrays, int blocks) { return static_cast<size_t>(arrays) * blocks * 4; }
 #ifdef __CUDACC__
 template <int kConsumerThreads, int kArrays>

@@ -1,9 +1,9 @@
 // The softmax policies of the SageBwd kernels (sage.cu): what turns a tile of
 // scores S (already carrying c = 1/√d: Q̂ = ψ(c·Q)) into weights, what the
 // forward saves per row, and what the backward makes of S and dP.
-//   ExactSoftmax      plain SageBwd (SPEC §3): online softmax, saves L.
+//   ExactSoftmax      plain SageBwd (docs/attention-maths.md §4): online softmax, saves L.
 //   KIntervalSoftmax  the composition with the K-interval quantised softmax
-//                     (SPEC §4, sage's softmax block): the forward calibrates
+//                     (§6, sage's softmax block): the forward calibrates
 //                     each row's grid in a first pass over the keys, saves its
 //                     RowStats; the backward's dQ kernel first sweeps each row
 //                     for its terms (ḡ, dL/dm, dL/dℓ; L for the probability
@@ -54,7 +54,7 @@ __device__ __forceinline__ void add_key_bias(float (&s)[1][kNTiles][4], const fl
 // keys: the warp's 16 keys from bias[0] (its first key's). The caller checks
 // that there is one: with the null test in here the wgmma backward measured
 // 1.758 vs 1.742-1.751 ms at (4, 16, 4096, 128), 2.379 vs 2.351 with smooth_q
-// (eighth session, device call 5; ptxas had moved its spills).
+// (`qattn bench attention --kind sage`; ptxas had moved its spills).
 template <int kNTiles>
 __device__ __forceinline__ void add_row_key_bias(float (&s)[1][kNTiles][4], const float* bias, float unit = 1.0f) {
 #pragma unroll

@@ -116,7 +116,7 @@ __device__ __forceinline__ void barrier_arrive_expect_bytes(uint64_t* bar, uint3
 // completed. The suspend-time hint (10 ms, an upper bound: the thread wakes when
 // the phase completes) lets a waiting warp sleep rather than retry: without it
 // the producer warps' retries were 11% of the instructions of a sage dK/dV
-// launch (about 4 million; ncu source counters, H200, 2026-11-29).
+// launch (about 4 million; tools/profile_source.sh sage_dkdv_sm90).
 __device__ __forceinline__ void barrier_wait(uint64_t* bar, uint32_t parity) {
   asm volatile(
       "{\n.reg .pred done;\n"

@@ -1,6 +1,6 @@
 // The CUDA backend: GPT-2 on one GPU, llm.c style. bf16 parameters and
-// activations, fp32 master weights, gradients and AdamW state (DESIGN.md §
-// Numerics). The vocabulary is padded to a multiple of 128 inside the backend
+// activations, fp32 master weights, gradients and AdamW state (docs/design.md,
+// "Numerics of the CUDA backend"). The vocabulary is padded to a multiple of 128 inside the backend
 // (padded rows of wte are zero and never trained); parameters cross the
 // Backend interface in the canonical unpadded ParamLayout. Every activation
 // lives in one arena sized for the largest micro-batch seen (the config's at

@@ -1,8 +1,9 @@
 // The training loop. One optimizer step = grad_accum micro-batches of
 // (micro_batch, seq_len) tokens, then the divergence check, the loss-spike
 // rule, clip, AdamW, a metrics row, and on their schedules an evaluation, the
-// SPEC §5 diagnostics and a checkpoint. A run continues from its newest valid
-// checkpoint bit-exactly: the checkpoint holds everything the loop reads.
+// attention diagnostics (docs/attention-maths.md §7) and a checkpoint. A run
+// continues from its newest valid checkpoint bit-exactly: the checkpoint holds
+// everything the loop reads.
 #include "qattn/atomic_file.hpp"
 #include "qattn/trainer.hpp"
 
@@ -93,7 +94,7 @@ void write_diag(std::ofstream& csv, int64_t step, const std::vector<LayerDiag>& 
 }
 
 // Opens a CSV for appending after resuming at `step`: rows of later steps
-// (written after the checkpoint by the session that died) are dropped.
+// (written after the checkpoint by the process that died) are dropped.
 // A fresh run (step < 0) starts the file anew.
 std::ofstream open_csv(const std::string& path, const char* header, int64_t step) {
   std::string kept = header;

@@ -1,4 +1,4 @@
-// K-interval attention (SPEC §4) on the GPU against the fp64 CPU reference on
+// K-interval attention (docs/attention-maths.md §5) on the GPU against the fp64 CPU reference on
 // the same bf16 inputs: every combination of calibration x rounding x ste x
 // detach_extrema x ste_window_mask, at K in {2, 4, 16, 32}, T in {64, 1000,
 // 1024} (1000: a tail tile), d in {64, 128}; long sequences compare a subsample
@@ -55,13 +55,12 @@ constexpr int kRowStatFloats = 8;
 // derivative jumps by e^Δ at every grid point; the inputs keep scores off those
 // too, but the rule still amplifies the bf16 rounding of its inputs: at K = 1
 // minmax the calibration terms carry the bf16 O's rounding through ḡ = dO·O,
-// summed over the row onto the argmax and argmin keys (1.0–1.6e-2 measured on an
-// H200 before the inputs kept off the grid points; tools/kinterval_sensitivity.cpp
-// measures the rule's amplification on the CPU in fp64). O and dV keep kTol.
-// Before 2026-12-01's fourth session nearest rounding's weight-STE dQ and dK had
-// 2.5e-2 too, and three GPU runs had missed 1e-2 (seeds 2527159404, 2609948017,
-// 4059917141 in docs/kinterval.md), most likely by flips at rounding boundaries
-// (none of the three was replayed to show it).
+// summed over the row onto the argmax and argmin keys (1.0–1.6e-2 on inputs
+// not kept off the grid points; tools/kinterval_sensitivity.cpp measures the
+// rule's amplification on the CPU in fp64). O and dV keep kTol. Nearest
+// rounding keeps kTol for all four: its jumps, where fp32 and fp64 could round
+// a score to different sides and move a weight by e^Δ, are what the inputs keep
+// off.
 constexpr double kTolLerpGrad = 2.5e-2;
 // |Σ_j dK_j| / sqrt(Σ_j |dK_j|²): 0 in exact arithmetic when every dS row sums to 0.
 constexpr double kTolRowSum = 1e-2;

@@ -1,6 +1,6 @@
-// SageBwd INT8 attention on the GPU (SPEC §3), on fresh random inputs (seed
+// SageBwd INT8 attention on the GPU (docs/attention-maths.md §4), on fresh random inputs (seed
 // printed by gpu_test_util.hpp), outputs poisoned with NaN first:
-// - the quantisation pre-pass against SPEC §3 computed here in fp64 (levels
+// - the quantisation pre-pass against §4.1-§4.4 computed here in fp64 (levels
 //   equal except within 1e-4 of a rounding tie, scales to fp32 rounding, the
 //   transposed copy exact, μ_K, μ_Q, smooth_q's bias, δ; padded rows zero in
 //   every copy), and its levels by reciprocal equal to those by division;
@@ -10,7 +10,7 @@
 // - all six products bf16 against the CUDA FPA kernel;
 // - the Gaussian accuracy table (T = 4096) against fp64 FPA, as SageBwd's Table 1;
 // - causality: how much changing future tokens moves past outputs;
-// - the K-interval softmax block (SPEC §4 composition) against the CPU sage
+// - the K-interval softmax block (§6, the composition) against the CPU sage
 //   reference with the same block: every calibration x rounding x ste at
 //   K in {4, 16}, d in {64, 128}, T in {64, 1000}, and the other options once,
 //   on grid-exact inputs kept off the softmax's discontinuities; its two
@@ -301,8 +301,8 @@ qattn::cuda::AttentionErrors errors_against_cpu(const AttentionConfig& cfg, cons
   return qattn::cuda::relative_errors(sums);
 }
 // Plain sage's bounds against the CPU reference on random inputs: bf16 outputs
-// (~3e-3) plus int8 levels that flip where fp32 and fp64 straddle a .5
-// (measured in three H200 runs: O <= 3.8e-3, dQ/dK/dV <= 5.8e-3). NaN fails them.
+// (~3e-3) plus int8 levels that flip where fp32 and fp64 straddle a .5 (this
+// test has measured O <= 3.8e-3, dQ/dK/dV <= 5.8e-3). NaN fails them.
 void check_sage_errors(const qattn::cuda::AttentionErrors& e) {
   CHECK(e.o < 1e-2);
   CHECK(e.dq < 2e-2);
@@ -311,7 +311,7 @@ void check_sage_errors(const qattn::cuda::AttentionErrors& e) {
 }
 
 // ---------------------------------------------------------------------------
-// The pre-pass against SPEC §3 in fp64.
+// The pre-pass against attention-maths.md §4.1-§4.4 in fp64.
 
 // One quantised operand of the workspace, copied to the host.
 struct HostOperand {
@@ -341,7 +341,7 @@ std::vector<float> download_floats(const float* x, size_t n) {
   return h;
 }
 
-// value(bh, t, x) is the SPEC's quantised value in fp64 (c·(Q − μ_Q), K − μ_K, V, dO).
+// value(bh, t, x) is the quantised value of §4.4 in fp64 (c·(Q − μ_Q), K − μ_K, V, dO).
 template <typename Value>
 void check_operand(const char* name, const HostOperand& got, const qattn::cuda::SageWorkspace& ws,
                    const AttentionShape& s, Value value) {
@@ -402,7 +402,7 @@ void check_operand(const char* name, const HostOperand& got, const qattn::cuda::
 
 }  // namespace
 
-TEST_CASE("sage pre-pass: quantised c(Q - mu_Q), K - mu_K, V, dO, scales, means, bias and delta per SPEC 3",
+TEST_CASE("sage pre-pass: quantised c(Q - mu_Q), K - mu_K, V, dO, scales, means, bias and delta",
           "[sage]") {
   struct Case {
     AttentionShape s;
@@ -762,21 +762,16 @@ TEST_CASE("sage with the K-interval softmax block matches the CPU sage reference
                 describe(c.cfg, c.s).c_str(), c.family_name, c.e.o, c.e.dq, c.e.dk, c.e.dv);
     INFO(describe(c.cfg, c.s) << " family " << c.family_name);
     // Grid-exact inputs: Q, K, V quantise to the same levels on both sides, so
-    // what is left is bf16 outputs and the P̃ / dS levels (measured <= 2.2e-3 in
-    // two H200 runs, 2026-11-29): 1e-2 for all four, tighter than plain sage's
-    // 2e-2 for the gradients, whose pre-pass levels flip. Their scores are
-    // integers times one scale, so a grid coordinate u lands exactly on a
-    // rounding boundary now and then, where fp32 and fp64 may round apart: until
-    // 2026-12-01 one case missed 1e-2 for seed 4059917141 (K = 16 minmax nearest
-    // probability STE, (1, 2, 64, 128): O 1.13e-2, dV 1.05e-2), most likely that
-    // way (not replayed), so the query rows near a discontinuity are drawn again
-    // (above). With smooth_q dQ and dK once missed it too (seed 3758732659,
-    // 2026-12-01, seventh session's device call 9: 9.85e-3 and 1.06e-2 on both
-    // families) while the inputs' means vanished over T only: μ_Q per block was
-    // not 0, so Q − μ_Q was off the grid and fp32 and fp64 could round a level
-    // apart, and a row's argmax or argmin (its calibration terms) with it. Now
-    // the means vanish per block (grid_exact_pair) and the bound holds for
-    // smooth_q too.
+    // what is left is bf16 outputs and the P̃ / dS levels (this test has
+    // measured <= 2.2e-3): 1e-2 for all four, tighter than plain sage's 2e-2 for
+    // the gradients, whose pre-pass levels flip. Their scores are integers times
+    // one scale, so a grid coordinate u lands exactly on a rounding boundary now
+    // and then, where fp32 and fp64 may round apart (O and dV up to 1.13e-2): the
+    // query rows near a discontinuity are drawn again (above). The means vanish
+    // per 64-row block (grid_exact_pair), not only over T, so that smooth_q's μ_Q
+    // is 0 too: otherwise Q − μ_Q is off the grid, fp32 and fp64 can round a
+    // level apart, and a row's argmax or argmin (its calibration terms) with it
+    // (dQ and dK up to 1.06e-2).
     CHECK(c.e.o < 1e-2);
     CHECK(c.e.dq < 1e-2);
     CHECK(c.e.dk < 1e-2);
@@ -940,7 +935,7 @@ TEST_CASE("sage accuracy on Gaussian inputs against fp64 FPA (SageBwd Table 1 se
   }
 }
 
-TEST_CASE("sage causality: how far future tokens move past outputs (SPEC 3 known property)", "[sage]") {
+TEST_CASE("sage causality: how far future tokens move past outputs (per-block scales)", "[sage]") {
   const AttentionShape s{1, 1, 1024, 64};
   const std::vector<bf16> qkv = random_qkv(s, 1.0f, 0.3f), dout = random_heads(s);
   SageOptions no_smooth_k;
@@ -1159,8 +1154,8 @@ TEST_CASE("sage forward: rows whose max grows across key blocks (the conditional
     }
     std::printf("sage rescale: T=%d d=%d, head 0 every 7th row: %lld moves of the reference, %lld blocks above a "
                 "stale one\n", s.T, s.d, moves, stale);
-    CHECK(moves > 50);   // measured 97-102 (device calls 8, 9 of 2026-12-01, seventh session)
-    CHECK(stale > 300);  // 767-782
+    CHECK(moves > 50);   // this test has measured 97-102
+    CHECK(stale > 300);  // and 767-782
     // The wgmma forward (conditional rescale) against the CPU reference, with
     // the bounds of "sage on the GPU matches the CPU sage reference" (its
     // backward, on the wgmma kernels too, reads that forward's L), and against
@@ -1208,11 +1203,12 @@ TEST_CASE("sage dK/dV: the wgmma and mma.sync families agree", "[sage][sage-wgmm
     }
 }
 
-// The wgmma dQ kernel once read Q̂ and dO before their copies had landed (no wait
-// on its resident tiles): every test above passed, with one or two heads, while
-// tools/sage_tiles.cu at 48-96 heads saw dQ change between runs and reach ~1e35.
-// Many heads, shared memory poisoned before each backward, all three kernels on
-// wgmma: dQ must be finite, the same bits twice, and match the mma.sync dQ.
+// A kernel that reads its resident tiles (Q̂, dO) before their copies land reads
+// what the previous block on that SM left in shared memory: with one or two
+// heads every test above can still pass, while at 48-96 heads dQ changes between
+// runs. Many heads, shared memory poisoned before each backward, all three
+// kernels on wgmma: dQ must be finite, the same bits twice, and match the
+// mma.sync dQ.
 TEST_CASE("sage wgmma backward on many heads: dQ stable and finite over poisoned shared memory",
           "[sage][sage-wgmma]") {
   if (!wgmma_checked("the wgmma backward is")) return;
