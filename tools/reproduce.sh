@@ -124,6 +124,7 @@ else
   log "no matplotlib here: no plots (run tools/plot.py $SWEEP_DIR where it is installed)"
 fi
 python3 tools/diag_table.py "$SWEEP_DIR" > "$SWEEP_DIR/diag.md" || log "diag_table.py failed"
+python3 tools/gap_table.py "$SWEEP_DIR" > "$SWEEP_DIR/gap_curve.md" || log "gap_table.py: no gap yet"
 if [[ -n $RESULTS ]]; then
   log "$(python3 tools/results_store.py keep "$SWEEP_DIR" "$RESULTS")"
 fi

@@ -9,7 +9,7 @@ so that a grid too long for one machine accumulates over several.
 keep copies, for every run of SWEEP_DIR whose status.json says finished or
 diverged, the files that describe it (status.json, metrics.csv, diag.csv,
 config.json; no checkpoints) to STORE/runs/<run id>/, and the sweep's
-summary.md, summary.csv, diag.md and plots to STORE/. restore copies them back
+summary.md, summary.csv, diag.md, gap_curve.md and plots to STORE/. restore copies them back
 into SWEEP_DIR/<run id>/ where that run has not finished there: `qattn sweep`
 then skips it, and its summary and tools/plot.py cover it like a run made on
 this machine. Runs that did not finish are never kept: they are rerun from
@@ -24,7 +24,7 @@ import shutil
 import sys
 
 RUN_FILES = ("status.json", "metrics.csv", "diag.csv", "config.json")
-SWEEP_FILES = ("summary.md", "summary.csv", "diag.md", "loss.png", "loss_gap.png")
+SWEEP_FILES = ("summary.md", "summary.csv", "diag.md", "gap_curve.md", "loss.png", "loss_gap.png")
 DONE = ("finished", "diverged")
 
 
