@@ -157,7 +157,6 @@ TEST_CASE("the summary: mean of the last E evals, mean and std over seeds, gaps 
   CHECK(run_gap(s, outcomes, 4) == Approx(0.7));
   CHECK(std::isnan(run_gap(s, outcomes, 5)));      // diverged
 
-  const std::string md = write_summary(s, outcomes);
   CHECK(stats[1].paired.n == 2);  // seeds 1 and 2; seed 3 diverged
   CHECK(stats[1].paired.mean == Approx(0.6));
   CHECK(stats[1].paired.std == Approx(std::sqrt(0.02)));
