@@ -1,4 +1,4 @@
-// Tile-shape sweep of the FPA flash kernels, a tuning aid for kernels/attention/fpa.cu:
+// Tile-shape sweep of the FPA flash kernels, a tuning aid for kernels/attention/fpa/fpa.cu:
 // times the forward and the backward launch (after the δ pre-pass) alone for
 // several tile shapes of both kernel families (mma.sync: "w" warps; wgmma on
 // sm_90a: "wg" warpgroups) at one problem shape per head dim, and checks every
@@ -12,11 +12,10 @@
 #include <tuple>
 #include <vector>
 
-#include "attention/bf16_operands.cuh"
-#include "attention/fpa.cuh"
-#include "attention/flash_skeleton.cuh"
-#include "attention/flash_skeleton_sm90.cuh"
-#include "attention/online_softmax.cuh"
+#include "attention/fpa/fpa.cuh"
+#include "attention/fpa/flash_skeleton.cuh"
+#include "attention/fpa/flash_skeleton_sm90.cuh"
+#include "attention/common/online_softmax.cuh"
 #include "tile_timing.cuh"
 
 using namespace qattn::cuda;
@@ -73,12 +72,12 @@ void sweep_forward(Problem& pb, std::vector<float>& first) {
   char name[64];
   float ms;
   if constexpr (kMmaSync<Tr>) {
-    ms = time_kernel(flash_forward_kernel<Tr, Bf16Operands, OnlineSoftmax<Tr::kRowTiles>>, grid,
+    ms = time_kernel(flash_forward_kernel<Tr>, grid,
                      Tr::kThreads, Tr::kSmemBytes, p);
     std::snprintf(name, sizeof name, "w%d rt%d M%d N%d", Tr::kWarps, Tr::kRowTiles, Tr::kBlockM,
                   Tr::kBlockN);
   } else {
-    ms = time_kernel(sm90::flash_forward_kernel<Tr, OnlineSoftmax<1>>, grid, Tr::kThreads,
+    ms = time_kernel(sm90::flash_forward_kernel<Tr>, grid, Tr::kThreads,
                      Tr::kSmemBytes, sm90::tma_params(p, pb.d));
     std::snprintf(name, sizeof name, "wg%d M%d N%d st%d", Tr::kWarpgroups, Tr::kBlockM,
                   Tr::kBlockN, Tr::kStages);
@@ -107,13 +106,13 @@ void sweep_backward(Problem& pb, std::vector<float>& first, BackwardPair<DkDv, D
   char name[96];
   float ms;
   if constexpr (kMmaSync<DkDv>) {
-    ms = time_kernel(flash_backward_kernel<DkDv, Dq, Bf16Operands, OnlineSoftmax<1>>, grid,
+    ms = time_kernel(flash_backward_kernel<DkDv, Dq>, grid,
                      DkDv::kThreads, smem, backward_params(pb));
     std::snprintf(name, sizeof name, "w%d kv:rt%d N%d M%d q:rt%d M%d N%d", DkDv::kWarps,
                   DkDv::kRowTiles, DkDv::kBlockN, DkDv::kBlockM, Dq::kRowTiles, Dq::kBlockM,
                   Dq::kBlockN);
   } else {
-    ms = time_kernel(sm90::flash_backward_kernel<DkDv, Dq, OnlineSoftmax<1>>, grid,
+    ms = time_kernel(sm90::flash_backward_kernel<DkDv, Dq>, grid,
                      DkDv::kThreads, smem, sm90::tma_params(backward_params(pb), pb.d));
     std::snprintf(name, sizeof name, "wg%d kv:N%d M%d q:M%d N%d st%d", DkDv::kWarpgroups,
                   DkDv::kBlockN, DkDv::kBlockM, Dq::kBlockM, Dq::kBlockN, DkDv::kStages);

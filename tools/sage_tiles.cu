@@ -1,4 +1,4 @@
-// Tile-shape sweep of the SageBwd kernels (kernels/attention/sage.cu), a tuning
+// Tile-shape sweep of the SageBwd kernels (kernels/attention/sage/sage.cu), a tuning
 // aid for sage_default_tiles: times the forward and the backward (each with its
 // quantisation pre-pass, as training runs them) for every SageTiles choice of
 // the mma.sync kernels at the shapes of issue #7, default options, and checks
@@ -19,9 +19,9 @@
 #include <vector>
 
 #include "attention/attention.cuh"
-#include "attention/fpa.cuh"
-#include "attention/quant.cuh"
-#include "attention/sage.cuh"
+#include "attention/fpa/fpa.cuh"
+#include "attention/sage/quant.cuh"
+#include "attention/sage/sage.cuh"
 #include "common.cuh"
 #include "tile_timing.cuh"
 

@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "attention/attention.cuh"
-#include "attention/fpa.cuh"
+#include "attention/fpa/fpa.cuh"
 #include "attention/reference_check.hpp"
 #include "common.cuh"
 #include "gpu_test_util.hpp"

@@ -23,8 +23,8 @@
 #include <vector>
 
 #include "attention/attention.cuh"
-#include "attention/fpa.cuh"
-#include "attention/kinterval.cuh"
+#include "attention/fpa/fpa.cuh"
+#include "attention/kinterval/kinterval.cuh"
 #include "attention/reference_check.hpp"
 #include "gpu_test_util.hpp"
 #include "qattn/cpu/attention.hpp"

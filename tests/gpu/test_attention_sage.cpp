@@ -41,9 +41,9 @@
 #include <vector>
 
 #include "attention/attention.cuh"
-#include "attention/quant.cuh"
+#include "attention/sage/quant.cuh"
 #include "attention/reference_check.hpp"
-#include "attention/sage.cuh"
+#include "attention/sage/sage.cuh"
 #include "gpu_test_util.hpp"
 #include "qattn/cpu/attention.hpp"
 #include "softmax_discontinuities.hpp"

@@ -20,11 +20,10 @@
 #include <string>
 #include <type_traits>
 
-#include "attention/bf16_operands.cuh"
-#include "attention/flash_skeleton.cuh"
-#include "attention/flash_skeleton_sm90.cuh"
-#include "attention/fpa.cuh"
-#include "attention/online_softmax.cuh"
+#include "attention/fpa/flash_skeleton.cuh"
+#include "attention/fpa/flash_skeleton_sm90.cuh"
+#include "attention/fpa/fpa.cuh"
+#include "attention/common/online_softmax.cuh"
 
 namespace qattn::cuda {
 namespace {
@@ -53,11 +52,11 @@ void forward(const AttentionShape& s, const bf16* qkv, bf16* o, float* lse, FpaK
   if (resolve_kernels(kernels, "FPA attention") == FpaKernels::wgmma) {
     using Tr = typename sm90::FpaTiles<D>::Forward;
     return launch_forward<sm90::FpaTiles<D>>(s, sm90::tma_params(p, D),
-                                           sm90::flash_forward_kernel<Tr, OnlineSoftmax<1>>, stream);
+                                           sm90::flash_forward_kernel<Tr>, stream);
   }
   using Tr = typename FpaTiles<D>::Forward;
   launch_forward<FpaTiles<D>>(
-      s, p, flash_forward_kernel<Tr, Bf16Operands, OnlineSoftmax<Tr::kRowTiles>>, stream);
+      s, p, flash_forward_kernel<Tr>, stream);
 }
 
 template <class Tiles, class Params>
@@ -80,14 +79,13 @@ void backward(const AttentionShape& s, const bf16* qkv, const bf16* o, const bf1
     using Tiles = sm90::FpaTiles<D>;
     return launch_backward<Tiles>(
         s, sm90::tma_params(p, D),
-        sm90::flash_backward_kernel<typename Tiles::DkDv, typename Tiles::Dq, OnlineSoftmax<1>>,
+        sm90::flash_backward_kernel<typename Tiles::DkDv, typename Tiles::Dq>,
         stream);
   }
   using Tiles = FpaTiles<D>;
   launch_backward<Tiles>(
       s, p,
-      flash_backward_kernel<typename Tiles::DkDv, typename Tiles::Dq, Bf16Operands,
-                            OnlineSoftmax<1>>,
+      flash_backward_kernel<typename Tiles::DkDv, typename Tiles::Dq>,
       stream);
 }
 
@@ -96,12 +94,12 @@ void backward_dq(const AttentionShape& s, const BackwardParams& p, FpaKernels ke
                  cudaStream_t stream) {
   if (resolve_kernels(kernels, "FPA attention") == FpaKernels::wgmma) {
     using Dq = typename sm90::FpaTiles<D>::Dq;
-    return launch(sm90::flash_backward_dq_kernel<Dq, OnlineSoftmax<1>>,
+    return launch(sm90::flash_backward_dq_kernel<Dq>,
                   dim3(ceil_div(s.T, Dq::kBlockM), s.H, s.B), Dq::kThreads, Dq::kSmemBytes,
                   stream, sm90::tma_params(p, D));
   }
   using Dq = typename FpaTiles<D>::Dq;
-  launch(flash_backward_dq_kernel<Dq, Bf16Operands, OnlineSoftmax<Dq::kRowTiles>>,
+  launch(flash_backward_dq_kernel<Dq>,
          dim3(ceil_div(s.T, Dq::kBlockM), s.H, s.B), Dq::kThreads, Dq::kSmemBytes, stream, p);
 }
 

@@ -20,7 +20,7 @@
 
 #include <cmath>
 
-#include "attention/online_softmax.cuh"
+#include "attention/common/online_softmax.cuh"
 #include "qattn/attention.hpp"
 
 namespace qattn::cuda::kinterval {

@@ -45,8 +45,8 @@
 #pragma once
 #include <cstdint>
 
-#include "tile_mma.cuh"
-#include "tma.cuh"
+#include "attention/common/tile_mma.cuh"
+#include "attention/common/tma.cuh"
 
 namespace qattn::cuda::flash::sm90 {
 

@@ -26,11 +26,11 @@
 //   copies, per 64 columns of d, folded into the fp32 accumulators, dV's while
 //   dK's runs) -> smooth_q: dK += c (dSᵀ 1) μ_Qᵀ.
 #pragma once
-#include "attention/feeds.cuh"
-#include "attention/int8_operands.cuh"
-#include "attention/quant.cuh"
-#include "attention/sage_sm90.cuh"
-#include "attention/sage_softmax.cuh"
+#include "attention/common/feeds.cuh"
+#include "attention/sage/int8_operands.cuh"
+#include "attention/sage/quant.cuh"
+#include "attention/sage/sage_sm90.cuh"
+#include "attention/sage/sage_softmax.cuh"
 
 namespace qattn::cuda::sage {
 

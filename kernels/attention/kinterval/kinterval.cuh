@@ -3,7 +3,7 @@
 #include <cuda_runtime.h>
 
 #include "attention/attention.cuh"
-#include "attention/fpa.cuh"
+#include "attention/fpa/fpa.cuh"
 #include "common.cuh"
 
 namespace qattn::cuda {

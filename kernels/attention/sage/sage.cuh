@@ -5,8 +5,8 @@
 #include <cstddef>
 
 #include "attention/attention.cuh"
-#include "attention/fpa.cuh"  // FpaKernels: the tensor-core family of a kernel
-#include "attention/quant.cuh"
+#include "attention/fpa/fpa.cuh"  // FpaKernels: the tensor-core family of a kernel
+#include "attention/sage/quant.cuh"
 #include "common.cuh"
 
 namespace qattn::cuda {

@@ -24,9 +24,9 @@
 // kernel overlaps element-wise work with the next product (wgmma runs
 // asynchronously; mma.sync computes at issue and waits for nothing).
 #pragma once
-#include "bf16_operands.cuh"
-#include "flash_skeleton.cuh"
-#include "flash_skeleton_sm90.cuh"
+#include "attention/common/tile_mma.cuh"
+#include "attention/common/warpgroups.cuh"
+#include "attention/common/wgmma.cuh"
 
 namespace qattn::cuda::flash {
 
@@ -72,7 +72,7 @@ struct WarpRows {
   __device__ static __forceinline__ void accumulate(float (&acc)[kRowTiles][kNTiles][4],
                                                     const float (&w)[kRowTiles][kWTiles][4],
                                                     SmemTile<kRowsB, kCols> b) {
-    Bf16Operands::accumulate(acc, w, b);
+    mma_weights_kn(acc, w, b);
   }
   // acc += a b with a (16 kRowTiles, 16 kKSteps) bf16 A fragments.
   template <int kNTiles, int kKSteps, int kRowsB, int kCols>

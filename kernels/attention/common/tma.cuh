@@ -23,7 +23,7 @@
 
 #include <cstdint>
 
-#include "tile_mma.cuh"
+#include "attention/common/tile_mma.cuh"
 
 namespace qattn::cuda::flash::sm90 {
 

@@ -1,27 +1,18 @@
-// The tiled flash-attention skeleton: causal, T x T never materialised, bf16
-// tiles in shared memory, fp32 accumulators in registers. A forward kernel, a
-// backward (one launch, or its dK/dV and dQ halves as launches of their own) and
-// the δ pre-pass, parameterised by two policies, so that a kind that differs
-// only in these swaps them and keeps the loops:
+// FPA's tiled flash-attention kernels on mma.sync (sm_80 and up): causal,
+// T x T never materialised, bf16 tiles in shared memory, fp32 accumulators in
+// registers, bf16 x bf16 -> fp32 products (tile_mma.cuh) and the exact online
+// softmax (online_softmax.cuh). A forward kernel, a backward (one launch, or its
+// dK/dV and dQ halves as launches of their own) and the δ pre-pass.
 //
-//   Operands  the precision of each of the six products (qk, pv, dp, dv, dk, dq):
-//             Bf16Operands (bf16_operands.cuh) for FPA; an int8 policy holds
-//             quantised tiles and multiplies int32 results by the block scales.
-//   Softmax   how scores become weights: forward state (update per key block,
-//             finalize, the saved row statistic) and the backward's P and dS:
-//             OnlineSoftmax (online_softmax.cuh) for FPA.
-//
-// What the other kinds take (SPEC §3, §4): SageBwd (sage.cu) reads its operands
-// from a quantised workspace with run-time precision flags, so it keeps loop
-// bodies of its own and shares the warp primitives (tile_mma.cuh), the
-// pipeline and launcher (pipeline.cuh) and OnlineSoftmax;
-// K-interval (kinterval.cu) needs a first pass for each row's max and min and
-// extra row terms in the backward, so it writes its kernels once over a row
-// group (row_groups.cuh) and a feed (feeds.cuh) for both tensor-core families,
-// and shares the K/V stage layout, the accumulator walk (for_each_acc), the
-// products, the δ pre-pass and, for its probability STE, FPA's dQ pass.
-// The Hopper kernels of FPA (wgmma, TMA, warp-specialised) are in
-// flash_skeleton_sm90.cuh.
+// What the other kinds take from here: K-interval (kinterval.cu) writes its
+// kernels once over a row group (row_groups.cuh) and a feed (feeds.cuh) for
+// both tensor-core families, and shares the kernel shapes (the traits below),
+// the K/V stage layout, the δ pre-pass and, for its probability STE, FPA's dQ
+// pass. SageBwd (sage.cu) reads its operands from a quantised workspace with
+// run-time precision flags, so it keeps loop bodies of its own and shares the
+// warp primitives (tile_mma.cuh), the pipeline and launcher (pipeline.cuh) and
+// OnlineSoftmax. The Hopper kernels of FPA (wgmma, TMA, warp-specialised) are
+// in flash_skeleton_sm90.cuh.
 //
 // Layouts (attention.cuh): q, k, v are rows of the fused activation
 // (B, T, 3, H, d), row stride 3·H·d; o, dout are (B, T, H, d); L and δ are
@@ -39,7 +30,8 @@
 // dQ is summed in a fixed order; sharing one launch lets them fill the tail of
 // the dK/dV blocks.
 #pragma once
-#include "pipeline.cuh"
+#include "attention/common/online_softmax.cuh"
+#include "attention/common/pipeline.cuh"
 
 namespace qattn::cuda::flash {
 
@@ -112,27 +104,6 @@ struct KernelTiles {
   using Dq = Dq_;
 };
 
-// Element (mt, nt, e) of a warp's accumulator sits at row 16 mt + g + 8 (e / 2)
-// and column 8 nt + 2 t + e % 2 of the warp's tile (lane = 4 g + t).
-__device__ __forceinline__ int acc_row(int mt, int e) {
-  return mt * 16 + (threadIdx.x % 32) / 4 + (e / 2) * 8;
-}
-__device__ __forceinline__ int acc_col(int nt, int e) {
-  return nt * 8 + 2 * (threadIdx.x % 4) + e % 2;
-}
-
-// Calls f(mt, nt, e) for every element of a warp's (16 kRowTiles, 8 kNTiles)
-// accumulator, in the order mt, nt, e (unrolled: the indices are constants).
-template <int kRowTiles, int kNTiles, class F>
-__device__ __forceinline__ void for_each_acc(F&& f) {
-#pragma unroll
-  for (int mt = 0; mt < kRowTiles; ++mt)
-#pragma unroll
-    for (int nt = 0; nt < kNTiles; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) f(mt, nt, e);
-}
-
 // Two stages of (K tile, V tile), each (kBlockN, d), at data (2 x [K, V]); step j
 // fills a stage with keys [j kBlockN, (j + 1) kBlockN) of one head (rows past T: zero).
 template <class Tr>
@@ -158,7 +129,7 @@ struct KvStages {
 
 // ---------------------------------------------------------------------------
 // Forward. Grid (ceil(T / kBlockM), H, B); the heaviest (last) query blocks start first.
-template <class Tr, class Operands, class Softmax>
+template <class Tr>
 __global__ void __launch_bounds__(Tr::kThreads) flash_forward_kernel(const ForwardParams p) {
   constexpr int D = Tr::kHeadDim, BM = Tr::kBlockM, BN = Tr::kBlockN, RT = Tr::kRowTiles;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -183,21 +154,21 @@ __global__ void __launch_bounds__(Tr::kThreads) flash_forward_kernel(const Forwa
   uint32_t q_frag[RT][D / 16][4];
   float o_acc[RT][D / 8][4];  // (16 RT, d) rows of O owned by this warp
   zero(o_acc);
-  Softmax softmax(p.scale_log2);
+  OnlineSoftmax<RT> softmax(p.scale_log2);
   pipelined(0, n_kblocks, load_kv, [&](int j, int stage) {
     if (j == 0) load_a(q_frag, q_tile, warp_row0);
     const int k0 = j * BN;
     if (k0 > row_last) return;  // every key of the block is in the future of every row of the warp
     float s[RT][BN / 8][4];     // (16 RT, BN) scores
     zero(s);
-    Operands::qk(s, q_frag, kv.k(stage));
+    mma_b_nk(s, q_frag, kv.k(stage));
     if (k0 + BN - 1 > row_first) {  // the diagonal: hide keys after the query
       for_each_acc<RT, BN / 8>([&](int mt, int nt, int e) {
         if (k0 + acc_col(nt, e) > row_first + acc_row(mt, e)) s[mt][nt][e] = -INFINITY;
       });
     }
     softmax.update(s, o_acc);  // s now holds the weights
-    Operands::pv(o_acc, s, kv.v(stage));
+    mma_weights_kn(o_acc, s, kv.v(stage));
   });
 
   softmax.finalize(o_acc);
@@ -251,7 +222,7 @@ inline void attention_delta(const BackwardParams& p, int d, cudaStream_t stream)
 // Each warp owns 16 kRowTiles keys and computes the transposed tiles Sᵀ, Pᵀ, dPᵀ, dSᵀ
 // (keys x queries), so Pᵀ and dSᵀ go from accumulators straight into the A
 // operand of dV += Pᵀ dO and dK += dSᵀ Q without a trip through shared memory.
-template <class Tr, class Operands, class Softmax>
+template <class Tr>
 __device__ __noinline__ void backward_dkdv_block(const BackwardParams p, int k_block,
                                                  unsigned char* smem) {
   constexpr int D = Tr::kHeadDim, BM = Tr::kBlockM, BN = Tr::kBlockN, RT = Tr::kRowTiles;
@@ -298,23 +269,23 @@ __device__ __noinline__ void backward_dkdv_block(const BackwardParams p, int k_b
     load_a(k_frag, k_tile, warp_row0);
     float w[RT][BM / 8][4];  // (16 RT keys, BM queries): Sᵀ, then Pᵀ, then dSᵀ
     zero(w);
-    Operands::qk(w, k_frag, q_stage(s));
+    mma_b_nk(w, k_frag, q_stage(s));
     for_each_acc<RT, BM / 8>([&](int mt, int nt, int e) {
       const int key = warp_key0 + acc_row(mt, e), qi = acc_col(nt, e), query = q0 + qi;
       w[mt][nt][e] = (query < p.T && key <= query)
-                         ? Softmax::probability(w[mt][nt][e], lse[qi], p.scale_log2)
+                         ? OnlineSoftmax<RT>::probability(w[mt][nt][e], lse[qi], p.scale_log2)
                          : 0.0f;
     });
-    Operands::dv(dv_acc, w, do_stage(s));
+    mma_weights_kn(dv_acc, w, do_stage(s));
     uint32_t v_frag[RT][D / 16][4];
     load_a(v_frag, v_tile, warp_row0);
     float dp[RT][BM / 8][4];  // (16 RT keys, BM queries): dPᵀ
     zero(dp);
-    Operands::dp(dp, v_frag, do_stage(s));
+    mma_b_nk(dp, v_frag, do_stage(s));
     for_each_acc<RT, BM / 8>([&](int mt, int nt, int e) {
-      w[mt][nt][e] = Softmax::grad_score(w[mt][nt][e], dp[mt][nt][e], delta[acc_col(nt, e)]);
+      w[mt][nt][e] = OnlineSoftmax<RT>::grad_score(w[mt][nt][e], dp[mt][nt][e], delta[acc_col(nt, e)]);
     });
-    Operands::dk(dk_acc, w, q_stage(s));
+    mma_weights_kn(dk_acc, w, q_stage(s));
   });
 
   // K and V tiles are free: stage dK (times c) and dV there, then store both.
@@ -327,7 +298,7 @@ __device__ __noinline__ void backward_dkdv_block(const BackwardParams p, int k_b
 
 // ---------------------------------------------------------------------------
 // dQ of one query block (q_block) of head blockIdx.y, batch blockIdx.z.
-template <class Tr, class Operands, class Softmax>
+template <class Tr>
 __device__ __noinline__ void backward_dq_block(const BackwardParams p, int q_block,
                                                unsigned char* smem) {
   constexpr int D = Tr::kHeadDim, BM = Tr::kBlockM, BN = Tr::kBlockN, RT = Tr::kRowTiles;
@@ -374,19 +345,19 @@ __device__ __noinline__ void backward_dq_block(const BackwardParams p, int q_blo
     if (k0 > row_last) return;
     float w[RT][BN / 8][4];  // (16 RT queries, BN keys): S, then P, then dS
     zero(w);
-    Operands::qk(w, q_frag, kv.k(s));
+    mma_b_nk(w, q_frag, kv.k(s));
     for_each_acc<RT, BN / 8>([&](int mt, int nt, int e) {
       w[mt][nt][e] = k0 + acc_col(nt, e) <= row_first + acc_row(mt, e)
-                         ? Softmax::probability(w[mt][nt][e], lse[mt][e / 2], p.scale_log2)
+                         ? OnlineSoftmax<RT>::probability(w[mt][nt][e], lse[mt][e / 2], p.scale_log2)
                          : 0.0f;
     });
     float dp[RT][BN / 8][4];  // (16 RT queries, BN keys): dP
     zero(dp);
-    Operands::dp(dp, do_frag, kv.v(s));
+    mma_b_nk(dp, do_frag, kv.v(s));
     for_each_acc<RT, BN / 8>([&](int mt, int nt, int e) {
-      w[mt][nt][e] = Softmax::grad_score(w[mt][nt][e], dp[mt][nt][e], delta[mt][e / 2]);
+      w[mt][nt][e] = OnlineSoftmax<RT>::grad_score(w[mt][nt][e], dp[mt][nt][e], delta[mt][e / 2]);
     });
-    Operands::dq(dq_acc, w, kv.k(s));
+    mma_weights_kn(dq_acc, w, kv.k(s));
   });
 
   store_acc(q_tile, dq_acc, warp_row0, p.scale);  // the Q tile is free: stage dQ (times c) there
@@ -396,25 +367,25 @@ __device__ __noinline__ void backward_dq_block(const BackwardParams p, int q_blo
 
 // The dQ half as a launch of its own (grid as in flash_backward_kernel), for
 // K-interval's probability-STE backward, which needs FPA's dQ.
-template <class Tr, class Operands, class Softmax>
+template <class Tr>
 __global__ void __launch_bounds__(Tr::kThreads) flash_backward_dq_kernel(const BackwardParams p) {
   extern __shared__ __align__(128) unsigned char smem[];
-  backward_dq_block<Tr, Operands, Softmax>(p, gridDim.x - 1 - blockIdx.x, smem);
+  backward_dq_block<Tr>(p, gridDim.x - 1 - blockIdx.x, smem);
 }
 
 // The backward as one launch. Grid (ceil(T / DkDvTr::kBlockN) + ceil(T / DqTr::kBlockM), H, B):
 // the dK/dV blocks first, key block 0 (which sees every query) leading, then the
 // dQ blocks, the last query block (which sees every key) leading.
-template <class DkDvTr, class DqTr, class Operands, class Softmax>
+template <class DkDvTr, class DqTr>
 __global__ void __launch_bounds__(DkDvTr::kThreads) flash_backward_kernel(const BackwardParams p) {
   static_assert(DkDvTr::kThreads == DqTr::kThreads,
                 "both halves of the launch share its block size");
   extern __shared__ __align__(128) unsigned char smem[];
   const int n_kv_blocks = (p.T + DkDvTr::kBlockN - 1) / DkDvTr::kBlockN;
   if (static_cast<int>(blockIdx.x) < n_kv_blocks)
-    backward_dkdv_block<DkDvTr, Operands, Softmax>(p, blockIdx.x, smem);
+    backward_dkdv_block<DkDvTr>(p, blockIdx.x, smem);
   else
-    backward_dq_block<DqTr, Operands, Softmax>(p, gridDim.x - 1 - blockIdx.x, smem);
+    backward_dq_block<DqTr>(p, gridDim.x - 1 - blockIdx.x, smem);
 }
 
 }  // namespace qattn::cuda::flash

@@ -6,7 +6,7 @@
 #pragma once
 #include <cuda_runtime.h>
 
-#include "tile_mma.cuh"
+#include "attention/common/tile_mma.cuh"
 
 namespace qattn::cuda::flash {
 

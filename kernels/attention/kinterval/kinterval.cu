@@ -1,6 +1,6 @@
 // K-interval quantised-softmax attention (SPEC §4), fused: T x T is never
 // materialised. Built from the flash skeleton's tiles and products
-// (tile_mma.cuh, bf16_operands.cuh); the per-score maths is in kinterval_softmax.cuh.
+// (tile_mma.cuh); the per-score maths is in kinterval_softmax.cuh.
 //
 // Forward, one kernel per query block, two passes over the visible keys:
 //   pass 1: raw S = Q Kᵀ -> each row's max and min (pairs of keys first), with
@@ -52,15 +52,14 @@
 #include <string>
 #include <type_traits>
 
-#include "attention/bf16_operands.cuh"
-#include "attention/feeds.cuh"
-#include "attention/flash_skeleton.cuh"
-#include "attention/flash_skeleton_sm90.cuh"
-#include "attention/fpa.cuh"
-#include "attention/kinterval.cuh"
-#include "attention/kinterval_softmax.cuh"
-#include "attention/online_softmax.cuh"
-#include "attention/row_groups.cuh"
+#include "attention/common/feeds.cuh"
+#include "attention/fpa/flash_skeleton.cuh"
+#include "attention/fpa/flash_skeleton_sm90.cuh"
+#include "attention/fpa/fpa.cuh"
+#include "attention/kinterval/kinterval.cuh"
+#include "attention/kinterval/kinterval_softmax.cuh"
+#include "attention/common/online_softmax.cuh"
+#include "attention/common/row_groups.cuh"
 
 namespace qattn::cuda {
 namespace {
@@ -853,7 +852,7 @@ struct FpaDq {
   static constexpr int kSmemBytes = Tr::kSmemBytes;
   __device__ static void run(const Params&, const sm90::BackwardTmaParams& fpa, BlockIndex at,
                              unsigned char* smem) {
-    sm90::backward_dq_block<Tr, OnlineSoftmax<1>>(fpa, at, smem);
+    sm90::backward_dq_block<Tr>(fpa, at, smem);
   }
 };
 

@@ -18,9 +18,9 @@
 #pragma once
 #include <cstdint>
 
-#include "attention/online_softmax.cuh"
-#include "attention/quant.cuh"  // kPermuted: the T order of the transposed copies
-#include "attention/tile_mma.cuh"
+#include "attention/common/online_softmax.cuh"
+#include "attention/sage/quant.cuh"  // kPermuted: the T order of the transposed copies
+#include "attention/common/tile_mma.cuh"
 
 namespace qattn::cuda::flash {
 

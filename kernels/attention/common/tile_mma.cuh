@@ -247,6 +247,18 @@ __device__ __forceinline__ void mma_b_kn(float (&acc)[kRowTiles][kNTiles][4],
     }
 }
 
+// acc (16 kRowTiles, 8 kNTiles) += w b: the fp32 weights w (the previous
+// product's accumulators, P or dS) rounded to bf16 as A fragments, b stored
+// (k, n). This is O += P V, dV += Pᵀ dO, dK += dSᵀ Q and dQ += dS K.
+template <int kRowTiles, int kNTiles, int kWTiles, int kRows, int kCols>
+__device__ __forceinline__ void mma_weights_kn(float (&acc)[kRowTiles][kNTiles][4],
+                                               const float (&w)[kRowTiles][kWTiles][4],
+                                               SmemTile<kRows, kCols> b) {
+  uint32_t a[kRowTiles][kWTiles / 2][4];
+  acc_to_a(a, w);
+  mma_b_kn(acc, a, b);
+}
+
 // The warp's accumulators, times scale and rounded to bf16, into rows
 // [row0, row0 + 16 kRowTiles) of a tile (staging for coalesced global stores).
 template <int kRowTiles, int kNTiles, int kRows, int kCols>
@@ -265,6 +277,27 @@ __device__ __forceinline__ void store_acc(SmemTile<kRows, kCols> tile,
         *reinterpret_cast<uint32_t*>(tile.at(row, col)) =
             pack_bf16x2(acc[mt][nt][2 * half] * scale, acc[mt][nt][2 * half + 1] * scale);
       }
+}
+
+// Element (mt, nt, e) of a warp's accumulator sits at row 16 mt + g + 8 (e / 2)
+// and column 8 nt + 2 t + e % 2 of the warp's tile (lane = 4 g + t).
+__device__ __forceinline__ int acc_row(int mt, int e) {
+  return mt * 16 + (threadIdx.x % 32) / 4 + (e / 2) * 8;
+}
+__device__ __forceinline__ int acc_col(int nt, int e) {
+  return nt * 8 + 2 * (threadIdx.x % 4) + e % 2;
+}
+
+// Calls f(mt, nt, e) for every element of a warp's (16 kRowTiles, 8 kNTiles)
+// accumulator, in the order mt, nt, e (unrolled: the indices are constants).
+template <int kRowTiles, int kNTiles, class F>
+__device__ __forceinline__ void for_each_acc(F&& f) {
+#pragma unroll
+  for (int mt = 0; mt < kRowTiles; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) f(mt, nt, e);
 }
 
 // Runs body(std::true_type) when every entry of the caller's tile is visible

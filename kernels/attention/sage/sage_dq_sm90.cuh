@@ -20,11 +20,11 @@
 // first pass over (K̂, V) sweeps each row's terms and writes them for the dK/dV
 // kernel, as the mma.sync kernel does.
 #pragma once
-#include "attention/feeds.cuh"
-#include "attention/int8_operands.cuh"
-#include "attention/quant.cuh"
-#include "attention/sage_sm90.cuh"
-#include "attention/sage_softmax.cuh"
+#include "attention/common/feeds.cuh"
+#include "attention/sage/int8_operands.cuh"
+#include "attention/sage/quant.cuh"
+#include "attention/sage/sage_sm90.cuh"
+#include "attention/sage/sage_softmax.cuh"
 
 namespace qattn::cuda::sage {
 

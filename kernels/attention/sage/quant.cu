@@ -12,8 +12,8 @@
 #include <cmath>
 #include <cstdint>
 
-#include "attention/pipeline.cuh"  // cp.async, launch
-#include "attention/quant.cuh"
+#include "attention/common/pipeline.cuh"  // cp.async, launch
+#include "attention/sage/quant.cuh"
 
 namespace qattn::cuda {
 namespace {

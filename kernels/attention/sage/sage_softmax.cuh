@@ -20,10 +20,10 @@
 #include <cmath>
 #include <type_traits>
 
-#include "attention/int8_operands.cuh"  // the int32 sums' conversions
-#include "attention/kinterval_softmax.cuh"
-#include "attention/online_softmax.cuh"
-#include "attention/tile_mma.cuh"
+#include "attention/sage/int8_operands.cuh"  // the int32 sums' conversions
+#include "attention/kinterval/kinterval_softmax.cuh"
+#include "attention/common/online_softmax.cuh"
+#include "attention/common/tile_mma.cuh"
 
 namespace qattn::cuda::sage {
 

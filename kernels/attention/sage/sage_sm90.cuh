@@ -2,10 +2,11 @@
 // sage_dkdv_sm90.cuh) share: their block's rows, and the parameters of the two
 // backward kernels besides their tensor maps (sage.cu fills them once).
 #pragma once
-#include "attention/flash_skeleton_sm90.cuh"
-#include "attention/int8_operands.cuh"
-#include "attention/quant.cuh"
-#include "attention/sage_softmax.cuh"
+#include "attention/common/warpgroups.cuh"
+#include "attention/common/wgmma.cuh"
+#include "attention/sage/int8_operands.cuh"
+#include "attention/sage/quant.cuh"
+#include "attention/sage/sage_softmax.cuh"
 
 namespace qattn::cuda::sage {
 

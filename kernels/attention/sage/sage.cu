@@ -44,16 +44,16 @@
 #include <type_traits>
 #include <utility>
 
-#include "attention/int8_operands.cuh"
-#include "attention/online_softmax.cuh"
-#include "attention/pipeline.cuh"
-#include "attention/quant.cuh"
-#include "attention/sage.cuh"
-#include "attention/sage_dq_sm90.cuh"
-#include "attention/sage_dkdv_sm90.cuh"
-#include "attention/sage_forward_sm90.cuh"
-#include "attention/sage_softmax.cuh"
-#include "attention/tile_mma.cuh"
+#include "attention/sage/int8_operands.cuh"
+#include "attention/common/online_softmax.cuh"
+#include "attention/common/pipeline.cuh"
+#include "attention/sage/quant.cuh"
+#include "attention/sage/sage.cuh"
+#include "attention/sage/sage_dq_sm90.cuh"
+#include "attention/sage/sage_dkdv_sm90.cuh"
+#include "attention/sage/sage_forward_sm90.cuh"
+#include "attention/sage/sage_softmax.cuh"
+#include "attention/common/tile_mma.cuh"
 
 namespace qattn::cuda {
 namespace {
@@ -201,9 +201,7 @@ __device__ __forceinline__ void product_over_t(float (&acc)[1][D / 8][4], bool i
     weight_scales<kWarpsPerBlock>(w, per_tile, scratch, scale, inv);
     int8_product_weights(acc, w, scale, inv, Int8Tile<D, kTile>{reinterpret_cast<int8_t*>(b)}, scale_b);
   } else {
-    uint32_t frag[1][kTileN / 2][4];
-    acc_to_a(frag, w);
-    mma_b_kn(acc, frag, SmemTile<kTile, D>{reinterpret_cast<bf16*>(b)});
+    mma_weights_kn(acc, w, SmemTile<kTile, D>{reinterpret_cast<bf16*>(b)});
   }
 }
 

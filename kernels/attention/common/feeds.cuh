@@ -1,12 +1,13 @@
-// How the tiles of a kernel written once over a row group (row_groups.cuh,
-// kinterval.cu) reach shared memory, one feed per tensor-core family:
+// How the tiles of a kernel reach shared memory, one feed per tensor-core
+// family (a kernel written once over a row group, row_groups.cuh and
+// kinterval.cu, takes either; the Hopper kernels of FPA and SageBwd take TmaFeed):
 //   CpAsyncFeed  every thread copies with cp.async into two stages, with a
 //                block-wide barrier per step (pipelined, pipeline.cuh): sm_80 and up.
-//   TmaFeed      a producer warpgroup: one thread copies the tiles with TMA, one
-//                warp the per-row values with plain loads and stores, into a
-//                two-stage ring guarded by mbarriers (tma.cuh); the consumer
-//                warpgroups never meet inside the loop, as in
-//                flash_skeleton_sm90.cuh: sm_90a.
+//   TmaFeed      a producer warpgroup (warpgroups.cuh): one thread copies the
+//                tiles with TMA, one warp the per-row values with plain loads
+//                and stores, into a ring of stages guarded by mbarriers
+//                (tma.cuh); the consumer warpgroups never meet inside the
+//                loop: sm_90a.
 // A kernel describes its copies once, as lambdas over a copy target `to`:
 //   resident(to)         the tiles that stay for the whole block
 //   step(i, stage, to)   step i's tiles and row values, into a stage
@@ -19,8 +20,9 @@
 //   feed.consume(first, last, step, body);   // body(i, stage), once per step
 //   feed.sync();                             // the consumers meet (epilogues)
 #pragma once
-#include "flash_skeleton_sm90.cuh"
-#include "pipeline.cuh"
+#include "attention/common/pipeline.cuh"
+#include "attention/common/tma.cuh"
+#include "attention/common/warpgroups.cuh"
 
 namespace qattn::cuda::flash {
 
@@ -105,6 +107,10 @@ struct CpAsyncFeed {
 // kStages_: the ring's depth; with three, a consumer warpgroup that is a step
 // ahead of another finds its next step's tiles landed (the ring frees a stage
 // only when every warpgroup has released it).
+// Step i of the ring (counted over every consume call) uses stage i % kStages.
+// Its barriers: full[s] counts the producers' arrivals (the copy issuer's, with
+// the bytes of its copies, and with kRowValues the row warp's 32), empty[s] one
+// arrival per consumer thread once it no longer reads the stage.
 template <int kConsumerThreads_, bool kRowValues, int kStages_ = 2>
 struct TmaFeed {
   static constexpr int kConsumerThreads = kConsumerThreads_;
@@ -154,15 +160,20 @@ struct TmaFeed {
   };
 
   uint64_t* resident_full;
-  sm90::Ring<kStages> ring;
-  int step_ = 0;  // steps fed or consumed so far: the ring position across consume calls
+  uint64_t* full;   // kStages barriers
+  uint64_t* empty;  // kStages barriers
+  int step_ = 0;    // steps fed or consumed so far: the ring position across consume calls
 
   __device__ explicit TmaFeed(unsigned char* barriers)
       : resident_full(reinterpret_cast<uint64_t*>(barriers)),
-        ring{resident_full + 1, resident_full + 1 + kStages} {
+        full(resident_full + 1),
+        empty(resident_full + 1 + kStages) {
     if (threadIdx.x == 0) {
       sm90::barrier_init(resident_full, 1);
-      ring.init(kRowValues ? 1 + 32 : 1, kConsumerThreads);
+      for (int s = 0; s < kStages; ++s) {
+        sm90::barrier_init(&full[s], kRowValues ? 1 + 32 : 1);
+        sm90::barrier_init(&empty[s], kConsumerThreads);
+      }
       sm90::barrier_init_fence();
     }
     __syncthreads();
@@ -187,18 +198,19 @@ struct TmaFeed {
   template <class Run>
   __device__ void produce_run(int warp, int lane, Run& run) {
     for (int i = run.first; i < run.last; ++i, ++step_) {
-      const int s = sm90::Ring<kStages>::stage(step_);
+      const int s = stage(step_);
       if (warp == 0 && lane == 0) {
         Bytes bytes;
         run.step(i, s, bytes);
-        ring.acquire(step_, bytes.n);
-        TileIssuer issuer{&ring.full[s]};
+        wait_empty(step_);
+        sm90::barrier_arrive_expect_bytes(&full[s], bytes.n);
+        TileIssuer issuer{&full[s]};
         run.step(i, s, issuer);
       } else if (kRowValues && warp == 1) {
-        ring.wait_empty(step_);
+        wait_empty(step_);
         RowCopier copier;
         run.step(i, s, copier);
-        ring.filled(step_);
+        sm90::barrier_arrive(&full[s]);  // the warp's stores into the stage are done
       }
     }
   }
@@ -212,12 +224,20 @@ struct TmaFeed {
   template <class Step, class Body>
   __device__ void consume(int first, int last, Step&&, Body&& body) {
     for (int i = first; i < last; ++i, ++step_) {
-      ring.wait_full(step_);
-      body(i, sm90::Ring<kStages>::stage(step_));
-      ring.release(step_);
+      sm90::barrier_wait(&full[stage(step_)], parity(step_));
+      body(i, stage(step_));
+      sm90::barrier_arrive(&empty[stage(step_)]);
     }
   }
   __device__ void sync() { sm90::consumers_sync<kConsumerThreads / 128>(); }
+
+ private:
+  __device__ static int stage(int step) { return step % kStages; }
+  __device__ static uint32_t parity(int step) { return (step / kStages) & 1; }
+  // The producer, before filling a step's stage: until step - kStages released it.
+  __device__ void wait_empty(int step) const {
+    if (step >= kStages) sm90::barrier_wait(&empty[stage(step)], parity(step) ^ 1);
+  }
 };
 
 // One run of steps for TmaFeed::produce: steps [first, last), copied by step.

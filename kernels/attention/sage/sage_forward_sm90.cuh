@@ -22,11 +22,11 @@
 // then O /= l and L (or, with the K-interval block, a first pass over K̂ for each
 // row's max and min, ŵ for P̃, O /= Ẑ and the RowStats).
 #pragma once
-#include "attention/feeds.cuh"
-#include "attention/int8_operands.cuh"
-#include "attention/quant.cuh"
-#include "attention/sage_sm90.cuh"
-#include "attention/sage_softmax.cuh"
+#include "attention/common/feeds.cuh"
+#include "attention/sage/int8_operands.cuh"
+#include "attention/sage/quant.cuh"
+#include "attention/sage/sage_sm90.cuh"
+#include "attention/sage/sage_softmax.cuh"
 
 namespace qattn::cuda::sage {
 
