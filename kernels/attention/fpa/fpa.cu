@@ -2,12 +2,12 @@
 // Hopper's wgmma (flash_skeleton_sm90.cuh) where the device and the build have
 // it, else on mma.sync (flash_skeleton.cuh).
 //
-// wgmma tile shapes, from tools/attention_tiles.cu on an H200: two consumer
+// wgmma tile shapes, from tools/dev/attention_tiles.cu on an H200: two consumer
 // warpgroups of 64 rows per block (and a producer warpgroup), two-stage rings;
 //   forward   128 query rows, 128-key steps
 //   backward  dK/dV 128 keys, 64-query steps; dQ 128 rows, 64-key steps
 //
-// mma.sync tile shapes per head dim, from tools/attention_tiles.cu on an H200
+// mma.sync tile shapes per head dim, from tools/dev/attention_tiles.cu on an H200
 // (see docs/performance.md). A warp owns 16 x row-tiles rows and keeps their fp32
 // accumulators in registers, so wider heads get fewer rows per warp:
 //   forward   d=64:  4 warps x 32 query rows, 64-key steps

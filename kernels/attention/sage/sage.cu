@@ -749,7 +749,7 @@ SageTiles sage_default_tiles(const AttentionShape& s) {
   // d = 128: every kernel holds 8 warps per SM at most (registers), and the
   // 4-warp dK/dV kernel only 4 (116 KB of shared memory).
   SageTiles tiles = d == 64 ? SageTiles{4, 4, 8} : SageTiles{8, 8, 8};
-  // The families, measured by tools/sage_tiles.cu on an H200 (2026-11-29, times
+  // The families, measured by tools/dev/sage_tiles.cu on an H200 (2026-11-29, times
   // without the pre-pass):
   // - forward: wgmma (automatic) at d = 128, 0.911 vs 1.089 ms at (4, 16, 4096,
   //   128); mma.sync at d = 64, where the wgmma one is slower (0.099 vs 0.084 ms
@@ -765,7 +765,7 @@ SageTiles sage_default_tiles(const AttentionShape& s) {
   //   4096, 64) (21:27 UTC, after the fix of its unwaited Q̂/dO copies; the
   //   "[sage-wgmma]" many-heads test passes).
   // - forward at d = 64: wgmma from T = 2048, mma.sync below, where the wgmma
-  //   one is slower (tools/sage_tiles, forward with its pre-pass, 2026-12-01
+  //   one is slower (tools/dev/sage_tiles, forward with its pre-pass, 2026-12-01
   //   device call 5: 0.102 vs 0.099 ms at (8, 12, 1024, 64), 0.253 vs 0.268 at
   //   (8, 12, 2048, 64), 0.400 vs 0.451 at (4, 12, 4096, 64)).
   tiles.forward_kernels = d == 128 || s.T >= 2048 ? FpaKernels::automatic : FpaKernels::mma_sync;

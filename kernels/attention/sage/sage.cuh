@@ -27,7 +27,7 @@ int sage_row_stats(const SageOptions& opt);
 // Warps per CTA of each mma.sync kernel: 4 (64 resident rows: queries, or keys
 // for dK/dV) or 8 (128 rows). Every shape computes the same outputs bit for bit;
 // sage_default_tiles is the one expected fastest per shape, the others are
-// there to be timed against it (tools/sage_tiles.cu) and are tested alike.
+// there to be timed against it (tools/dev/sage_tiles.cu) and are tested alike.
 //
 // The family of each kernel is chosen at run time: on a device and build with
 // sm_90a they run on wgmma (two or three 64-row warpgroups, sage_sm90.cuh, and a

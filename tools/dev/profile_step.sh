@@ -4,7 +4,7 @@
 # (65,536 tokens, micro-batch 64) after the first steps, and a table sums them
 # by kernel name. Synthetic token ids (speed only). Binaries as in
 # device_integration.sh (built on the workstation, carried with .deps/).
-#   usage (device): BUILD=carry-gpu OUT=/tmp/out tools/profile_step.sh [attention.kind]
+#   usage (device): BUILD=carry-gpu OUT=/tmp/out tools/dev/profile_step.sh [attention.kind]
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"  # the repository root, $OUT, $BUILD, .deps/ libraries
 KIND=${1:-fpa}

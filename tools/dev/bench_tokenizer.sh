@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# tools/bench_tokenizer.sh [FILE...]: tokenizer throughput of `qattn tokenize`
+# tools/dev/bench_tokenizer.sh [FILE...]: tokenizer throughput of `qattn tokenize`
 # (read, encode, write shards; vocab loading excluded), in MB of input text per
 # second with one thread and with all cores, best of 3 runs each. "per
 # CPU-second" divides by the CPU time used, which is what one thread achieves
@@ -7,7 +7,7 @@
 # Default corpus: the State of the Union + Moby Dick texts (data/prepare.sh
 # quickstart fetches them); GPT-2 needs data/cache/gpt2 (data/prepare.sh gpt2-vocab).
 set -euo pipefail
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 BIN="${QATTN_BIN:-$ROOT/build/qattn}"
 [[ -x "$BIN" ]] || { echo "bench_tokenizer: no qattn binary at $BIN (build it or set QATTN_BIN)" >&2; exit 1; }
 VOCAB="$ROOT/data/cache/gpt2"

@@ -5,7 +5,7 @@
 # time, how often it issues, how busy the tensor and conversion (xu) pipes are,
 # and its largest stall reasons (cycles per issued instruction). Binaries as in
 # device_integration.sh (built on the workstation, carried with .deps/).
-#   usage (device): BUILD=carry-gpu OUT=/tmp/out tools/profile_attention.sh \
+#   usage (device): BUILD=carry-gpu OUT=/tmp/out tools/dev/profile_attention.sh \
 #                     --kind sage --shape 4,16,4096,128 [more bench arguments]
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"  # the repository root, $OUT, $BUILD, .deps/ libraries

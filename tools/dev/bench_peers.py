@@ -11,7 +11,7 @@
 PyTorch is a peer here, never a dependency of qattn: this script runs only on
 the GPU machine, where PyTorch is installed.
 
-  python3 tools/bench_peers.py --shape 8,12,1024,64 --shape 4,16,4096,128 \
+  python3 tools/dev/bench_peers.py --shape 8,12,1024,64 --shape 4,16,4096,128 \
       --qattn build-gpu/qattn [--attention-only]
 """
 import argparse

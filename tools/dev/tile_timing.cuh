@@ -1,4 +1,4 @@
-// What the tile-shape sweeps (tools/attention_tiles.cu, tools/sage_tiles.cu)
+// What the tile-shape sweeps (tools/dev/attention_tiles.cu, tools/dev/sage_tiles.cu)
 // share: random normal inputs made on the device, and the median time of a
 // piece of GPU work by CUDA events.
 #pragma once

@@ -7,7 +7,7 @@
 # $OUT/results.tar.gz. Runs the binary built on the workstation
 # (build-repro/qattn, carried with .deps/ and data/cache/gpt2; the device
 # cannot configure the project).
-#   usage (device): tools/device_reproduce.sh [BUDGET_S [PAPERS [GPUS]]]
+#   usage (device): tools/dev/device_reproduce.sh [BUDGET_S [PAPERS [GPUS]]]
 #     BUDGET_S  seconds for the whole call (default 500)
 #     PAPERS    kinterval,sagebwd (default both; side by side on the GPUs)
 #     GPUS      GPU list for the sweeps, e.g. 0,1 (default 0)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Where one kernel's warps spend their time, per SASS instruction: reads the
 source page that Nsight Compute exports with the SourceCounters section
-(tools/profile_source.sh writes it, gzip or plain CSV) and prints
+(tools/dev/profile_source.sh writes it, gzip or plain CSV) and prints
   - the warp-state samples by stall reason (all warps: an idle producer warp's
     waits count as much as a consumer's),
   - the executed instructions by opcode, per step of the kernel's main loop
@@ -9,7 +9,7 @@ source page that Nsight Compute exports with the SourceCounters section
     loop's mbarrier wait; default the count that covers the most executions,
     the loop body's), with their samples,
   - the instructions that hold the most samples, with their top stall reasons.
-usage: tools/sass_ledger.py sass_dkdv.csv.gz [--top 40] [--per N]"""
+usage: tools/dev/sass_ledger.py sass_dkdv.csv.gz [--top 40] [--per N]"""
 import argparse, collections, csv, gzip, re
 
 ap = argparse.ArgumentParser()

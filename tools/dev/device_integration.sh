@@ -4,7 +4,7 @@
 # speed for each attention kind beside PyTorch (eager, torch.compile) measured in
 # the same call. Runs binaries built on the workstation (build-gpu/, carried with
 # .deps/: the device lacks pcre2's development files). Logs go to $OUT.
-#   usage (device): tools/device_integration.sh [steps]
+#   usage (device): tools/dev/device_integration.sh [steps]
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"  # the repository root, $OUT, $BUILD, .deps/ libraries
 STEPS=${1:-8}
@@ -35,7 +35,7 @@ SAGE_KINTERVAL="--set attention.sage.softmax.kind=kinterval --set attention.sage
   bench --kind kinterval --rounding nearest --calibration fwm --ste weight --K 4
   bench --kind kinterval --rounding nearest --calibration minmax --ste prob --K 4
   bench --kind kinterval --rounding lerp --calibration minmax --K 32 --detach-extrema
-  python3 tools/bench_peers.py --attention-only $check_shapes $more_shapes
+  python3 tools/dev/bench_peers.py --attention-only $check_shapes $more_shapes
 } > "$OUT/bench_attention.log" 2>&1
 echo "attention bench rc=$?"
 
@@ -65,7 +65,7 @@ for setting in "${SETTINGS[@]}"; do
     --out /tmp/runs/$name > "$OUT/train_$name.log" 2>&1
   echo "train $name rc=$?"
 done
-timeout 240 python3 tools/bench_peers.py --gpt2-only > "$OUT/bench_gpt2_peers.log" 2>&1
+timeout 240 python3 tools/dev/bench_peers.py --gpt2-only > "$OUT/bench_gpt2_peers.log" 2>&1
 echo "gpt2 peers rc=$?"
 
 echo "===== attention (median ms / TFLOP/s)"

@@ -9,7 +9,7 @@
 #   3. speed at 524,288 tokens per step: plain vs --nproc 1 (and --nproc 2).
 # Runs binaries built on the workstation and carried in $BIN with .deps/ (the
 # device lacks pcre2's development files), data in $BIN/data.
-#   usage (device): tools/device_dist.sh [BIN]
+#   usage (device): tools/dev/device_dist.sh [BIN]
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"  # the repository root, $OUT, $BUILD, .deps/ libraries
 BIN=${1:-build-h8/carry}

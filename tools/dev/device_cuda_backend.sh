@@ -5,7 +5,7 @@
 # workstation, carried in build-cuda/ with .deps/ (the device lacks pcre2's
 # development files, so a build there does not configure).
 # Logs go to $OUT; a summary is printed last.
-#   usage (device): tools/device_cuda_backend.sh [steps]
+#   usage (device): tools/dev/device_cuda_backend.sh [steps]
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"  # the repository root, $OUT, $BUILD, .deps/ libraries
 STEPS=${1:-12}
