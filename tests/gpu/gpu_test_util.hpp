@@ -1,5 +1,6 @@
-// Helpers for the GPU tests: device buffers, fresh random inputs (seed printed
-// on failure), poisoning, bf16 rounding, relative L2 error.
+// Helpers for the GPU tests: device buffers, fresh random inputs (the run's
+// seed printed, QATTN_TEST_SEED replays it), poisoning, bf16 rounding,
+// relative L2 error.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -7,6 +8,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <random>
 #include <vector>
@@ -45,24 +47,43 @@ class DeviceBuffer {
   size_t n_;
 };
 
-// A generator seeded afresh each run; the seed is printed, and QATTN_TEST_SEED=<seed>
-// replays a run's inputs (same test filter, same order).
-inline std::mt19937_64& rng() {
-  static std::mt19937_64 gen = [] {
+// The run's seed: fresh each run and printed, or QATTN_TEST_SEED=<seed>, which
+// replays a run's inputs.
+inline uint64_t test_seed() {
+  static const uint64_t seed = [] {
     const char* replay = std::getenv("QATTN_TEST_SEED");
-    const uint64_t seed = replay ? std::strtoull(replay, nullptr, 10) : std::random_device{}();
-    std::printf("gpu tests: random seed %llu%s\n", static_cast<unsigned long long>(seed),
+    const uint64_t s = replay ? std::strtoull(replay, nullptr, 10) : std::random_device{}();
+    std::printf("gpu tests: random seed %llu%s\n", static_cast<unsigned long long>(s),
                 replay ? " (QATTN_TEST_SEED)" : "");
-    return std::mt19937_64(seed);
+    return s;
   }();
+  return seed;
+}
+
+// One generator from the run's seed for the whole run: a test replays with the
+// same seed, test filter and order.
+inline std::mt19937_64& rng() {
+  static std::mt19937_64 gen(test_seed());
   return gen;
 }
 
-inline std::vector<float> randn(size_t n, float scale = 1.0f, float mean = 0.0f) {
+// A generator of its own for item `index` of a list (the attention cases), from
+// the run's seed: the item replays with the same seed whatever else runs.
+inline std::mt19937_64 item_rng(uint64_t index) {
+  const uint64_t seed = test_seed();
+  std::seed_seq seq{static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32), static_cast<uint32_t>(index),
+                    static_cast<uint32_t>(index >> 32)};
+  return std::mt19937_64(seq);
+}
+
+inline std::vector<float> randn(size_t n, std::mt19937_64& gen, float scale = 1.0f, float mean = 0.0f) {
   std::normal_distribution<float> d(mean, scale);
   std::vector<float> v(n);
-  for (auto& x : v) x = d(rng());
+  for (auto& x : v) x = d(gen);
   return v;
+}
+inline std::vector<float> randn(size_t n, float scale = 1.0f, float mean = 0.0f) {
+  return randn(n, rng(), scale, mean);
 }
 inline std::vector<int32_t> random_tokens(size_t n, int V) {
   std::uniform_int_distribution<int32_t> d(0, V - 1);

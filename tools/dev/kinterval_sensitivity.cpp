@@ -1,6 +1,6 @@
 // How far the exact (fp64) K-interval gradients move when the inputs move by
 // about the GPU's own rounding: the reason the GPU tests allow lerp's dQ and dK
-// more than the other outputs (tests/gpu/test_attention_kinterval.cpp).
+// more than the other outputs (kKIntervalLerp, tests/gpu/attention_harness.hpp).
 //
 // Per setting and draw: the GPU tests' inputs (T = 1000, q ~ N(0, 2²), k, v, dO
 // ~ N(0, 1), all rounded to bf16), the CPU reference in fp64 on them, and again
