@@ -54,14 +54,16 @@ namespace {
 
 std::string describe_kinterval(const KIntervalOptions& o) {
   return "K=" + std::to_string(o.K) + " " + to_string(o.calibration) + " " + to_string(o.rounding) +
-         " ste=" + to_string(o.ste) + (o.detach_extrema ? " detach" : "") + (o.ste_window_mask ? " mask" : "");
+         " ste=" + to_string(o.ste) + (o.detach_extrema ? " detach" : "") +
+         (o.ste_window_mask ? " mask" : "");
 }
 
 std::string describe_sage(const SageOptions& o) {
   const SagePrecision& p = o.precision;
   std::string text = "qk=" + to_string(p.qk) + " pv=" + to_string(p.pv) + " dv=" + to_string(p.dv) +
-                     " dp=" + to_string(p.dp) + " dq=" + to_string(p.dq) + " dk=" + to_string(p.dk) + " " +
-                     to_string(o.bwd_granularity) + (o.smooth_k ? " smooth_k" : "") + (o.smooth_q ? " smooth_q" : "");
+                     " dp=" + to_string(p.dp) + " dq=" + to_string(p.dq) +
+                     " dk=" + to_string(p.dk) + " " + to_string(o.bwd_granularity) +
+                     (o.smooth_k ? " smooth_k" : "") + (o.smooth_q ? " smooth_q" : "");
   if (o.softmax) text += ", kinterval " + describe_kinterval(*o.softmax);
   return text;
 }
@@ -142,8 +144,10 @@ cuda::SageTiles family_tiles(const SageOptions& opt, const AttentionShape& s, Fp
 size_t qkv_size(const AttentionShape& s) { return static_cast<size_t>(s.B) * s.T * 3 * s.H * s.d; }
 size_t head_size(const AttentionShape& s) { return static_cast<size_t>(s.B) * s.T * s.H * s.d; }
 
-float element(const std::vector<bf16>& v, const AttentionShape& s, int nslots, int b, int t, int slot, int h, int x) {
-  return __bfloat162float(v[(((static_cast<size_t>(b) * s.T + t) * nslots + slot) * s.H + h) * s.d + x]);
+float element(const std::vector<bf16>& v, const AttentionShape& s, int nslots, int b, int t,
+              int slot, int h, int x) {
+  return __bfloat162float(
+      v[(((static_cast<size_t>(b) * s.T + t) * nslots + slot) * s.H + h) * s.d + x]);
 }
 
 std::vector<float> slot_of(const std::vector<bf16>& v, const AttentionShape& s, int slot) {
@@ -196,8 +200,9 @@ std::vector<int> every_head(const AttentionShape& s) {
 }  // namespace
 
 // Each row's redraw changes only its own scores (its q), so rows are redrawn one at a time.
-bool keep_rows_off_discontinuities(const KIntervalOptions& o, const AttentionShape& s, std::vector<bf16>& qkv,
-                                   const std::vector<int>& heads, float q_sigma, std::mt19937_64& gen) {
+bool keep_rows_off_discontinuities(const KIntervalOptions& o, const AttentionShape& s,
+                                   std::vector<bf16>& qkv, const std::vector<int>& heads,
+                                   float q_sigma, std::mt19937_64& gen) {
   const size_t token = static_cast<size_t>(3) * s.H * s.d;
   for (int bh : heads.empty() ? every_head(s) : heads) {
     const int b = bh / s.H, h = bh % s.H;
@@ -217,7 +222,8 @@ namespace {
 
 // Channel ch of a grid-exact entry drawn from x ~ N(0, 1).
 float grid_exact_value(float x, size_t ch, float sigma) {
-  const float n = ch == 0 ? (x < 0 ? -127.0f : 127.0f) : std::clamp(std::round(x * sigma * 64.0f), -126.0f, 126.0f);
+  const float n = ch == 0 ? (x < 0 ? -127.0f : 127.0f)
+                          : std::clamp(std::round(x * sigma * 64.0f), -126.0f, 126.0f);
   return n / 64.0f;
 }
 // Token t's place in the pairs of its 64-row block (T even, so every block has
@@ -252,17 +258,19 @@ std::vector<bf16> grid_exact_qkv(const AttentionShape& s, float sigma, std::mt19
 }
 
 bool keep_grid_exact_rows_off_discontinuities(const KIntervalOptions& o, const AttentionShape& s,
-                                              std::vector<bf16>& qkv, float sigma, std::mt19937_64& gen) {
+                                              std::vector<bf16>& qkv, float sigma,
+                                              std::mt19937_64& gen) {
   const size_t token = static_cast<size_t>(3) * s.H * s.d;
   for (int b = 0; b < s.B; ++b)
     for (int h = 0; h < s.H; ++h)
       for (int t = 0; t < s.T; ++t) {
         const GridExactPair pair = grid_exact_pair(s, t);
         if (pair.negated) continue;  // drawn with its pair's earlier token
-        bf16* first = &qkv[(static_cast<size_t>(b) * s.T + t) * token + static_cast<size_t>(h) * s.d];
+        bf16* first =
+            &qkv[(static_cast<size_t>(b) * s.T + t) * token + static_cast<size_t>(h) * s.d];
         bf16* second = first + static_cast<size_t>(pair.half) * token;
-        for (int draws = 0;
-             near_discontinuity(o, s, qkv, b, h, t) || near_discontinuity(o, s, qkv, b, h, t + pair.half);
+        for (int draws = 0; near_discontinuity(o, s, qkv, b, h, t) ||
+                            near_discontinuity(o, s, qkv, b, h, t + pair.half);
              ++draws) {
           if (draws == kMaxDraws) return false;
           const std::vector<float> x = randn(s.d, gen);
@@ -280,14 +288,11 @@ bool keep_grid_exact_rows_off_discontinuities(const KIntervalOptions& o, const A
 // GPU runs.
 
 AttentionBuffers::AttentionBuffers(const AttentionConfig& cfg, const AttentionShape& s,
-                                   const std::vector<bf16>& qkv_in, const std::vector<bf16>& dout_in)
-    : qkv(qkv_size(s)),
-      o(head_size(s)),
-      dout(head_size(s)),
-      dqkv(qkv_size(s)),
+                                   const std::vector<bf16>& qkv_in,
+                                   const std::vector<bf16>& dout_in)
+    : qkv(qkv_size(s)), o(head_size(s)), dout(head_size(s)), dqkv(qkv_size(s)),
       stats(static_cast<size_t>(s.B) * s.H * s.T * cuda::attention_row_stats(cfg, s.d)),
-      saved(cuda::attention_saved_bytes(cfg, s)),
-      work(cuda::attention_workspace_bytes(cfg, s)) {
+      saved(cuda::attention_saved_bytes(cfg, s)), work(cuda::attention_workspace_bytes(cfg, s)) {
   qkv.upload(qkv_in);
   dout.upload(dout_in);
   o.poison();
@@ -297,34 +302,40 @@ AttentionBuffers::AttentionBuffers(const AttentionConfig& cfg, const AttentionSh
   work.poison();
 }
 
-void forward_gpu(const AttentionConfig& cfg, const AttentionShape& s, AttentionBuffers& b, FpaKernels family) {
+void forward_gpu(const AttentionConfig& cfg, const AttentionShape& s, AttentionBuffers& b,
+                 FpaKernels family) {
   if (family == FpaKernels::automatic)
-    return cuda::attention_forward(cfg, s, b.qkv.get(), b.o.get(), b.stats.get(), b.saved.get(), nullptr);
+    return cuda::attention_forward(cfg, s, b.qkv.get(), b.o.get(), b.stats.get(), b.saved.get(),
+                                   nullptr);
   switch (cfg.kind) {
     case AttentionKind::fpa:
       return cuda::fpa_forward(s, b.qkv.get(), b.o.get(), b.stats.get(), nullptr, family);
     case AttentionKind::sage:
-      return cuda::sage_forward(cfg.sage, s, b.qkv.get(), b.o.get(), b.stats.get(), b.saved.get(), nullptr,
-                                family_tiles(cfg.sage, s, family));
+      return cuda::sage_forward(cfg.sage, s, b.qkv.get(), b.o.get(), b.stats.get(), b.saved.get(),
+                                nullptr, family_tiles(cfg.sage, s, family));
     case AttentionKind::kinterval:
-      return cuda::kinterval_forward(cfg.kinterval, s, b.qkv.get(), b.o.get(), b.stats.get(), nullptr, family);
+      return cuda::kinterval_forward(cfg.kinterval, s, b.qkv.get(), b.o.get(), b.stats.get(),
+                                     nullptr, family);
   }
 }
 
-void backward_gpu(const AttentionConfig& cfg, const AttentionShape& s, AttentionBuffers& b, FpaKernels family) {
+void backward_gpu(const AttentionConfig& cfg, const AttentionShape& s, AttentionBuffers& b,
+                  FpaKernels family) {
   if (family == FpaKernels::automatic)
-    return cuda::attention_backward(cfg, s, b.qkv.get(), b.o.get(), b.dout.get(), b.stats.get(), b.saved.get(),
-                                    b.dqkv.get(), b.work.get(), nullptr);
+    return cuda::attention_backward(cfg, s, b.qkv.get(), b.o.get(), b.dout.get(), b.stats.get(),
+                                    b.saved.get(), b.dqkv.get(), b.work.get(), nullptr);
   switch (cfg.kind) {
     case AttentionKind::fpa:
       return cuda::fpa_backward(s, b.qkv.get(), b.o.get(), b.dout.get(), b.stats.get(),
-                                reinterpret_cast<float*>(b.work.get()), b.dqkv.get(), nullptr, family);
+                                reinterpret_cast<float*>(b.work.get()), b.dqkv.get(), nullptr,
+                                family);
     case AttentionKind::sage:
-      return cuda::sage_backward(cfg.sage, s, b.qkv.get(), b.o.get(), b.dout.get(), b.stats.get(), b.saved.get(),
-                                 b.dqkv.get(), b.work.get(), nullptr, family_tiles(cfg.sage, s, family));
+      return cuda::sage_backward(cfg.sage, s, b.qkv.get(), b.o.get(), b.dout.get(), b.stats.get(),
+                                 b.saved.get(), b.dqkv.get(), b.work.get(), nullptr,
+                                 family_tiles(cfg.sage, s, family));
     case AttentionKind::kinterval:
-      return cuda::kinterval_backward(cfg.kinterval, s, b.qkv.get(), b.o.get(), b.dout.get(), b.stats.get(),
-                                      b.dqkv.get(), b.work.get(), nullptr, family);
+      return cuda::kinterval_backward(cfg.kinterval, s, b.qkv.get(), b.o.get(), b.dout.get(),
+                                      b.stats.get(), b.dqkv.get(), b.work.get(), nullptr, family);
   }
 }
 
@@ -351,15 +362,16 @@ GpuRun run_gpu(const AttentionConfig& cfg, const AttentionShape& s, const std::v
   return r;
 }
 
-AttentionErrors errors_against_cpu(const AttentionConfig& cfg, const AttentionShape& s, const std::vector<bf16>& qkv,
-                                   const std::vector<bf16>& dout, const GpuRun& run, const std::vector<int>& heads,
-                                   bool lse) {
+AttentionErrors errors_against_cpu(const AttentionConfig& cfg, const AttentionShape& s,
+                                   const std::vector<bf16>& qkv, const std::vector<bf16>& dout,
+                                   const GpuRun& run, const std::vector<int>& heads, bool lse) {
   const std::vector<int> compared = heads.empty() ? every_head(s) : heads;
   std::vector<cuda::AttentionErrorSums> per_head(compared.size());
 #pragma omp parallel for schedule(dynamic)
   for (size_t i = 0; i < compared.size(); ++i)
-    per_head[i] = cuda::compare_head_with_cpu(cfg, s, compared[i] / s.H, compared[i] % s.H, qkv, dout, run.o,
-                                              run.dqkv, lse ? run.stats.data() : nullptr);
+    per_head[i] =
+        cuda::compare_head_with_cpu(cfg, s, compared[i] / s.H, compared[i] % s.H, qkv, dout, run.o,
+                                    run.dqkv, lse ? run.stats.data() : nullptr);
   cuda::AttentionErrorSums sums;
   for (const auto& e : per_head) sums.add(e);
   return cuda::relative_errors(sums);
@@ -457,7 +469,8 @@ std::vector<CaseRun> check_cases(const std::vector<AttentionCase>& cases) {
       k.per_head.resize(k.heads.size());
     }
   }
-  if (wgmma_skipped) std::printf("attention: no sm_90a device or build, the wgmma kernels are not checked\n");
+  if (wgmma_skipped)
+    std::printf("attention: no sm_90a device or build, the wgmma kernels are not checked\n");
   std::vector<std::pair<size_t, size_t>> jobs;  // (run, head)
   for (size_t r = 0; r < runs.size(); ++r)
     for (size_t h = 0; h < compared[r].heads.size(); ++h) jobs.push_back({r, h});
@@ -468,9 +481,9 @@ std::vector<CaseRun> check_cases(const std::vector<AttentionCase>& cases) {
     const AttentionInputs& in = drawn[runs[r].c].in;
     const GpuRun& run = runs[r].run;
     const int bh = compared[r].heads[h];
-    compared[r].per_head[h] = cuda::compare_head_with_cpu(c.cfg, c.shape, bh / c.shape.H, bh % c.shape.H, in.qkv,
-                                                          in.dout, run.o, run.dqkv,
-                                                          c.tol.lse >= 0 ? run.stats.data() : nullptr);
+    compared[r].per_head[h] =
+        cuda::compare_head_with_cpu(c.cfg, c.shape, bh / c.shape.H, bh % c.shape.H, in.qkv, in.dout,
+                                    run.o, run.dqkv, c.tol.lse >= 0 ? run.stats.data() : nullptr);
   }
 
   for (size_t r = 0; r < runs.size(); ++r) {
@@ -482,10 +495,10 @@ std::vector<CaseRun> check_cases(const std::vector<AttentionCase>& cases) {
     const bool lse = c.tol.lse >= 0;
     char lse_text[32] = "";
     if (lse) std::snprintf(lse_text, sizeof lse_text, " lse %.2e", e.lse);
-    std::printf("%-14s %s  rel L2: o %.2e%s dq %.2e dk %.2e dv %.2e\n", family, describe(c.cfg, c.shape).c_str(), e.o,
-                lse_text, e.dq, e.dk, e.dv);
-    INFO("case " << c.index << " (" << family << "): " << describe(c.cfg, c.shape) << "; rel L2 o " << e.o << " lse "
-                 << e.lse << " dq " << e.dq << " dk " << e.dk << " dv " << e.dv);
+    std::printf("%-14s %s  rel L2: o %.2e%s dq %.2e dk %.2e dv %.2e\n", family,
+                describe(c.cfg, c.shape).c_str(), e.o, lse_text, e.dq, e.dk, e.dv);
+    INFO("case " << c.index << " (" << family << "): " << describe(c.cfg, c.shape) << "; rel L2 o "
+                 << e.o << " lse " << e.lse << " dq " << e.dq << " dk " << e.dk << " dv " << e.dv);
     check_errors(e, c.tol);
   }
   return runs;

@@ -76,7 +76,8 @@ cuda::SageTiles family_tiles(const SageOptions& opt, const AttentionShape& s, Fp
 size_t qkv_size(const AttentionShape& s);   // (B, T, 3, H, d)
 size_t head_size(const AttentionShape& s);  // (B, T, H, d)
 // Element (b, t, slot, h, x) of a (B, T, nslots, H, d) tensor as float.
-float element(const std::vector<bf16>& v, const AttentionShape& s, int nslots, int b, int t, int slot, int h, int x);
+float element(const std::vector<bf16>& v, const AttentionShape& s, int nslots, int b, int t,
+              int slot, int h, int x);
 // One slot of a (B, T, 3, H, d) tensor as (B, T, H, d) floats.
 std::vector<float> slot_of(const std::vector<bf16>& v, const AttentionShape& s, int slot);
 
@@ -98,8 +99,9 @@ void repeat_first_four_keys(std::vector<bf16>& qkv, const AttentionShape& s, std
 // (all when empty) that has a score near a discontinuity of the K-interval
 // softmax o (softmax_discontinuities.hpp). False when a row has not cleared the
 // margin after 1000 draws: the inputs are degenerate.
-bool keep_rows_off_discontinuities(const KIntervalOptions& o, const AttentionShape& s, std::vector<bf16>& qkv,
-                                   const std::vector<int>& heads, float q_sigma, std::mt19937_64& gen);
+bool keep_rows_off_discontinuities(const KIntervalOptions& o, const AttentionShape& s,
+                                   std::vector<bf16>& qkv, const std::vector<int>& heads,
+                                   float q_sigma, std::mt19937_64& gen);
 
 // Q, K, V whose int8 quantisation is exact, on the GPU and in fp64 alike: every
 // entry is n / 64 with n an integer (n ~ N(0, (64 sigma)²), |n| <= 126), and
@@ -117,7 +119,8 @@ std::vector<bf16> grid_exact_qkv(const AttentionShape& s, float sigma, std::mt19
 // discontinuity of the K-interval softmax o: the earlier token's q of its pair,
 // and the negation with it, until neither row has one (false as above).
 bool keep_grid_exact_rows_off_discontinuities(const KIntervalOptions& o, const AttentionShape& s,
-                                              std::vector<bf16>& qkv, float sigma, std::mt19937_64& gen);
+                                              std::vector<bf16>& qkv, float sigma,
+                                              std::mt19937_64& gen);
 
 // ---------------------------------------------------------------------------
 // GPU runs.
@@ -126,19 +129,23 @@ bool keep_grid_exact_rows_off_discontinuities(const KIntervalOptions& o, const A
 // saved statistics and buffer and the workspace poisoned with NaN, so that
 // anything read before it is written shows.
 struct AttentionBuffers {
-  DeviceBuffer<bf16> qkv, o, dout, dqkv;  // (B, T, 3, H, d), (B, T, H, d), (B, T, H, d), (B, T, 3, H, d)
-  DeviceBuffer<float> stats;              // (B, H, T, row_stats)
-  DeviceBuffer<unsigned char> saved;      // what the forward keeps for the backward (attention_saved_bytes)
-  DeviceBuffer<unsigned char> work;       // the backward's scratch
-  AttentionBuffers(const AttentionConfig& cfg, const AttentionShape& s, const std::vector<bf16>& qkv_in,
-                   const std::vector<bf16>& dout_in);
+  DeviceBuffer<bf16> qkv, o, dout,
+      dqkv;                   // (B, T, 3, H, d), (B, T, H, d), (B, T, H, d), (B, T, 3, H, d)
+  DeviceBuffer<float> stats;  // (B, H, T, row_stats)
+  DeviceBuffer<unsigned char>
+      saved;  // what the forward keeps for the backward (attention_saved_bytes)
+  DeviceBuffer<unsigned char> work;  // the backward's scratch
+  AttentionBuffers(const AttentionConfig& cfg, const AttentionShape& s,
+                   const std::vector<bf16>& qkv_in, const std::vector<bf16>& dout_in);
 };
 
 // The forward and the backward on a family: automatic through the attention
 // API (as training and the benchmark call it), a named family through the
 // kind's own launchers (sage: family_tiles).
-void forward_gpu(const AttentionConfig& cfg, const AttentionShape& s, AttentionBuffers& b, FpaKernels family);
-void backward_gpu(const AttentionConfig& cfg, const AttentionShape& s, AttentionBuffers& b, FpaKernels family);
+void forward_gpu(const AttentionConfig& cfg, const AttentionShape& s, AttentionBuffers& b,
+                 FpaKernels family);
+void backward_gpu(const AttentionConfig& cfg, const AttentionShape& s, AttentionBuffers& b,
+                  FpaKernels family);
 
 // Outputs of one forward + backward on the GPU.
 struct GpuRun {
@@ -155,9 +162,10 @@ GpuRun run_gpu(const AttentionConfig& cfg, const AttentionShape& s, const std::v
 // A run's O, dQ, dK, dV (and with `lse` the saved L, FPA's statistic) against
 // the CPU reference of the same config, as relative L2 errors over the heads
 // b·H + h listed (all when empty), the heads in parallel and summed in order.
-AttentionErrors errors_against_cpu(const AttentionConfig& cfg, const AttentionShape& s, const std::vector<bf16>& qkv,
-                                   const std::vector<bf16>& dout, const GpuRun& run,
-                                   const std::vector<int>& heads = {}, bool lse = false);
+AttentionErrors errors_against_cpu(const AttentionConfig& cfg, const AttentionShape& s,
+                                   const std::vector<bf16>& qkv, const std::vector<bf16>& dout,
+                                   const GpuRun& run, const std::vector<int>& heads = {},
+                                   bool lse = false);
 
 // ---------------------------------------------------------------------------
 // The cases.
@@ -216,7 +224,7 @@ inline constexpr Tolerance kSage{1e-2, -1, 2e-2, 2e-2, 2e-2};
 inline constexpr Tolerance kSageKInterval{1e-2, -1, 1e-2, 1e-2, 1e-2};
 
 struct AttentionCase {
-  AttentionConfig cfg;              // the kind and its options
+  AttentionConfig cfg;               // the kind and its options
   std::vector<FpaKernels> families;  // each runs the case on the same inputs
   AttentionShape shape;
   InputRecipe inputs;

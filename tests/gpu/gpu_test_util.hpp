@@ -23,7 +23,9 @@ using cuda::bf16;
 template <typename T>
 class DeviceBuffer {
  public:
-  explicit DeviceBuffer(size_t n) : n_(n) { CUDA_CHECK(cudaMalloc(&p_, std::max<size_t>(n, 1) * sizeof(T))); }
+  explicit DeviceBuffer(size_t n) : n_(n) {
+    CUDA_CHECK(cudaMalloc(&p_, std::max<size_t>(n, 1) * sizeof(T)));
+  }
   ~DeviceBuffer() { cudaFree(p_); }
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
@@ -71,12 +73,13 @@ inline std::mt19937_64& rng() {
 // the run's seed: the item replays with the same seed whatever else runs.
 inline std::mt19937_64 item_rng(uint64_t index) {
   const uint64_t seed = test_seed();
-  std::seed_seq seq{static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32), static_cast<uint32_t>(index),
-                    static_cast<uint32_t>(index >> 32)};
+  std::seed_seq seq{static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32),
+                    static_cast<uint32_t>(index), static_cast<uint32_t>(index >> 32)};
   return std::mt19937_64(seq);
 }
 
-inline std::vector<float> randn(size_t n, std::mt19937_64& gen, float scale = 1.0f, float mean = 0.0f) {
+inline std::vector<float> randn(size_t n, std::mt19937_64& gen, float scale = 1.0f,
+                                float mean = 0.0f) {
   std::normal_distribution<float> d(mean, scale);
   std::vector<float> v(n);
   for (auto& x : v) x = d(gen);
@@ -122,12 +125,12 @@ void poison_shared_memory();
 
 // ψ's level of each (x[i], s[i]) on the device by quant.cuh's quantise_level (a
 // reciprocal per scale) and by quantise_level_by_division (quant_levels.cu).
-void quant_levels(const std::vector<float>& x, const std::vector<float>& s, std::vector<uint32_t>& by_reciprocal,
-                  std::vector<uint32_t>& by_division);
+void quant_levels(const std::vector<float>& x, const std::vector<float>& s,
+                  std::vector<uint32_t>& by_reciprocal, std::vector<uint32_t>& by_division);
 // ψ's scale and its inverse of weights whose largest magnitude is amax[i], as
 // the kernels compute them (scales_of_amax), and the level amax itself gets
 // (quant_levels.cu).
-void weight_scales(const std::vector<float>& amax, std::vector<float>& scale, std::vector<float>& inv,
-                   std::vector<int>& top_level);
+void weight_scales(const std::vector<float>& amax, std::vector<float>& scale,
+                   std::vector<float>& inv, std::vector<int>& top_level);
 
 }  // namespace qattn::test

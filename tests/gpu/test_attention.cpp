@@ -72,12 +72,13 @@ constexpr InputRecipe kKIntervalInputs{InputRecipe::normal, 2.0f, 1.0f, 0.0f};
 
 std::vector<std::pair<Group, AttentionCase>> attention_cases() {
   std::vector<std::pair<Group, AttentionCase>> all;
-  auto add = [&](Group g, const AttentionConfig& cfg, std::vector<FpaKernels> families, AttentionShape s,
-                 InputRecipe inputs, std::vector<int> heads, Tolerance tol) {
+  auto add = [&](Group g, const AttentionConfig& cfg, std::vector<FpaKernels> families,
+                 AttentionShape s, InputRecipe inputs, std::vector<int> heads, Tolerance tol) {
     all.push_back({g, {cfg, std::move(families), s, inputs, std::move(heads), tol, all.size()}});
   };
-  auto kinterval = [&](Group g, const KIntervalOptions& opt, AttentionShape s, std::vector<int> heads,
-                       std::vector<FpaKernels> families = kAutomatic, InputRecipe inputs = kKIntervalInputs) {
+  auto kinterval = [&](Group g, const KIntervalOptions& opt, AttentionShape s,
+                       std::vector<int> heads, std::vector<FpaKernels> families = kAutomatic,
+                       InputRecipe inputs = kKIntervalInputs) {
     add(g, qattn::test::kinterval_config(opt), std::move(families), s, inputs, std::move(heads),
         kinterval_tolerance(opt));
   };
@@ -107,7 +108,8 @@ std::vector<std::pair<Group, AttentionCase>> attention_cases() {
         const bool lerp = opt.rounding == Rounding::lerp;
         if (!lerp && K == 1) continue;
         kinterval(Group::kinterval_inexact_k, opt, {2, 2, 64, d}, {});
-        if (lerp && !opt.ste_window_mask) kinterval(Group::kinterval_inexact_k, opt, {1, 2, 1000, d}, {1});
+        if (lerp && !opt.ste_window_mask)
+          kinterval(Group::kinterval_inexact_k, opt, {1, 2, 1000, d}, {1});
       }
 
   // Long sequences: each (T, d, K) takes two of the 32 combinations in turn, so
@@ -119,7 +121,8 @@ std::vector<std::pair<Group, AttentionCase>> attention_cases() {
     for (int d : {64, 128})
       for (int K : {2, 4, 16, 32}) {
         const auto every = qattn::test::every_option_combination(K);
-        for (int r = 0; r < 2; ++r) kinterval(Group::kinterval_long, every[next++ % every.size()], {2, 3, T, d}, {1, 4});
+        for (int r = 0; r < 2; ++r)
+          kinterval(Group::kinterval_long, every[next++ % every.size()], {2, 3, T, d}, {1, 4});
       }
 
   // Many heads: the kernels launch every head's longest block first
@@ -131,9 +134,11 @@ std::vector<std::pair<Group, AttentionCase>> attention_cases() {
   for (const AttentionShape& s : {AttentionShape{8, 12, 512, 64}, AttentionShape{4, 16, 512, 128}})
     for (const auto& opt : qattn::test::every_option_combination(4)) {
       const bool lerp = opt.rounding == Rounding::lerp;
-      const bool wanted = (lerp && opt.calibration == Calibration::minmax && opt.ste == Ste::weight) ||
-                          (!lerp && !opt.detach_extrema && opt.calibration == Calibration::fwm);
-      if (wanted && !opt.ste_window_mask) kinterval(Group::kinterval_many_heads, opt, s, {0, s.B * s.H - 1});
+      const bool wanted =
+          (lerp && opt.calibration == Calibration::minmax && opt.ste == Ste::weight) ||
+          (!lerp && !opt.detach_extrema && opt.calibration == Calibration::fwm);
+      if (wanted && !opt.ste_window_mask)
+        kinterval(Group::kinterval_many_heads, opt, s, {0, s.B * s.H - 1});
     }
 
   // The mma.sync kernels where automatic runs wgmma: every combination at K = 4
@@ -164,20 +169,24 @@ std::vector<std::pair<Group, AttentionCase>> attention_cases() {
   no_smoothing.smooth_k = false;
   smooth_q.smooth_q = true;
   const InputRecipe sage_inputs{InputRecipe::normal, 1.0f, 1.0f, 0.3f};
-  for (const AttentionShape& s : {AttentionShape{1, 2, 64, 64}, AttentionShape{1, 2, 1000, 64},
-                                  AttentionShape{1, 3, 65, 128}, AttentionShape{1, 2, 1000, 128},
-                                  AttentionShape{2, 1, 1024, 128}})
-    add(Group::sage, qattn::test::sage_config(), qattn::test::sage_families({}), s, sage_inputs, {}, kSage);
+  for (const AttentionShape& s :
+       {AttentionShape{1, 2, 64, 64}, AttentionShape{1, 2, 1000, 64}, AttentionShape{1, 3, 65, 128},
+        AttentionShape{1, 2, 1000, 128}, AttentionShape{2, 1, 1024, 128}})
+    add(Group::sage, qattn::test::sage_config(), qattn::test::sage_families({}), s, sage_inputs, {},
+        kSage);
   for (const SageOptions& opt : {smooth_q_tile, dp_int8, all_bf16, no_smoothing})
-    for (const AttentionShape& s : {AttentionShape{1, 2, 1000, 64}, AttentionShape{1, 1, 1000, 128}})
-      add(Group::sage, qattn::test::sage_config(opt), qattn::test::sage_families(opt), s, sage_inputs, {}, kSage);
+    for (const AttentionShape& s :
+         {AttentionShape{1, 2, 1000, 64}, AttentionShape{1, 1, 1000, 128}})
+      add(Group::sage, qattn::test::sage_config(opt), qattn::test::sage_families(opt), s,
+          sage_inputs, {}, kSage);
 
   // c·Q and K near 1e-20, so that s_Q·s_K (about 1e-44) is below the smallest
   // normal float: the exact softmax's backward takes the scores in units of the
   // sums and smooth_q's bias in those units (HopperScores::backward_unit), whose
   // reciprocal of s_Q·s_K would be inf there, and the bias NaN.
   for (const SageOptions& opt : {SageOptions{}, smooth_q})
-    for (const AttentionShape& s : {AttentionShape{1, 2, 1000, 64}, AttentionShape{1, 2, 1000, 128}})
+    for (const AttentionShape& s :
+         {AttentionShape{1, 2, 1000, 64}, AttentionShape{1, 2, 1000, 128}})
       add(Group::sage_subnormal, qattn::test::sage_config(opt), qattn::test::sage_families(opt), s,
           {InputRecipe::normal, 1e-20f, 1e-20f, 3e-21f}, {}, kSage);
 
@@ -190,20 +199,23 @@ std::vector<std::pair<Group, AttentionCase>> attention_cases() {
   // sides quantise them to the same levels.
   const InputRecipe grid_exact{InputRecipe::grid_exact, 1.5f, 1.5f, 0.0f};
   auto composed = [&](const AttentionConfig& cfg, AttentionShape s) {
-    add(Group::sage_kinterval, cfg, qattn::test::sage_families(cfg.sage), s, grid_exact, {}, kSageKInterval);
+    add(Group::sage_kinterval, cfg, qattn::test::sage_families(cfg.sage), s, grid_exact, {},
+        kSageKInterval);
   };
   for (const int K : {4, 16})
     for (const Calibration cal : {Calibration::minmax, Calibration::fwm})
       for (const Rounding rounding : {Rounding::nearest, Rounding::lerp})
         for (const Ste ste : {Ste::weight, Ste::prob})
-          for (const AttentionShape& s : {AttentionShape{1, 2, 64, 64}, AttentionShape{1, 1, 1000, 64},
-                                          AttentionShape{1, 2, 64, 128}, AttentionShape{1, 1, 1000, 128}}) {
+          for (const AttentionShape& s :
+               {AttentionShape{1, 2, 64, 64}, AttentionShape{1, 1, 1000, 64},
+                AttentionShape{1, 2, 64, 128}, AttentionShape{1, 1, 1000, 128}}) {
             KIntervalOptions k;
             k.K = K, k.calibration = cal, k.rounding = rounding, k.ste = ste;
             composed(qattn::test::composed_config(k), s);
           }
   KIntervalOptions fwm_weight;
-  fwm_weight.K = 16, fwm_weight.calibration = Calibration::fwm, fwm_weight.rounding = Rounding::nearest;
+  fwm_weight.K = 16, fwm_weight.calibration = Calibration::fwm,
+  fwm_weight.rounding = Rounding::nearest;
   fwm_weight.ste = Ste::weight;
   KIntervalOptions detach = fwm_weight, mask = fwm_weight, minmax_lerp;
   detach.detach_extrema = true;
@@ -214,8 +226,8 @@ std::vector<std::pair<Group, AttentionCase>> attention_cases() {
   using qattn::test::composed_config;
   for (const AttentionConfig& cfg :
        {composed_config(detach), composed_config(mask), composed_config(fwm_weight, dp_int8),
-        composed_config(minmax_lerp, dp_int8), composed_config(fwm_weight, tile), composed_config(minmax_lerp, tile),
-        composed_config(minmax_lerp, smooth_q)})
+        composed_config(minmax_lerp, dp_int8), composed_config(fwm_weight, tile),
+        composed_config(minmax_lerp, tile), composed_config(minmax_lerp, smooth_q)})
     composed(cfg, {1, 1, 1000, 64});
   return all;
 }
@@ -238,7 +250,8 @@ TEST_CASE("K-interval attention: every option combination and K at T = 64", "[ki
   qattn::test::check_cases(cases_of(Group::kinterval_t64));
 }
 
-TEST_CASE("K-interval attention: K = 1, 3, 7 (1/K inexact), every option combination", "[kinterval]") {
+TEST_CASE("K-interval attention: K = 1, 3, 7 (1/K inexact), every option combination",
+          "[kinterval]") {
   qattn::test::check_cases(cases_of(Group::kinterval_inexact_k));
 }
 
@@ -250,13 +263,15 @@ TEST_CASE("K-interval attention: many heads, blocks ranked over all heads", "[ki
   qattn::test::check_cases(cases_of(Group::kinterval_many_heads));
 }
 
-TEST_CASE("K-interval attention: the mma.sync kernels on Hopper, every option combination", "[kinterval]") {
+TEST_CASE("K-interval attention: the mma.sync kernels on Hopper, every option combination",
+          "[kinterval]") {
   // Where automatic is mma.sync, the cases above have checked it.
   if (!qattn::test::wgmma_available()) return;
   qattn::test::check_cases(cases_of(Group::kinterval_mma_sync));
 }
 
-TEST_CASE("K-interval attention: ties route the calibration terms to the lowest index", "[kinterval]") {
+TEST_CASE("K-interval attention: ties route the calibration terms to the lowest index",
+          "[kinterval]") {
   qattn::test::check_cases(cases_of(Group::kinterval_ties));
 }
 
@@ -264,12 +279,14 @@ TEST_CASE("sage on the GPU matches the CPU sage reference, forward and backward"
   qattn::test::check_cases(cases_of(Group::sage));
 }
 
-TEST_CASE("sage with c·Q and K so small that s_Q·s_K is subnormal matches the CPU reference", "[sage]") {
+TEST_CASE("sage with c·Q and K so small that s_Q·s_K is subnormal matches the CPU reference",
+          "[sage]") {
   qattn::test::check_cases(cases_of(Group::sage_subnormal));
 }
 
-TEST_CASE("sage with the K-interval softmax block matches the CPU sage reference with the same block",
-          "[sage][sage-kinterval]") {
+TEST_CASE(
+    "sage with the K-interval softmax block matches the CPU sage reference with the same block",
+    "[sage][sage-kinterval]") {
   const std::vector<AttentionCase> cases = cases_of(Group::sage_kinterval);
   const std::vector<qattn::test::CaseRun> runs = qattn::test::check_cases(cases);
   // The families against each other on the same inputs. Their int8 scores are
@@ -281,7 +298,8 @@ TEST_CASE("sage with the K-interval softmax block matches the CPU sage reference
     if (a.c != b.c) continue;  // not two families of one case
     const AttentionCase& c = cases[b.c];
     const std::string what = qattn::test::describe(c.cfg, c.shape);
-    INFO(what << ": " << qattn::test::family_name(a.family) << " against " << qattn::test::family_name(b.family));
+    INFO(what << ": " << qattn::test::family_name(a.family) << " against "
+              << qattn::test::family_name(b.family));
     constexpr int kFields = 8;  // kinterval::RowStats, in this order:
     REQUIRE(qattn::cuda::attention_row_stats(c.cfg, c.shape.d) == kFields);
     static const char* const kField[kFields] = {"u_offset", "u_scale", "step",   "rho",
@@ -290,17 +308,21 @@ TEST_CASE("sage with the K-interval softmax block matches the CPU sage reference
     for (size_t row = 0; row * kFields < a.run.stats.size(); ++row)
       for (int f = 0; f < kFields; ++f) {
         const float x = a.run.stats[row * kFields + f], y = b.run.stats[row * kFields + f];
-        const bool same = f == 5 ? std::fabs(x - y) <= 1e-6f * std::fabs(x) : std::memcmp(&x, &y, 4) == 0;
+        const bool same =
+            f == 5 ? std::fabs(x - y) <= 1e-6f * std::fabs(x) : std::memcmp(&x, &y, 4) == 0;
         if (same) continue;
         if (++mismatched_rows <= 4)
-          std::printf("sage+kinterval families  %s: row %zu %s %a against %a\n", what.c_str(), row, kField[f], x, y);
+          std::printf("sage+kinterval families  %s: row %zu %s %a against %a\n", what.c_str(), row,
+                      kField[f], x, y);
         break;
       }
-    const double o = qattn::test::rel_l2(qattn::test::to_float(b.run.o), qattn::test::to_float(a.run.o));
+    const double o =
+        qattn::test::rel_l2(qattn::test::to_float(b.run.o), qattn::test::to_float(a.run.o));
     const double dv = qattn::test::rel_l2(qattn::test::slot_of(b.run.dqkv, c.shape, 2),
                                           qattn::test::slot_of(a.run.dqkv, c.shape, 2));
-    std::printf("sage+kinterval families  %s  rel L2: o %.2e  dv %.2e, rows whose grid differs %d\n", what.c_str(), o,
-                dv, mismatched_rows);
+    std::printf(
+        "sage+kinterval families  %s  rel L2: o %.2e  dv %.2e, rows whose grid differs %d\n",
+        what.c_str(), o, dv, mismatched_rows);
     CHECK(mismatched_rows == 0);
     CHECK(o < 1e-3);
   }
@@ -308,6 +330,7 @@ TEST_CASE("sage with the K-interval softmax block matches the CPU sage reference
 
 TEST_CASE("CUDA attention rejects unsupported head dims", "[attention]") {
   const AttentionShape bad_d{1, 1, 64, 96};
-  CHECK_THROWS_AS(qattn::cuda::attention_forward(AttentionConfig{}, bad_d, nullptr, nullptr, nullptr, nullptr, nullptr),
+  CHECK_THROWS_AS(qattn::cuda::attention_forward(AttentionConfig{}, bad_d, nullptr, nullptr,
+                                                 nullptr, nullptr, nullptr),
                   std::invalid_argument);
 }

@@ -147,8 +147,9 @@ TEST_CASE("K-interval attention: the forward saves the lowest argmax / argmin it
             if (routes_min) wrong_min += gpu_lo != lo;
           }
         }
-        INFO(family_name(family) << " " << qattn::test::describe(cfg, sd) << ": rows with a wrong argmax " << wrong_max
-                         << ", argmin " << wrong_min);
+        INFO(family_name(family) << " " << qattn::test::describe(cfg, sd)
+                                 << ": rows with a wrong argmax " << wrong_max << ", argmin "
+                                 << wrong_min);
         CHECK(wrong_max == 0);
         CHECK(wrong_min == 0);
       }
@@ -188,8 +189,8 @@ TEST_CASE("K-interval attention: the probability STE's forward saves the exact s
                                           std::max(1.0, std::abs(static_cast<double>(lse_fpa[r]))));
         const double o_err = qattn::test::rel_l2(qattn::test::to_float(o_exact),
                                                  qattn::test::to_float(o_fpa.download()));
-        INFO(family_name(family) << " " << qattn::test::describe(cfg, sd) << ": L max rel err " << lse_err
-                         << ", output rel L2 " << o_err);
+        INFO(family_name(family) << " " << qattn::test::describe(cfg, sd) << ": L max rel err "
+                                 << lse_err << ", output rel L2 " << o_err);
         CHECK(lse_err < 1e-5);
         CHECK(o_err < 5e-3);
       }

@@ -12,10 +12,10 @@
 #include <tuple>
 #include <vector>
 
-#include "attention/fpa/fpa.cuh"
+#include "attention/common/online_softmax.cuh"
 #include "attention/fpa/flash_skeleton.cuh"
 #include "attention/fpa/flash_skeleton_sm90.cuh"
-#include "attention/common/online_softmax.cuh"
+#include "attention/fpa/fpa.cuh"
 #include "tile_timing.cuh"
 
 using namespace qattn::cuda;
@@ -63,7 +63,9 @@ void report(const char* kernel, const char* tiles, float ms, double flops, doubl
 
 // mma.sync traits name their warps; the wgmma (sm90) traits do not.
 template <class Tr>
-constexpr bool kMmaSync = requires { Tr::kWarps; };
+constexpr bool kMmaSync = requires {
+  Tr::kWarps;
+};
 
 template <class Tr>
 void sweep_forward(Problem& pb, std::vector<float>& first) {
@@ -72,15 +74,14 @@ void sweep_forward(Problem& pb, std::vector<float>& first) {
   char name[64];
   float ms;
   if constexpr (kMmaSync<Tr>) {
-    ms = time_kernel(flash_forward_kernel<Tr>, grid,
-                     Tr::kThreads, Tr::kSmemBytes, p);
+    ms = time_kernel(flash_forward_kernel<Tr>, grid, Tr::kThreads, Tr::kSmemBytes, p);
     std::snprintf(name, sizeof name, "w%d rt%d M%d N%d", Tr::kWarps, Tr::kRowTiles, Tr::kBlockM,
                   Tr::kBlockN);
   } else {
-    ms = time_kernel(sm90::flash_forward_kernel<Tr>, grid, Tr::kThreads,
-                     Tr::kSmemBytes, sm90::tma_params(p, pb.d));
-    std::snprintf(name, sizeof name, "wg%d M%d N%d st%d", Tr::kWarpgroups, Tr::kBlockM,
-                  Tr::kBlockN, Tr::kStages);
+    ms = time_kernel(sm90::flash_forward_kernel<Tr>, grid, Tr::kThreads, Tr::kSmemBytes,
+                     sm90::tma_params(p, pb.d));
+    std::snprintf(name, sizeof name, "wg%d M%d N%d st%d", Tr::kWarpgroups, Tr::kBlockM, Tr::kBlockN,
+                  Tr::kStages);
   }
   const auto o = to_float(pb.o, pb.n_o);
   if (first.empty()) first = o;
@@ -106,14 +107,14 @@ void sweep_backward(Problem& pb, std::vector<float>& first, BackwardPair<DkDv, D
   char name[96];
   float ms;
   if constexpr (kMmaSync<DkDv>) {
-    ms = time_kernel(flash_backward_kernel<DkDv, Dq>, grid,
-                     DkDv::kThreads, smem, backward_params(pb));
+    ms = time_kernel(flash_backward_kernel<DkDv, Dq>, grid, DkDv::kThreads, smem,
+                     backward_params(pb));
     std::snprintf(name, sizeof name, "w%d kv:rt%d N%d M%d q:rt%d M%d N%d", DkDv::kWarps,
                   DkDv::kRowTiles, DkDv::kBlockN, DkDv::kBlockM, Dq::kRowTiles, Dq::kBlockM,
                   Dq::kBlockN);
   } else {
-    ms = time_kernel(sm90::flash_backward_kernel<DkDv, Dq>, grid,
-                     DkDv::kThreads, smem, sm90::tma_params(backward_params(pb), pb.d));
+    ms = time_kernel(sm90::flash_backward_kernel<DkDv, Dq>, grid, DkDv::kThreads, smem,
+                     sm90::tma_params(backward_params(pb), pb.d));
     std::snprintf(name, sizeof name, "wg%d kv:N%d M%d q:M%d N%d st%d", DkDv::kWarpgroups,
                   DkDv::kBlockN, DkDv::kBlockM, Dq::kBlockM, Dq::kBlockN, DkDv::kStages);
   }
@@ -166,14 +167,15 @@ int main() {
                      BackwardPair<DkDvTraits<64, 4, 1, 128>, DqTraits<64, 4, 2, 32>>,
                      BackwardPair<DkDvTraits<64, 4, 2, 32>, DqTraits<64, 4, 2, 64>>>{});
   if (wgmma)
-    sweep(8, 12, 1024, 64,
-          ForwardList<ForwardTraits<64, 4, 2, 64>, sm90::ForwardTraits<64, 2, 64>,
-                      sm90::ForwardTraits<64, 2, 128>, sm90::ForwardTraits<64, 2, 64, 3>,
-                      sm90::ForwardTraits<64, 2, 128, 3>>{},
-          BackwardList<BackwardPair<DkDvTraits<64, 4, 1, 64>, DqTraits<64, 4, 2, 64>>,
-                       BackwardPair<sm90::DkDvTraits<64, 2, 128>, sm90::DqTraits<64, 2, 128>>,
-                       BackwardPair<sm90::DkDvTraits<64, 2, 64>, sm90::DqTraits<64, 2, 64>>,
-                       BackwardPair<sm90::DkDvTraits<64, 2, 64, 3>, sm90::DqTraits<64, 2, 64, 3>>>{});
+    sweep(
+        8, 12, 1024, 64,
+        ForwardList<ForwardTraits<64, 4, 2, 64>, sm90::ForwardTraits<64, 2, 64>,
+                    sm90::ForwardTraits<64, 2, 128>, sm90::ForwardTraits<64, 2, 64, 3>,
+                    sm90::ForwardTraits<64, 2, 128, 3>>{},
+        BackwardList<BackwardPair<DkDvTraits<64, 4, 1, 64>, DqTraits<64, 4, 2, 64>>,
+                     BackwardPair<sm90::DkDvTraits<64, 2, 128>, sm90::DqTraits<64, 2, 128>>,
+                     BackwardPair<sm90::DkDvTraits<64, 2, 64>, sm90::DqTraits<64, 2, 64>>,
+                     BackwardPair<sm90::DkDvTraits<64, 2, 64, 3>, sm90::DqTraits<64, 2, 64, 3>>>{});
   sweep(4, 16, 4096, 128,
         ForwardList<ForwardTraits<128, 8, 1, 128>, ForwardTraits<128, 8, 1, 64>,
                     ForwardTraits<128, 4, 1, 128>>{},
@@ -184,8 +186,9 @@ int main() {
     sweep(4, 16, 4096, 128,
           ForwardList<ForwardTraits<128, 8, 1, 128>, sm90::ForwardTraits<128, 2, 128>,
                       sm90::ForwardTraits<128, 2, 64>, sm90::ForwardTraits<128, 2, 64, 3>>{},
-          BackwardList<BackwardPair<DkDvTraits<128, 8, 1, 64>, DqTraits<128, 8, 1, 64>>,
-                       BackwardPair<sm90::DkDvTraits<128, 2, 64>, sm90::DqTraits<128, 2, 64>>,
-                       BackwardPair<sm90::DkDvTraits<128, 2, 64, 3>, sm90::DqTraits<128, 2, 64, 3>>>{});
+          BackwardList<
+              BackwardPair<DkDvTraits<128, 8, 1, 64>, DqTraits<128, 8, 1, 64>>,
+              BackwardPair<sm90::DkDvTraits<128, 2, 64>, sm90::DqTraits<128, 2, 64>>,
+              BackwardPair<sm90::DkDvTraits<128, 2, 64, 3>, sm90::DqTraits<128, 2, 64, 3>>>{});
   return 0;
 }

@@ -48,13 +48,14 @@ double rel_l2(const std::vector<double>& a, const std::vector<double>& b) {
 }
 
 // O, dQ, dK, dV of one head in fp64.
-std::vector<std::vector<double>> outputs(const AttentionConfig& cfg, int T, int d, const std::vector<double>& q,
-                                         const std::vector<double>& k, const std::vector<double>& v,
+std::vector<std::vector<double>> outputs(const AttentionConfig& cfg, int T, int d,
+                                         const std::vector<double>& q, const std::vector<double>& k,
+                                         const std::vector<double>& v,
                                          const std::vector<double>& dout) {
   std::vector<std::vector<double>> out(4, std::vector<double>(q.size()));
   cpu::attention_forward(cfg, T, d, q.data(), k.data(), v.data(), out[0].data());
-  cpu::attention_backward(cfg, T, d, q.data(), k.data(), v.data(), out[0].data(), dout.data(), out[1].data(),
-                          out[2].data(), out[3].data());
+  cpu::attention_backward(cfg, T, d, q.data(), k.data(), v.data(), out[0].data(), dout.data(),
+                          out[1].data(), out[2].data(), out[3].data());
   return out;
 }
 
@@ -63,7 +64,8 @@ std::vector<std::vector<double>> outputs(const AttentionConfig& cfg, int T, int 
 int main(int argc, char** argv) {
   const int draws = argc > 1 ? std::atoi(argv[1]) : 8, T = 1000;
   if (draws < 1) {
-    std::fprintf(stderr, "kinterval_sensitivity: draws must be a positive integer (got '%s')\n", argv[1]);
+    std::fprintf(stderr, "kinterval_sensitivity: draws must be a positive integer (got '%s')\n",
+                 argv[1]);
     return 2;
   }
   AttentionConfig fpa;
@@ -76,8 +78,10 @@ int main(int argc, char** argv) {
       kinterval(4, Calibration::minmax, Rounding::nearest, Ste::weight, false),
       kinterval(4, Calibration::minmax, Rounding::nearest, Ste::prob, false),
   };
-  std::printf("fp64 reference, q x (1 + 1e-6 xi) against q; T = %d, %d draws; rel L2 change, worst (mean)\n", T,
-              draws);
+  std::printf(
+      "fp64 reference, q x (1 + 1e-6 xi) against q; T = %d, %d draws; rel L2 change, worst "
+      "(mean)\n",
+      T, draws);
   for (const int d : {64, 128})
     for (const Setting& st : settings) {
       std::vector<double> worst(4, 0.0), mean(4, 0.0);
@@ -87,11 +91,15 @@ int main(int argc, char** argv) {
         std::normal_distribution<double> normal;
         const size_t n = static_cast<size_t>(T) * d;
         std::vector<double> q(n), k(n), v(n), dout(n);
-        auto bf16 = [&](double sigma) { return double(cpu::round_to_bf16(float(sigma * normal(gen)))); };
-        for (size_t i = 0; i < n; ++i) q[i] = bf16(2.0), k[i] = bf16(1.0), v[i] = bf16(1.0), dout[i] = bf16(1.0);
+        auto bf16 = [&](double sigma) {
+          return double(cpu::round_to_bf16(float(sigma * normal(gen))));
+        };
+        for (size_t i = 0; i < n; ++i)
+          q[i] = bf16(2.0), k[i] = bf16(1.0), v[i] = bf16(1.0), dout[i] = bf16(1.0);
         std::vector<double> q_moved(q);
         for (double& x : q_moved) x *= 1.0 + 1e-6 * normal(gen);
-        const auto base = outputs(st.cfg, T, d, q, k, v, dout), moved = outputs(st.cfg, T, d, q_moved, k, v, dout);
+        const auto base = outputs(st.cfg, T, d, q, k, v, dout),
+                   moved = outputs(st.cfg, T, d, q_moved, k, v, dout);
 #pragma omp critical
         for (int i = 0; i < 4; ++i) {
           const double change = rel_l2(moved[i], base[i]);
@@ -99,8 +107,9 @@ int main(int argc, char** argv) {
           mean[i] += change / draws;
         }
       }
-      std::printf("d=%3d %-42s O %.1e (%.1e)  dQ %.1e (%.1e)  dK %.1e (%.1e)  dV %.1e (%.1e)\n", d, st.name.c_str(),
-                  worst[0], mean[0], worst[1], mean[1], worst[2], mean[2], worst[3], mean[3]);
+      std::printf("d=%3d %-42s O %.1e (%.1e)  dQ %.1e (%.1e)  dK %.1e (%.1e)  dV %.1e (%.1e)\n", d,
+                  st.name.c_str(), worst[0], mean[0], worst[1], mean[1], worst[2], mean[2],
+                  worst[3], mean[3]);
     }
   return 0;
 }

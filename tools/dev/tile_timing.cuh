@@ -14,7 +14,8 @@ namespace qattn::cuda::tiles {
 
 // Normal(0, 1) from a counter hash (Box-Muller), as bf16.
 __global__ void fill_normal(__nv_bfloat16* x, size_t n, unsigned seed) {
-  for (size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+  for (size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x) {
     unsigned a = static_cast<unsigned>(i) * 2654435761u ^ seed, b = a * 1664525u + 1013904223u;
     a ^= a >> 13, a *= 0x5bd1e995u, a ^= a >> 15;
     b ^= b >> 13, b *= 0x5bd1e995u, b ^= b >> 15;

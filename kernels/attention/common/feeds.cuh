@@ -33,12 +33,12 @@ struct TileSource {
   const CUtensorMap* map;  // the same matrix (TmaFeed)
   int cols;                // row stride, elements
   int row0, col0;          // b T + t0; slot and head column
-  int rows_valid;          // T - t0: rows past it belong to the next batch (cp.async zero-fills them)
+  int rows_valid;  // T - t0: rows past it belong to the next batch (cp.async zero-fills them)
 };
 // The tile at row t0 of batch b (of T rows each) and column col0 of the (B T, cols)
 // activation x (its map for TMA; x may be null for the TMA feed alone).
-__device__ __forceinline__ TileSource activation_tile(const bf16* x, const CUtensorMap* map, int cols, int b,
-                                                      int T, int t0, int col0) {
+__device__ __forceinline__ TileSource activation_tile(const bf16* x, const CUtensorMap* map,
+                                                      int cols, int b, int T, int t0, int col0) {
   return {x, map, cols, b * T + t0, col0, T - t0};
 }
 
@@ -51,8 +51,12 @@ struct Int8TileSource {
 
 // Per-row values: 16 or 4 bytes from global to shared memory; invalid ones read 0.
 struct CpAsyncCopier {
-  __device__ static void copy16(void* dst, const void* src, bool valid) { cp_async_16(dst, src, valid); }
-  __device__ static void copy4(void* dst, const void* src, bool valid) { cp_async_4(dst, src, valid); }
+  __device__ static void copy16(void* dst, const void* src, bool valid) {
+    cp_async_16(dst, src, valid);
+  }
+  __device__ static void copy4(void* dst, const void* src, bool valid) {
+    cp_async_4(dst, src, valid);
+  }
 };
 struct PlainCopier {
   __device__ static void copy16(void* dst, const void* src, bool valid) {
@@ -73,7 +77,8 @@ struct CpAsyncFeed {
   struct Target {
     template <int kRows, int kCols>
     __device__ void tile(SmemTile<kRows, kCols> dst, const TileSource& src) const {
-      load_tile_async<kThreads>(dst, src.matrix + static_cast<size_t>(src.row0) * src.cols + src.col0,
+      load_tile_async<kThreads>(dst,
+                                src.matrix + static_cast<size_t>(src.row0) * src.cols + src.col0,
                                 src.cols, src.rows_valid);
     }
     template <class Copy>
@@ -94,10 +99,13 @@ struct CpAsyncFeed {
   }
   template <class Step, class Body>
   __device__ void consume(int first, int last, Step&& step, Body&& body) {
-    pipelined(first, last, [&](int i, int s) {
-      Target to;
-      step(i, s, to);
-    }, body);
+    pipelined(
+        first, last,
+        [&](int i, int s) {
+          Target to;
+          step(i, s, to);
+        },
+        body);
   }
   __device__ void sync() { __syncthreads(); }
 };
@@ -165,8 +173,7 @@ struct TmaFeed {
   int step_ = 0;    // steps fed or consumed so far: the ring position across consume calls
 
   __device__ explicit TmaFeed(unsigned char* barriers)
-      : resident_full(reinterpret_cast<uint64_t*>(barriers)),
-        full(resident_full + 1),
+      : resident_full(reinterpret_cast<uint64_t*>(barriers)), full(resident_full + 1),
         empty(resident_full + 1 + kStages) {
     if (threadIdx.x == 0) {
       sm90::barrier_init(resident_full, 1);

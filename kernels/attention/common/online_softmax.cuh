@@ -75,19 +75,24 @@ struct OnlineSoftmax {
   // (ExactSoftmax::update_rescaling_rarely, sage_softmax.cuh).
   // The largest raw score of row half (g or g + 8) of row tile mt in the block.
   template <int kNTiles>
-  __device__ __forceinline__ static float block_max(const float (&s)[kRowTiles][kNTiles][4], int mt, int half) {
+  __device__ __forceinline__ static float block_max(const float (&s)[kRowTiles][kNTiles][4], int mt,
+                                                    int half) {
     float m = -INFINITY;
 #pragma unroll
-    for (int nt = 0; nt < kNTiles; ++nt) m = fmaxf(m, fmaxf(s[mt][nt][2 * half], s[mt][nt][2 * half + 1]));
+    for (int nt = 0; nt < kNTiles; ++nt)
+      m = fmaxf(m, fmaxf(s[mt][nt][2 * half], s[mt][nt][2 * half + 1]));
     return row_max4(m);
   }
   // c·m, the exponent's offset; a row with no visible key yet keeps m = -inf:
   // offset 0 makes its weights 0, not NaN.
-  __device__ __forceinline__ float exponent_base(float m) const { return m == -INFINITY ? 0.0f : m * scale_log2; }
+  __device__ __forceinline__ float exponent_base(float m) const {
+    return m == -INFINITY ? 0.0f : m * scale_log2;
+  }
   // The row's reference max moves to m_new: l and the row's outputs o are
   // rescaled by exp(c (m_old - m_new)).
   template <int kDTiles>
-  __device__ __forceinline__ void move_max(int mt, int half, float m_new, float (&o)[kRowTiles][kDTiles][4]) {
+  __device__ __forceinline__ void move_max(int mt, int half, float m_new,
+                                           float (&o)[kRowTiles][kDTiles][4]) {
     const float correction = fast_exp2(row_max[mt][half] * scale_log2 - exponent_base(m_new));
     row_max[mt][half] = m_new;
     row_sum[mt][half] *= correction;
@@ -99,7 +104,8 @@ struct OnlineSoftmax {
   }
   // The row's scores become exp(c (s - m)) at its reference m, added to l.
   template <int kNTiles>
-  __device__ __forceinline__ void exponentiate(int mt, int half, float (&s)[kRowTiles][kNTiles][4]) {
+  __device__ __forceinline__ void exponentiate(int mt, int half,
+                                               float (&s)[kRowTiles][kNTiles][4]) {
     const float base = exponent_base(row_max[mt][half]);
     float sum = row_sum[mt][half];
 #pragma unroll

@@ -205,7 +205,8 @@ __device__ __forceinline__ void mma_b_nk(float (&acc)[kRowTiles][kNTiles][4],
 // before its MMAs, so that 4 A registers are live instead of kCols / 4 (for
 // kernels short of registers: sage's dK/dV kernel at d = 128).
 template <int kNTiles, int kRowsA, int kRowsB, int kCols>
-__device__ __forceinline__ void mma_rows_b_nk(float (&acc)[1][kNTiles][4], SmemTile<kRowsA, kCols> a, int row0,
+__device__ __forceinline__ void mma_rows_b_nk(float (&acc)[1][kNTiles][4],
+                                              SmemTile<kRowsA, kCols> a, int row0,
                                               SmemTile<kRowsB, kCols> b) {
   static_assert(kNTiles % 2 == 0 && kNTiles * 8 <= kRowsB);
   const int lane = threadIdx.x % 32;

@@ -75,7 +75,8 @@ inline CUtensorMap make_tensor_map(const bf16* base, uint64_t rows, uint64_t col
 template <int kRows_, int kRowBytes_>
 struct Int8SmemTile {
   static constexpr int kRows = kRows_, kRowBytes = kRowBytes_;
-  static_assert(kRowBytes == 64 || kRowBytes == 128, "int8 rows are one 64- or 128-byte swizzle row");
+  static_assert(kRowBytes == 64 || kRowBytes == 128,
+                "int8 rows are one 64- or 128-byte swizzle row");
   static_assert(kRows % kBoxRows == 0, "tiles are copied in 64-row boxes");
   static constexpr int kBytes = kRows * kRowBytes;
   int8_t* data;
@@ -83,10 +84,11 @@ struct Int8SmemTile {
 
 // A (rows, cols) row-major int8 matrix (row stride ld bytes, a multiple of 16)
 // as a tensor map with (64, box_cols) boxes swizzled by their width (64 or 128 bytes).
-inline CUtensorMap make_int8_tensor_map(const int8_t* base, uint64_t rows, uint64_t cols, uint64_t ld,
-                                        uint32_t box_cols) {
-  return encode_tensor_map(CU_TENSOR_MAP_DATA_TYPE_UINT8, base, rows, cols, ld, kBoxRows, box_cols,
-                           box_cols == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B);
+inline CUtensorMap make_int8_tensor_map(const int8_t* base, uint64_t rows, uint64_t cols,
+                                        uint64_t ld, uint32_t box_cols) {
+  return encode_tensor_map(
+      CU_TENSOR_MAP_DATA_TYPE_UINT8, base, rows, cols, ld, kBoxRows, box_cols,
+      box_cols == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B);
 }
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
@@ -154,14 +156,16 @@ __host__ __device__ constexpr uint32_t tile_bytes() {
 // Rows [row0, row0 + kRows) x bytes [col0, col0 + kRowBytes) of an int8 tensor
 // map (boxes of 64 rows x kRowBytes) into a tile, counted on bar.
 template <int kRows, int kRowBytes>
-__device__ __forceinline__ void tma_load_tile(Int8SmemTile<kRows, kRowBytes> tile, const CUtensorMap* map,
-                                              int row0, int col0, uint64_t* bar) {
+__device__ __forceinline__ void tma_load_tile(Int8SmemTile<kRows, kRowBytes> tile,
+                                              const CUtensorMap* map, int row0, int col0,
+                                              uint64_t* bar) {
 #pragma unroll
   for (int r = 0; r < kRows / kBoxRows; ++r)
     asm volatile(
         "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes "
         "[%0], [%1, {%2, %3}], [%4];\n" ::"r"(smem_addr(tile.data + r * kBoxRows * kRowBytes)),
-        "l"(reinterpret_cast<uint64_t>(map)), "r"(col0), "r"(row0 + r * kBoxRows), "r"(smem_addr(bar))
+        "l"(reinterpret_cast<uint64_t>(map)), "r"(col0), "r"(row0 + r * kBoxRows),
+        "r"(smem_addr(bar))
         : "memory");
 }
 

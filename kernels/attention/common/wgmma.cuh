@@ -129,21 +129,21 @@ __device__ __forceinline__ void fence_operands(T (&regs)[1][kNTiles][4]) {
 #define QATTN_ACC32(a)                                                                      \
   QATTN_ACC4(a, 0), QATTN_ACC4(a, 1), QATTN_ACC4(a, 2), QATTN_ACC4(a, 3), QATTN_ACC4(a, 4), \
       QATTN_ACC4(a, 5), QATTN_ACC4(a, 6), QATTN_ACC4(a, 7)
-#define QATTN_ACC64(a)                                                                        \
-  QATTN_ACC32(a), QATTN_ACC4(a, 8), QATTN_ACC4(a, 9), QATTN_ACC4(a, 10), QATTN_ACC4(a, 11),  \
+#define QATTN_ACC64(a)                                                                      \
+  QATTN_ACC32(a), QATTN_ACC4(a, 8), QATTN_ACC4(a, 9), QATTN_ACC4(a, 10), QATTN_ACC4(a, 11), \
       QATTN_ACC4(a, 12), QATTN_ACC4(a, 13), QATTN_ACC4(a, 14), QATTN_ACC4(a, 15)
 #define QATTN_IACC4(a, i) "+r"(a[i][0]), "+r"(a[i][1]), "+r"(a[i][2]), "+r"(a[i][3])
-#define QATTN_IACC32(a)                                                                         \
+#define QATTN_IACC32(a)                                                                          \
   QATTN_IACC4(a, 0), QATTN_IACC4(a, 1), QATTN_IACC4(a, 2), QATTN_IACC4(a, 3), QATTN_IACC4(a, 4), \
       QATTN_IACC4(a, 5), QATTN_IACC4(a, 6), QATTN_IACC4(a, 7)
 #define QATTN_IACC64(a)                                                                          \
   QATTN_IACC32(a), QATTN_IACC4(a, 8), QATTN_IACC4(a, 9), QATTN_IACC4(a, 10), QATTN_IACC4(a, 11), \
       QATTN_IACC4(a, 12), QATTN_IACC4(a, 13), QATTN_IACC4(a, 14), QATTN_IACC4(a, 15)
-#define QATTN_REGS32                                                                        \
+#define QATTN_REGS32                                                                       \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, " \
   "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
 #define QATTN_REGS64                                                                           \
-  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, "    \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, "     \
   "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, " \
   "%37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, " \
   "%55, %56, %57, %58, %59, %60, %61, %62, %63}"
@@ -184,17 +184,15 @@ __device__ __forceinline__ void mma_rs(float (&acc)[1][kNTiles][4], const uint32
 #if QATTN_SM90A_DEVICE
   auto& c = acc[0];
   if constexpr (kNTiles == 8) {
-    asm volatile(
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " QATTN_REGS32
-        ", {%32, %33, %34, %35}, %36, 1, 1, 1, 1;\n"
-        : QATTN_ACC32(c)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc));
+    asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " QATTN_REGS32
+                 ", {%32, %33, %34, %35}, %36, 1, 1, 1, 1;\n"
+                 : QATTN_ACC32(c)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc));
   } else {
-    asm volatile(
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " QATTN_REGS64
-        ", {%64, %65, %66, %67}, %68, 1, 1, 1, 1;\n"
-        : QATTN_ACC64(c)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc));
+    asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " QATTN_REGS64
+                 ", {%64, %65, %66, %67}, %68, 1, 1, 1, 1;\n"
+                 : QATTN_ACC64(c)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc));
   }
 #endif
 }
@@ -203,8 +201,8 @@ __device__ __forceinline__ void mma_rs(float (&acc)[1][kNTiles][4], const uint32
 // shared memory (B is (N, 32): rows are output columns). accumulate = false
 // overwrites acc.
 template <int kNTiles>
-__device__ __forceinline__ void mma_s8_ss(int (&acc)[1][kNTiles][4], uint64_t a_desc, uint64_t b_desc,
-                                          bool accumulate) {
+__device__ __forceinline__ void mma_s8_ss(int (&acc)[1][kNTiles][4], uint64_t a_desc,
+                                          uint64_t b_desc, bool accumulate) {
   static_assert(kNTiles == 8 || kNTiles == 16, "wgmma N is 64 or 128 here");
 #if QATTN_SM90A_DEVICE
   auto& c = acc[0];
@@ -283,8 +281,8 @@ __device__ __forceinline__ void issue_ss(float (&acc)[1][kNTiles][4], SmemTile<k
   wgmma_fence();
 #pragma unroll
   for (int ks = 0; ks < kCols / 16; ++ks)
-    mma_ss(acc, desc_plus(a_desc, k_major_step_bytes<kRowsA>(ks)), desc_plus(b_desc, k_major_step_bytes<kRowsB>(ks)),
-           ks > 0);
+    mma_ss(acc, desc_plus(a_desc, k_major_step_bytes<kRowsA>(ks)),
+           desc_plus(b_desc, k_major_step_bytes<kRowsB>(ks)), ks > 0);
   wgmma_commit();
   fence_operands(acc);
 }
@@ -293,13 +291,14 @@ __device__ __forceinline__ void issue_ss(float (&acc)[1][kNTiles][4], SmemTile<k
 // dS, from acc_to_a; they must stay untouched until the wait), b (16 kKSteps, N)
 // MN-major (O += P V, dV += Pᵀ dO, dK += dSᵀ Q, dQ += dS K).
 template <int kNTiles, int kKSteps, int kRows, int kCols>
-__device__ __forceinline__ void issue_rs(float (&acc)[1][kNTiles][4],
-                                         uint32_t (&a)[1][kKSteps][4], SmemTile<kRows, kCols> b) {
+__device__ __forceinline__ void issue_rs(float (&acc)[1][kNTiles][4], uint32_t (&a)[1][kKSteps][4],
+                                         SmemTile<kRows, kCols> b) {
   static_assert(kNTiles * 8 == kCols && kKSteps * 16 <= kRows);
   const uint64_t b_desc = desc_mn_major(b);
   wgmma_fence();
 #pragma unroll
-  for (int ks = 0; ks < kKSteps; ++ks) mma_rs(acc, a[0][ks], desc_plus(b_desc, mn_major_step_bytes(ks)));
+  for (int ks = 0; ks < kKSteps; ++ks)
+    mma_rs(acc, a[0][ks], desc_plus(b_desc, mn_major_step_bytes(ks)));
   wgmma_commit();
   fence_operands(acc);
 }
@@ -326,8 +325,9 @@ __device__ __forceinline__ void product_rs(float (&acc)[1][kNTiles][4],
 // accumulators. acc (64, N) = rows [row0, row0 + 64) of a times bᵀ over the
 // tiles' row bytes (S = Q̂ K̂ᵀ, dP = dÔ V̂ᵀ and the transposes).
 template <int kNTiles, int kRowsA, int kRowsB, int kRowBytes>
-__device__ __forceinline__ void issue_s8_ss(int (&acc)[1][kNTiles][4], Int8SmemTile<kRowsA, kRowBytes> a,
-                                            int row0, Int8SmemTile<kRowsB, kRowBytes> b) {
+__device__ __forceinline__ void issue_s8_ss(int (&acc)[1][kNTiles][4],
+                                            Int8SmemTile<kRowsA, kRowBytes> a, int row0,
+                                            Int8SmemTile<kRowsB, kRowBytes> b) {
   static_assert(kNTiles * 8 == kRowsB, "B's rows are the output columns");
   const uint64_t a_desc = desc_k_major(a, row0), b_desc = desc_k_major(b, 0);
   wgmma_fence();

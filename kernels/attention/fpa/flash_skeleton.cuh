@@ -185,7 +185,8 @@ __global__ void __launch_bounds__(Tr::kThreads) flash_forward_kernel(const Forwa
 template <int kHeadDim>
 __global__ void attention_delta_kernel(const BackwardParams p) {
   constexpr int kThreadsPerRow = kHeadDim / 8;
-  const long long row = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) / kThreadsPerRow;
+  const long long row =
+      (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) / kThreadsPerRow;
   const int part = threadIdx.x % kThreadsPerRow;
   const bool valid = row < static_cast<long long>(p.B) * p.T * p.H;
   float sum = 0.0f;
@@ -283,7 +284,8 @@ __device__ __noinline__ void backward_dkdv_block(const BackwardParams p, int k_b
     zero(dp);
     mma_b_nk(dp, v_frag, do_stage(s));
     for_each_acc<RT, BM / 8>([&](int mt, int nt, int e) {
-      w[mt][nt][e] = OnlineSoftmax<RT>::grad_score(w[mt][nt][e], dp[mt][nt][e], delta[acc_col(nt, e)]);
+      w[mt][nt][e] =
+          OnlineSoftmax<RT>::grad_score(w[mt][nt][e], dp[mt][nt][e], delta[acc_col(nt, e)]);
     });
     mma_weights_kn(dk_acc, w, q_stage(s));
   });
@@ -347,9 +349,10 @@ __device__ __noinline__ void backward_dq_block(const BackwardParams p, int q_blo
     zero(w);
     mma_b_nk(w, q_frag, kv.k(s));
     for_each_acc<RT, BN / 8>([&](int mt, int nt, int e) {
-      w[mt][nt][e] = k0 + acc_col(nt, e) <= row_first + acc_row(mt, e)
-                         ? OnlineSoftmax<RT>::probability(w[mt][nt][e], lse[mt][e / 2], p.scale_log2)
-                         : 0.0f;
+      w[mt][nt][e] =
+          k0 + acc_col(nt, e) <= row_first + acc_row(mt, e)
+              ? OnlineSoftmax<RT>::probability(w[mt][nt][e], lse[mt][e / 2], p.scale_log2)
+              : 0.0f;
     });
     float dp[RT][BN / 8][4];  // (16 RT queries, BN keys): dP
     zero(dp);

@@ -52,7 +52,7 @@ struct DkDvTraits {
   static constexpr int kThreads = block_threads<kWarpgroups_>();
   static constexpr int kBlockN = kWarpgroupRows * kWarpgroups_;  // keys per block
   static constexpr int kBlockM = kBlockM_;                       // query rows per step
-  using Feed = TmaFeed<128 * kWarpgroups_, true, kStages_>;  // with the (L, δ) rows
+  using Feed = TmaFeed<128 * kWarpgroups_, true, kStages_>;      // with the (L, δ) rows
   // K and V tiles, kStages (Q tile, dO tile) pairs, kStages (L, δ) pairs, then the barriers.
   static constexpr int kTileBytes = (2 * kBlockN + 2 * kStages * kBlockM) * kHeadDim * 2;
   static constexpr int kStatBytes = kStages * 2 * kBlockM * 4;
@@ -126,7 +126,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   };
   auto keys_values = [&](int i, int stage, auto& to) {  // step 2j: K_j; 2j + 1: V_j
     const int slot = 1 + i % 2;
-    to.tile(kv_tile(stage), activation_tile(p.qkv, &params.qkv, cols, b, p.T, (i / 2) * BN, (slot * p.H + h) * D));
+    to.tile(kv_tile(stage),
+            activation_tile(p.qkv, &params.qkv, cols, b, p.T, (i / 2) * BN, (slot * p.H + h) * D));
   };
   Feed feed(smem + Tr::kTileBytes);
   if (feed.producer()) {
@@ -189,7 +190,8 @@ __device__ __forceinline__ void backward_dkdv_block(const BackwardTmaParams& par
   const SmemTile<BN, D> k_tile{reinterpret_cast<bf16*>(smem)};  // (BN, d)
   const SmemTile<BN, D> v_tile{k_tile.data + BN * D};           // (BN, d)
   bf16* q_tiles = v_tile.data + BN * D;                         // kStages x [(BM, d) Q, (BM, d) dO]
-  float* stat_slots = reinterpret_cast<float*>(smem + Tr::kTileBytes);  // kStages x [(BM) L, (BM) δ]
+  float* stat_slots =
+      reinterpret_cast<float*>(smem + Tr::kTileBytes);  // kStages x [(BM) L, (BM) δ]
   auto q_tile = [&](int stage) { return SmemTile<BM, D>{q_tiles + 2 * stage * BM * D}; };
   auto do_tile = [&](int stage) { return SmemTile<BM, D>{q_tiles + (2 * stage + 1) * BM * D}; };
   auto lse_slot = [&](int stage) { return stat_slots + 2 * stage * BM; };
@@ -225,8 +227,8 @@ __device__ __forceinline__ void backward_dkdv_block(const BackwardTmaParams& par
   feed.consumer_start();
 
   const int wg_row0 = warpgroup_row0();
-  const int wg_key0 = k0 + wg_row0;        // first key of the warpgroup
-  const int warp_key0 = k0 + warp_row0();  // first key of the warp
+  const int wg_key0 = k0 + wg_row0;                // first key of the warpgroup
+  const int warp_key0 = k0 + warp_row0();          // first key of the warp
   float dk_acc[1][D / 8][4], dv_acc[1][D / 8][4];  // (64, d) rows of dK, dV of the warpgroup
   zero(dk_acc);
   zero(dv_acc);
@@ -251,7 +253,8 @@ __device__ __forceinline__ void backward_dkdv_block(const BackwardTmaParams& par
     product_rs(dv_acc, w, do_tile(stage));  // its wait covers dPᵀ's group too
     wait_for<0>(dp);
     for_each_acc<1, BM / 8>([&](int mt, int nt, int e) {
-      w[mt][nt][e] = OnlineSoftmax<1>::grad_score(w[mt][nt][e], dp[mt][nt][e], delta[acc_col(nt, e)]);
+      w[mt][nt][e] =
+          OnlineSoftmax<1>::grad_score(w[mt][nt][e], dp[mt][nt][e], delta[acc_col(nt, e)]);
     });
     product_rs(dk_acc, w, q_tile(stage));
   });
@@ -263,8 +266,10 @@ __device__ __forceinline__ void backward_dkdv_block(const BackwardTmaParams& par
   store_acc(v_tile, dv_acc, warp_row0(), 1.0f);
   feed.sync();
   const size_t ld = static_cast<size_t>(3) * p.H * D;
-  store_tile<Feed::kConsumerThreads>(k_tile, p.dqkv + qkv_offset(b, k0, 1, h, p.T, p.H, D), ld, p.T - k0);
-  store_tile<Feed::kConsumerThreads>(v_tile, p.dqkv + qkv_offset(b, k0, 2, h, p.T, p.H, D), ld, p.T - k0);
+  store_tile<Feed::kConsumerThreads>(k_tile, p.dqkv + qkv_offset(b, k0, 1, h, p.T, p.H, D), ld,
+                                     p.T - k0);
+  store_tile<Feed::kConsumerThreads>(v_tile, p.dqkv + qkv_offset(b, k0, 2, h, p.T, p.H, D), ld,
+                                     p.T - k0);
 }
 
 // dQ of one query block; each warpgroup owns 64 query rows. The producer
@@ -290,8 +295,10 @@ __device__ __forceinline__ void backward_dq_block(const BackwardTmaParams& param
     to.tile(do_tile, activation_tile(p.dout, &params.dout, p.H * D, b, p.T, q0, h * D));
   };
   auto keys = [&](int j, int stage, auto& to) {
-    to.tile(k_tile(stage), activation_tile(p.qkv, &params.qkv, cols, b, p.T, j * BN, (p.H + h) * D));
-    to.tile(v_tile(stage), activation_tile(p.qkv, &params.qkv, cols, b, p.T, j * BN, (2 * p.H + h) * D));
+    to.tile(k_tile(stage),
+            activation_tile(p.qkv, &params.qkv, cols, b, p.T, j * BN, (p.H + h) * D));
+    to.tile(v_tile(stage),
+            activation_tile(p.qkv, &params.qkv, cols, b, p.T, j * BN, (2 * p.H + h) * D));
   };
   Feed feed(smem + Tr::kTileBytes);
   if (feed.producer()) {

@@ -20,10 +20,10 @@
 #include <string>
 #include <type_traits>
 
+#include "attention/common/online_softmax.cuh"
 #include "attention/fpa/flash_skeleton.cuh"
 #include "attention/fpa/flash_skeleton_sm90.cuh"
 #include "attention/fpa/fpa.cuh"
-#include "attention/common/online_softmax.cuh"
 
 namespace qattn::cuda {
 namespace {
@@ -52,11 +52,10 @@ void forward(const AttentionShape& s, const bf16* qkv, bf16* o, float* lse, FpaK
   if (resolve_kernels(kernels, "FPA attention") == FpaKernels::wgmma) {
     using Tr = typename sm90::FpaTiles<D>::Forward;
     return launch_forward<sm90::FpaTiles<D>>(s, sm90::tma_params(p, D),
-                                           sm90::flash_forward_kernel<Tr>, stream);
+                                             sm90::flash_forward_kernel<Tr>, stream);
   }
   using Tr = typename FpaTiles<D>::Forward;
-  launch_forward<FpaTiles<D>>(
-      s, p, flash_forward_kernel<Tr>, stream);
+  launch_forward<FpaTiles<D>>(s, p, flash_forward_kernel<Tr>, stream);
 }
 
 template <class Tiles, class Params>
@@ -70,8 +69,7 @@ void launch_backward(const AttentionShape& s, const Params& p, void (*kernel)(Pa
 
 template <int D>
 void backward(const AttentionShape& s, const bf16* qkv, const bf16* o, const bf16* dout,
-              const float* lse, float* delta, bf16* dqkv, FpaKernels kernels,
-              cudaStream_t stream) {
+              const float* lse, float* delta, bf16* dqkv, FpaKernels kernels, cudaStream_t stream) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const BackwardParams p{qkv, o, dout, lse, delta, dqkv, s.B, s.H, s.T, scale, scale * kLog2e};
   attention_delta(p, D, stream);
@@ -79,14 +77,11 @@ void backward(const AttentionShape& s, const bf16* qkv, const bf16* o, const bf1
     using Tiles = sm90::FpaTiles<D>;
     return launch_backward<Tiles>(
         s, sm90::tma_params(p, D),
-        sm90::flash_backward_kernel<typename Tiles::DkDv, typename Tiles::Dq>,
-        stream);
+        sm90::flash_backward_kernel<typename Tiles::DkDv, typename Tiles::Dq>, stream);
   }
   using Tiles = FpaTiles<D>;
-  launch_backward<Tiles>(
-      s, p,
-      flash_backward_kernel<typename Tiles::DkDv, typename Tiles::Dq>,
-      stream);
+  launch_backward<Tiles>(s, p, flash_backward_kernel<typename Tiles::DkDv, typename Tiles::Dq>,
+                         stream);
 }
 
 template <int D>
@@ -94,13 +89,12 @@ void backward_dq(const AttentionShape& s, const BackwardParams& p, FpaKernels ke
                  cudaStream_t stream) {
   if (resolve_kernels(kernels, "FPA attention") == FpaKernels::wgmma) {
     using Dq = typename sm90::FpaTiles<D>::Dq;
-    return launch(sm90::flash_backward_dq_kernel<Dq>,
-                  dim3(ceil_div(s.T, Dq::kBlockM), s.H, s.B), Dq::kThreads, Dq::kSmemBytes,
-                  stream, sm90::tma_params(p, D));
+    return launch(sm90::flash_backward_dq_kernel<Dq>, dim3(ceil_div(s.T, Dq::kBlockM), s.H, s.B),
+                  Dq::kThreads, Dq::kSmemBytes, stream, sm90::tma_params(p, D));
   }
   using Dq = typename FpaTiles<D>::Dq;
-  launch(flash_backward_dq_kernel<Dq>,
-         dim3(ceil_div(s.T, Dq::kBlockM), s.H, s.B), Dq::kThreads, Dq::kSmemBytes, stream, p);
+  launch(flash_backward_dq_kernel<Dq>, dim3(ceil_div(s.T, Dq::kBlockM), s.H, s.B), Dq::kThreads,
+         Dq::kSmemBytes, stream, p);
 }
 
 }  // namespace
@@ -128,8 +122,8 @@ FpaKernels resolve_kernels(FpaKernels requested, const char* kind) {
   return fpa_wgmma_available() ? FpaKernels::wgmma : FpaKernels::mma_sync;
 }
 
-void fpa_forward(const AttentionShape& s, const bf16* qkv, bf16* o, float* lse,
-                 cudaStream_t stream, FpaKernels kernels) {
+void fpa_forward(const AttentionShape& s, const bf16* qkv, bf16* o, float* lse, cudaStream_t stream,
+                 FpaKernels kernels) {
   if (s.d == 64) return forward<64>(s, qkv, o, lse, kernels, stream);
   return forward<128>(s, qkv, o, lse, kernels, stream);
 }
@@ -145,7 +139,8 @@ void fpa_backward_dq(const AttentionShape& s, const bf16* qkv, const bf16* dout,
                      float* delta, bf16* dqkv, cudaStream_t stream, FpaKernels kernels) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(s.d));
   // o is not read: δ is given.
-  const BackwardParams p{qkv, nullptr, dout, lse, delta, dqkv, s.B, s.H, s.T, scale, scale * kLog2e};
+  const BackwardParams p{qkv, nullptr, dout, lse,   delta,         dqkv,
+                         s.B, s.H,     s.T,  scale, scale * kLog2e};
   if (s.d == 64) return backward_dq<64>(s, p, kernels, stream);
   return backward_dq<128>(s, p, kernels, stream);
 }

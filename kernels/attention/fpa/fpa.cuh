@@ -19,8 +19,8 @@ bool fpa_wgmma_available();
 FpaKernels resolve_kernels(FpaKernels requested, const char* kind);
 
 // qkv (B, T, 3C) -> o (B, T, C), lse (B, H, T) = L = c m + log l per row.
-void fpa_forward(const AttentionShape& s, const bf16* qkv, bf16* o, float* lse,
-                 cudaStream_t stream, FpaKernels kernels = FpaKernels::automatic);
+void fpa_forward(const AttentionShape& s, const bf16* qkv, bf16* o, float* lse, cudaStream_t stream,
+                 FpaKernels kernels = FpaKernels::automatic);
 
 // dout (B, T, C) -> dqkv (B, T, 3C); delta (B, H, T) fp32 is scratch for δ = rowsum(dO ∘ O).
 void fpa_backward(const AttentionShape& s, const bf16* qkv, const bf16* o, const bf16* dout,

@@ -53,13 +53,13 @@
 #include <type_traits>
 
 #include "attention/common/feeds.cuh"
+#include "attention/common/online_softmax.cuh"
+#include "attention/common/row_groups.cuh"
 #include "attention/fpa/flash_skeleton.cuh"
 #include "attention/fpa/flash_skeleton_sm90.cuh"
 #include "attention/fpa/fpa.cuh"
 #include "attention/kinterval/kinterval.cuh"
 #include "attention/kinterval/kinterval_softmax.cuh"
-#include "attention/common/online_softmax.cuh"
-#include "attention/common/row_groups.cuh"
 
 namespace qattn::cuda {
 namespace {
@@ -263,7 +263,7 @@ __device__ __forceinline__ void forward_block(const Params& p, unsigned char* sm
     if (j == 0) q_a.load(q_tile);
     const int k0 = j * BN;
     if (k0 > group_row_last || !group_valid) return;  // every key is in the rows' future
-    float r[RT][BN / 8][4];                            // (16 RT, BN) raw scores
+    float r[RT][BN / 8][4];                           // (16 RT, BN) raw scores
     Rows::scores(r, q_a, kv.k(s));
     // NaN fails the comparisons below, and fmaxf / fminf ignore it.
     hide_future_keys<RT, BN / 8>(k0, row_first, [&](int mt, int nt, int e) { r[mt][nt][e] = NAN; });
@@ -307,8 +307,8 @@ __device__ __forceinline__ void forward_block(const Params& p, unsigned char* sm
 
   // Pass 2: the quantised weights, their row sums Ẑ and O = Σ ŵ V (kExact: also
   // the exact p, ℓ_exact and O_exact).
-  float o_acc[RT][D / 8][4];   // (16 RT, d) rows of O owned by this warp
-  float oe_acc[RT][D / 8][4];  // (16 RT, d) rows of O_exact (kExact)
+  float o_acc[RT][D / 8][4];       // (16 RT, d) rows of O owned by this warp
+  float oe_acc[RT][D / 8][4];      // (16 RT, d) rows of O_exact (kExact)
   float z[RT][2], l_exact[RT][2];  // Ẑ and ℓ_exact over this thread's columns
   zero(o_acc);
   if constexpr (kExact) zero(oe_acc);
@@ -338,7 +338,7 @@ __device__ __forceinline__ void forward_block(const Params& p, unsigned char* sm
       z[mt][e / 2] += w[mt][nt][e];
       if constexpr (kExact) l_exact[mt][e / 2] += pe[mt][nt][e];
     });
-    Rows::accumulate(o_acc, w, kv.v(s));  // O += ŵ V
+    Rows::accumulate(o_acc, w, kv.v(s));                          // O += ŵ V
     if constexpr (kExact) Rows::accumulate(oe_acc, pe, kv.v(s));  // O_exact += p V
   });
 
@@ -377,8 +377,8 @@ __device__ __forceinline__ void forward_block(const Params& p, unsigned char* sm
   feed.sync();
   const size_t ld_o = static_cast<size_t>(p.H) * D;
   const int first = max(0, -q0);  // the block's first row in [0, T)
-  store_tile<Feed::kConsumerThreads>(q_tile, p.o + head_offset(b, q0 + first, h, p.T, p.H, D),
-                                     ld_o, p.T - q0, first);
+  store_tile<Feed::kConsumerThreads>(q_tile, p.o + head_offset(b, q0 + first, h, p.T, p.H, D), ld_o,
+                                     p.T - q0, first);
   if constexpr (kExact)
     store_tile<Feed::kConsumerThreads>(
         oe_tile, p.o_exact + head_offset(b, q0 + first, h, p.T, p.H, D), ld_o, p.T - q0, first);
@@ -410,8 +410,10 @@ __device__ __forceinline__ void row_deltas(float (&delta)[kRowTiles][2], SmemTil
 #pragma unroll
       for (int dt = 0; dt < D / 8; ++dt) {
         const int col = acc_col(dt, 0);
-        const float2 g = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(do_tile.at(r, col)));
-        const float2 o = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(o_tile.at(r, col)));
+        const float2 g =
+            __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(do_tile.at(r, col)));
+        const float2 o =
+            __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(o_tile.at(r, col)));
         sum = fmaf(g.x, o.x, fmaf(g.y, o.y, sum));
       }
       const int row = row_first + acc_row(mt, 2 * half);
@@ -488,7 +490,8 @@ __device__ __forceinline__ void dq_block(const Params& p, BlockIndex at, unsigne
   float delta[RT][2];  // ḡ
   float v_offset[RT][2], w_offset[RT][2];
   LerpSlopes slopes[RT][2];
-  float ds_sum[RT][2], hvu_sum[RT][2], hvat_sum[RT][2];  // Σ hv (lerp) or Σ ds; Σ hv u; Σ hv (a + 1) t
+  float ds_sum[RT][2], hvu_sum[RT][2],
+      hvat_sum[RT][2];  // Σ hv (lerp) or Σ ds; Σ hv u; Σ hv (a + 1) t
   // The rows' statistics are loaded while the resident tiles land (one block per SM:
   // nothing else hides the latency of either).
 #pragma unroll
@@ -520,8 +523,8 @@ __device__ __forceinline__ void dq_block(const Params& p, BlockIndex at, unsigne
     if (j == 0) {  // the resident tiles have landed (the cp.async feed: with step 0's)
       q_a.load(q_tile);
       do_a.load(do_tile);
-      if constexpr (kDelta) row_deltas<RT>(delta, do_tile, o_tile, warp_row0, row_first, p.T,
-                                           p.delta + stat0);
+      if constexpr (kDelta)
+        row_deltas<RT>(delta, do_tile, o_tile, warp_row0, row_first, p.T, p.delta + stat0);
     }
     const int k0 = j * BN;
     if (k0 > group_row_last) return;
@@ -542,7 +545,7 @@ __device__ __forceinline__ void dq_block(const Params& p, BlockIndex at, unsigne
       const float raw = w[mt][nt][e];  // future keys: −inf
       const float u = grid_position(r, raw);
       const float g = dp[mt][nt][e] - delta[mt][half];  // dL/dŵ = g / Ẑ
-      float ds;  // lerp: dS / λ
+      float ds;                                         // lerp: dS / λ
       if constexpr (kRule == Rule::lerp) {
         // Below the fwm window ŵ is the constant 0: the cell is taken at max(u, 0)
         // (also future keys, and a flat row's NaN) and the entry's gradient zeroed.
@@ -572,8 +575,8 @@ __device__ __forceinline__ void dq_block(const Params& p, BlockIndex at, unsigne
 #pragma unroll
         for (int e = 0; e < 4; ++e) dq_acc[mt][dt][e] *= slopes[mt][e / 2].lambda;
 
-  // The calibration terms land on the argmax and argmin keys: dQ_i += dL/dm k_argmax + dL/dℓ
-  // k_argmin.
+          // The calibration terms land on the argmax and argmin keys: dQ_i += dL/dm k_argmax +
+          // dL/dℓ k_argmin.
 #pragma unroll
   for (int mt = 0; mt < RT; ++mt)
 #pragma unroll
@@ -583,7 +586,8 @@ __device__ __forceinline__ void dq_block(const Params& p, BlockIndex at, unsigne
       const float ds_row = (kRule == Rule::lerp ? sl.lambda : 1.0f) * row_sum4(ds_sum[mt][half]);
       float m_grad = -ds_row, l_grad = 0.0f;
       if constexpr (kLerpMinmax) {
-        const float bracket = sl.kappa * row_sum4(hvu_sum[mt][half]) - sl.rho * row_sum4(hvat_sum[mt][half]);
+        const float bracket =
+            sl.kappa * row_sum4(hvu_sum[mt][half]) - sl.rho * row_sum4(hvat_sum[mt][half]);
         m_grad = -p.grid.inv_K * bracket;
         l_grad = -ds_row - m_grad;
       }
@@ -666,7 +670,7 @@ __device__ __forceinline__ void dkdv_block(const Params& p, BlockIndex at, unsig
   bf16* q_stages = v_tile.data + BN * D;                        // 2 x [(BM, d) Q, (BM, d) dO]
   float4* stat_stages = reinterpret_cast<float4*>(q_stages + 4 * BM * D);  // 2 x [(BM) lo, (BM) hi]
   QueryValues* value_stages = reinterpret_cast<QueryValues*>(stat_stages + 4 * BM);  // 2 x (BM)
-  float* l_grad_stages = reinterpret_cast<float*>(value_stages + 2 * BM);             // 2 x (BM)
+  float* l_grad_stages = reinterpret_cast<float*>(value_stages + 2 * BM);            // 2 x (BM)
 
   const int h = at.h, b = at.b;
   const int k0 = at.block * BN;
@@ -698,9 +702,8 @@ __device__ __forceinline__ void dkdv_block(const Params& p, BlockIndex at, unsig
       copy_row_stats<BM>(stat_stage(s), p.stats + stat0 + q0, p.T - q0, thread, threads, copier);
       copy_query_values<BM>(value_stages + s * BM,
                             kRoutes && kLerpMinmax ? l_grad_stages + s * BM : nullptr,
-                            p.delta + stat0 + q0,
-                            second ? second + q0 : nullptr, l_grad ? l_grad + q0 : nullptr,
-                            p.T - q0, thread, threads, copier);
+                            p.delta + stat0 + q0, second ? second + q0 : nullptr,
+                            l_grad ? l_grad + q0 : nullptr, p.T - q0, thread, threads, copier);
     });
   };
   // Causal: queries before the block's first key see none of it.
@@ -727,7 +730,7 @@ __device__ __forceinline__ void dkdv_block(const Params& p, BlockIndex at, unsig
     typename Rows::template A<BN, D> k_a, v_a;  // the group's rows of K and V (mma.sync: loaded
     k_a.load(k_tile);                           // per step, fewer live registers)
     v_a.load(v_tile);
-    float w[RT][BM / 8][4];   // (16 RT keys, BM queries): raw Sᵀ = K Qᵀ, then dSᵀ / (dPᵀ − ḡ)
+    float w[RT][BM / 8][4];  // (16 RT keys, BM queries): raw Sᵀ = K Qᵀ, then dSᵀ / (dPᵀ − ḡ)
     float dp[RT][BM / 8][4];  // (16 RT keys, BM queries): dPᵀ = V dOᵀ, then dSᵀ
     // dPᵀ runs while p̂ᵀ is computed where the registers allow (d = 64: at d = 128
     // dK and dV alone hold 128 per thread); else it is issued beside dV's product.
@@ -755,7 +758,8 @@ __device__ __forceinline__ void dkdv_block(const Params& p, BlockIndex at, unsig
           for (int e = 0; e < 4; ++e) {
             const RowStats r = stats.load(acc_col(nt, e));
             const float raw = w[mt][nt][e];
-            const float u = grid_position(r, raw);  // future keys (u past the grid) are hidden below
+            const float u =
+                grid_position(r, raw);  // future keys (u past the grid) are hidden below
             // Below the fwm window ŵ is 0, and so is lerp's gradient: 1/Ẑ is replaced by 0.
             const float inv_z = kFwm && u < 0.0f ? 0.0f : r.inv_z;
             float f;
@@ -1083,14 +1087,19 @@ void backward(const KIntervalOptions& opt, const AttentionShape& s, const Params
   const Rule rule = rule_of(opt);
   // The skeleton's delta pre-pass and (probability STE) FPA's dQ pass read these:
   // that rule's δ and L are the exact softmax's, which the forward saved.
-  BackwardParams fb{p.qkv, rule == Rule::prob_ste ? p.o_exact : o,
-                    p.dout, p.lse, ws.delta, p.dqkv, p.B, p.H, p.T, p.scale, p.scale_log2};
+  BackwardParams fb{p.qkv,       rule == Rule::prob_ste ? p.o_exact : o,
+                    p.dout,      p.lse,
+                    ws.delta,    p.dqkv,
+                    p.B,         p.H,
+                    p.T,         p.scale,
+                    p.scale_log2};
   // dK/dV needs the dQ pass's dL/dm and dL/dℓ unless the extrema are detached or
   // the rule is the probability STE; else the wgmma family runs both in one launch.
-  const bool one_launch = Family::kKernels == FpaKernels::wgmma &&
-                          (rule == Rule::prob_ste || opt.detach_extrema);
+  const bool one_launch =
+      Family::kKernels == FpaKernels::wgmma && (rule == Rule::prob_ste || opt.detach_extrema);
   // K-interval's own dQ pass of a two-launch backward computes δ at d = 64 (dq_block's kDelta).
-  if (one_launch || rule == Rule::prob_ste || !dq_computes_delta<D>()) attention_delta(fb, D, stream);
+  if (one_launch || rule == Rule::prob_ste || !dq_computes_delta<D>())
+    attention_delta(fb, D, stream);
   with_calibration(opt.calibration, [&](auto calibration) {
     constexpr Calibration kCal = decltype(calibration)::value;
     auto run = [&](auto rule_constant) {

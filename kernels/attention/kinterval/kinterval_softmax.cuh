@@ -42,13 +42,13 @@ inline Rule rule_of(const KIntervalOptions& opt) {
 struct alignas(16) RowStats {
   float u_offset;  // −g0 · u_scale, g0 the raw score of the grid's first point (minmax: ℓ / c;
                    // fwm: (m − W) / c): u = r · u_scale + u_offset, one FMA
-  float u_scale;  // c / Δ; 0 for a flat row
-  float step;     // Δ · log2(e); 0 for a flat row
-  float rho;      // v_{a+1} / v_a − 1 = e^Δ − 1 (expm1: exact for a small Δ)
-  float w_base;   // raw max · c · log2(e): the base of exp(s − m) (unquantised_weight)
-  float inv_z;    // 1 / Σ_j ŵ_j (Σ ≥ 1: the max has ŵ = 1)
-  int argmax;     // visible key with the largest score, the lowest index on ties
-  int argmin;     // likewise the smallest
+  float u_scale;   // c / Δ; 0 for a flat row
+  float step;      // Δ · log2(e); 0 for a flat row
+  float rho;       // v_{a+1} / v_a − 1 = e^Δ − 1 (expm1: exact for a small Δ)
+  float w_base;    // raw max · c · log2(e): the base of exp(s − m) (unquantised_weight)
+  float inv_z;     // 1 / Σ_j ŵ_j (Σ ≥ 1: the max has ŵ = 1)
+  int argmax;      // visible key with the largest score, the lowest index on ties
+  int argmin;      // likewise the smallest
 };
 constexpr int kRowStats = sizeof(RowStats) / sizeof(float);
 static_assert(kRowStats == 8);
@@ -57,7 +57,7 @@ static_assert(kRowStats == 8);
 // w, the probability STE's exact softmax). scale_log2 = c log2(e); log2(e)
 // where the score carries c already (the sage composition).
 __device__ __forceinline__ float unquantised_weight(const RowStats& r, float raw,
-                                                   float scale_log2) {
+                                                    float scale_log2) {
   return fast_exp2(fmaf(raw, scale_log2, -r.w_base));
 }
 

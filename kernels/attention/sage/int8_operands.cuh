@@ -19,8 +19,8 @@
 #include <cstdint>
 
 #include "attention/common/online_softmax.cuh"
-#include "attention/sage/quant.cuh"  // kPermuted: the T order of the transposed copies
 #include "attention/common/tile_mma.cuh"
+#include "attention/sage/quant.cuh"  // kPermuted: the T order of the transposed copies
 
 namespace qattn::cuda::flash {
 
@@ -33,7 +33,9 @@ struct Int8Tile {
   static constexpr int kStride = kCols + 16;
   static constexpr int kBytes = kRows * kStride;
   int8_t* data;
-  __device__ __forceinline__ int8_t* at(int row, int col) const { return data + row * kStride + col; }
+  __device__ __forceinline__ int8_t* at(int row, int col) const {
+    return data + row * kStride + col;
+  }
 };
 
 // All kRows rows of a row-major int8 matrix (row stride ld bytes) into the tile.
@@ -79,12 +81,15 @@ __device__ __forceinline__ void ldmatrix_x4_s8(uint32_t (&r)[4], const int8_t* p
 constexpr float kBias = 12582912.0f;  // 1.5·2^23
 template <int kTerms>
 __device__ __forceinline__ float sum_to_float(int sum) {
-  static_assert(127 * 127 * kTerms < (1 << 24), "the int32 sum must convert exactly (sum_to_float)");
+  static_assert(127 * 127 * kTerms < (1 << 24),
+                "the int32 sum must convert exactly (sum_to_float)");
   return __int2float_rn(sum);
 }
 __device__ __forceinline__ uint32_t pack_s8x4(float a, float b, float c, float d, float inv) {
-  const uint32_t la = __float_as_uint(fmaf(a, inv, kBias)), lb = __float_as_uint(fmaf(b, inv, kBias));
-  const uint32_t lc = __float_as_uint(fmaf(c, inv, kBias)), ld = __float_as_uint(fmaf(d, inv, kBias));
+  const uint32_t la = __float_as_uint(fmaf(a, inv, kBias)),
+                 lb = __float_as_uint(fmaf(b, inv, kBias));
+  const uint32_t lc = __float_as_uint(fmaf(c, inv, kBias)),
+                 ld = __float_as_uint(fmaf(d, inv, kBias));
   return __byte_perm(__byte_perm(la, lb, 0x0040), __byte_perm(lc, ld, 0x0040), 0x5410);
 }
 
@@ -106,8 +111,8 @@ __device__ __forceinline__ void zero_sums(int (&sum)[kNTiles][4]) {
 }
 // acc = sum · scale, sums of kTerms products with one scale for the tile.
 template <int kTerms, int kNTiles>
-__device__ __forceinline__ void sums_to_scores(float (&acc)[1][kNTiles][4], const int (&sum)[kNTiles][4],
-                                               float scale) {
+__device__ __forceinline__ void sums_to_scores(float (&acc)[1][kNTiles][4],
+                                               const int (&sum)[kNTiles][4], float scale) {
 #pragma unroll
   for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
@@ -115,7 +120,8 @@ __device__ __forceinline__ void sums_to_scores(float (&acc)[1][kNTiles][4], cons
 }
 // acc += sum · row_scale of the element's row (g: [0], g + 8: [1]), kTerms products each.
 template <int kTerms>
-__device__ __forceinline__ void add_sum(float (&acc)[4], const int (&sum)[4], const float (&row_scale)[2]) {
+__device__ __forceinline__ void add_sum(float (&acc)[4], const int (&sum)[4],
+                                        const float (&row_scale)[2]) {
 #pragma unroll
   for (int e = 0; e < 4; ++e) acc[e] = fmaf(sum_to_float<kTerms>(sum[e]), row_scale[e / 2], acc[e]);
 }
@@ -123,7 +129,8 @@ __device__ __forceinline__ void add_sum(float (&acc)[4], const int (&sum)[4], co
 // ψ(w) as int8 A fragments over the permuted k (see above): the weights w (16
 // rows, 8 kNTiles columns = the product's k) at the row scales' inverses `inv`.
 template <int kKSteps, int kNTiles>
-__device__ __forceinline__ void pack_weights(uint32_t (&a)[kKSteps][4], const float (&w)[1][kNTiles][4],
+__device__ __forceinline__ void pack_weights(uint32_t (&a)[kKSteps][4],
+                                             const float (&w)[1][kNTiles][4],
                                              const float (&inv)[2]) {
   static_assert(kNTiles == 4 * kKSteps, "a k32 step is four 8-column accumulator tiles");
 #pragma unroll
@@ -142,8 +149,9 @@ __device__ __forceinline__ void pack_weights(uint32_t (&a)[kKSteps][4], const fl
 // every row of tile `b` (stored (n, k)). This is S = Q̂ K̂ᵀ and dP = dÔ V̂ᵀ (and
 // their transposes in the dK/dV pass); both operands have one scale per block.
 template <int kNTiles, int kRowsA, int kRowsB, int kCols>
-__device__ __forceinline__ void int8_product_nk(float (&acc)[1][kNTiles][4], Int8Tile<kRowsA, kCols> a,
-                                                int row0, Int8Tile<kRowsB, kCols> b, float scale) {
+__device__ __forceinline__ void int8_product_nk(float (&acc)[1][kNTiles][4],
+                                                Int8Tile<kRowsA, kCols> a, int row0,
+                                                Int8Tile<kRowsB, kCols> b, float scale) {
   static_assert(kNTiles % 2 == 0 && kNTiles * 8 <= kRowsB);
   const int lane = threadIdx.x % 32;
   int sum[kNTiles][4];
@@ -155,7 +163,8 @@ __device__ __forceinline__ void int8_product_nk(float (&acc)[1][kNTiles][4], Int
 #pragma unroll
     for (int np = 0; np < kNTiles / 2; ++np) {
       uint32_t r[4];  // (n tile 2np: k 0-15, k 16-31), (n tile 2np+1: k 0-15, k 16-31)
-      ldmatrix_x4_s8(r, b.at(np * 16 + (lane % 8) + (lane / 16) * 8, ks * 32 + ((lane / 8) % 2) * 16));
+      ldmatrix_x4_s8(r,
+                     b.at(np * 16 + (lane % 8) + (lane / 16) * 8, ks * 32 + ((lane / 8) % 2) * 16));
       mma_s8_16832(sum[2 * np], af, r[0], r[1]);
       mma_s8_16832(sum[2 * np + 1], af, r[2], r[3]);
     }
@@ -174,7 +183,8 @@ __device__ __forceinline__ void int8_product_nk(float (&acc)[1][kNTiles][4], Int
 // every finite amax. Below 2^-100 (no weight that matters is that small) a row
 // counts as zero: level 0, s = 1 (tested, "ψ's weight scales").
 constexpr float kZeroAmax = 0x1p-100f;
-__device__ __forceinline__ void scales_of_amax(const float (&amax)[2], float (&scale)[2], float (&inv)[2]) {
+__device__ __forceinline__ void scales_of_amax(const float (&amax)[2], float (&scale)[2],
+                                               float (&inv)[2]) {
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const bool zero = amax[half] < kZeroAmax;
@@ -221,7 +231,8 @@ __device__ __forceinline__ void int8_product_weights(float (&acc)[1][kDTiles][4]
                                                      const float (&w)[1][kNTiles][4],
                                                      const float (&scale)[2], const float (&inv)[2],
                                                      Int8Tile<kRowsB, kCols> bt, float scale_b) {
-  static_assert(kNTiles % 4 == 0 && kNTiles * 8 == kCols && kDTiles * 8 == kRowsB && kDTiles % 2 == 0);
+  static_assert(kNTiles % 4 == 0 && kNTiles * 8 == kCols && kDTiles * 8 == kRowsB &&
+                kDTiles % 2 == 0);
   constexpr int kKSteps = kNTiles / 4;
   const int lane = threadIdx.x % 32;
   uint32_t a[kKSteps][4];  // ψ(w) as A fragments over the permuted k
@@ -234,7 +245,8 @@ __device__ __forceinline__ void int8_product_weights(float (&acc)[1][kDTiles][4]
 #pragma unroll
     for (int ks = 0; ks < kKSteps; ++ks) {
       uint32_t r[4];
-      ldmatrix_x4_s8(r, bt.at(np * 16 + (lane % 8) + (lane / 16) * 8, ks * 32 + ((lane / 8) % 2) * 16));
+      ldmatrix_x4_s8(
+          r, bt.at(np * 16 + (lane % 8) + (lane / 16) * 8, ks * 32 + ((lane / 8) % 2) * 16));
       mma_s8_16832(sum[0], a[ks], r[0], r[1]);
       mma_s8_16832(sum[1], a[ks], r[2], r[3]);
     }

@@ -31,16 +31,16 @@ struct QuantiseParams {
   SageWorkspace ws;
   SageCopies copies;
   int B, H, T;
-  float c;           // 1 / sqrt(d)
+  float c;  // 1 / sqrt(d)
   bool smooth_q, smooth_k;
 };
 
 // A block of kSageBlock rows of d channels as 16-byte chunks over kQuantThreads threads.
 template <int D>
 struct BlockChunks {
-  static constexpr int kPerRow = D / 8;                          // chunks in a row: 16 or 8
-  static constexpr int kRowStep = kQuantThreads / kPerRow;       // rows between a thread's chunks
-  static constexpr int kPerThread = kSageBlock / kRowStep;       // chunks per thread: 4 or 2
+  static constexpr int kPerRow = D / 8;                     // chunks in a row: 16 or 8
+  static constexpr int kRowStep = kQuantThreads / kPerRow;  // rows between a thread's chunks
+  static constexpr int kPerThread = kSageBlock / kRowStep;  // chunks per thread: 4 or 2
   // The levels tile in shared memory for the transposed copy: rows of d + 4
   // bytes (an odd number of words) and 32 more bytes after each 16 rows, so that
   // write_transposed's reads (4 groups x 8 channel quads per warp) hit 32 banks
@@ -54,17 +54,21 @@ struct BlockChunks {
 };
 
 // Row t of slot (0 q, 1 k, 2 v) of head h, batch b in (B, T, 3, H, d).
-__device__ __forceinline__ const bf16* qkv_row(const QuantiseParams& p, int D, int b, int t, int slot, int h) {
-  return p.qkv + ((static_cast<size_t>(b) * p.T + t) * 3 + slot) * p.H * D + static_cast<size_t>(h) * D;
+__device__ __forceinline__ const bf16* qkv_row(const QuantiseParams& p, int D, int b, int t,
+                                               int slot, int h) {
+  return p.qkv + ((static_cast<size_t>(b) * p.T + t) * 3 + slot) * p.H * D +
+         static_cast<size_t>(h) * D;
 }
 // Row t of head h, batch b in (B, T, H, d).
-__device__ __forceinline__ const bf16* head_row(const bf16* x, const QuantiseParams& p, int D, int b, int t, int h) {
+__device__ __forceinline__ const bf16* head_row(const bf16* x, const QuantiseParams& p, int D,
+                                                int b, int t, int h) {
   return x + (static_cast<size_t>(b) * p.T + t) * p.H * D + static_cast<size_t>(h) * D;
 }
 // This thread's chunk k of a block whose row 0 is x_row0 and whose rows are
 // row_stride apart; zeros past its `rows` valid rows (nothing read there).
 template <int D>
-__device__ __forceinline__ Bf16x8 load_chunk(const bf16* x_row0, size_t row_stride, int rows, int k) {
+__device__ __forceinline__ Bf16x8 load_chunk(const bf16* x_row0, size_t row_stride, int rows,
+                                             int k) {
   using C = BlockChunks<D>;
   const int r = C::row(k);
   if (r < rows) return load8(x_row0 + r * row_stride + C::channel0());
@@ -127,8 +131,8 @@ __device__ __forceinline__ void write_transposed(const int8_t* levels, int8_t* d
     uint32_t row_word[4];  // rows kPermuted(4w + i), channels 4q … 4q+3
 #pragma unroll
     for (int i = 0; i < 4; ++i)
-      row_word[i] = *reinterpret_cast<const uint32_t*>(levels + C::level_offset(16 * group + kPermuted(4 * w + i)) +
-                                                       4 * quad);
+      row_word[i] = *reinterpret_cast<const uint32_t*>(
+          levels + C::level_offset(16 * group + kPermuted(4 * w + i)) + 4 * quad);
     // Byte j of row_word[i] -> byte i of column[j][w]: interleave rows 0, 1 and
     // rows 2, 3 (bytes a0 b0 a1 b1 and a2 b2 a3 b3), then pair the halves.
     const uint32_t lo01 = __byte_perm(row_word[0], row_word[1], 0x5140);
@@ -156,7 +160,7 @@ constexpr int kStagedTiles = 3;
 // operand's per-warp maxima.
 template <int D>
 struct QuantiseSmem {
-  bf16 tile[kStagedTiles][kSageBlock * D];  // (64, d) each
+  bf16 tile[kStagedTiles][kSageBlock * D];     // (64, d) each
   int8_t levels[BlockChunks<D>::kLevelBytes];  // X̂ (64, d), padded (level_offset), for i8t
   float mean[D];
   float warp_amax[3][kQuantThreads / 32];
@@ -189,7 +193,8 @@ __global__ void __launch_bounds__(kQuantThreads) quantise_kernel(const QuantiseP
   for (int i = 0; i < kStagedTiles; ++i) {
     if (kGradient && i == 2 && !copy_v) break;
     const bf16* x_row0 = source_row0(i);
-    const size_t stride = static_cast<size_t>(kGradient && i < 2 ? 1 : 3) * p.H * D;  // between rows
+    const size_t stride =
+        static_cast<size_t>(kGradient && i < 2 ? 1 : 3) * p.H * D;  // between rows
 #pragma unroll
     for (int k = 0; k < C::kPerThread; ++k) {
       const int r = C::row(k);
@@ -201,10 +206,13 @@ __global__ void __launch_bounds__(kQuantThreads) quantise_kernel(const QuantiseP
   auto quantise_operand = [&](auto tile_index, int which) {
     constexpr int i = decltype(tile_index)::value;
     const QuantOperand out = which == 0 ? ws.q : which == 1 ? ws.k : which == 2 ? ws.v : ws.dout;
-    const OperandCopies copies =
-        which == 0 ? p.copies.q : which == 1 ? p.copies.k : which == 2 ? p.copies.v : p.copies.dout;
+    const OperandCopies copies = which == 0   ? p.copies.q
+                                 : which == 1 ? p.copies.k
+                                 : which == 2 ? p.copies.v
+                                              : p.copies.dout;
     const bool smooth_q = which == 0 && p.smooth_q, smooth_k = which == 1 && p.smooth_k;
-    cp_async_wait<kGradient ? 0 : kStagedTiles - 1 - i>();  // this thread's copies of tile i have landed
+    cp_async_wait<kGradient ? 0 : kStagedTiles - 1 - i>();  // this thread's copies of tile i have
+                                                            // landed
     float x[C::kPerThread][8];  // this thread's chunks, then smoothed and scaled
 #pragma unroll
     for (int k = 0; k < C::kPerThread; ++k) {
@@ -245,7 +253,8 @@ __global__ void __launch_bounds__(kQuantThreads) quantise_kernel(const QuantiseP
       for (int e = 0; e < 8; ++e) mu[e] = sm.mean[ch0 + e];
     }
     if (which == 1 && !p.smooth_k && blk == 0)
-      for (int col = threadIdx.x; col < D; col += kQuantThreads) ws.key_mean[static_cast<size_t>(bh) * D + col] = 0.0f;
+      for (int col = threadIdx.x; col < D; col += kQuantThreads)
+        ws.key_mean[static_cast<size_t>(bh) * D + col] = 0.0f;
 
     // Step 3: the quantised value is c·(Q − μ_Q) for Q, X − μ for the others.
     const float mult = which == 0 ? p.c : 1.0f;
@@ -284,7 +293,8 @@ __global__ void __launch_bounds__(kQuantThreads) quantise_kernel(const QuantiseP
 #pragma unroll
           for (int e = 0; e < 4; ++e) word[half] |= level(x[k][4 * half + e]) << (8 * e);
         }
-        if (copies.i8) *reinterpret_cast<uint2*>(out.i8 + natural0 + r * D + ch0) = make_uint2(word[0], word[1]);
+        if (copies.i8)
+          *reinterpret_cast<uint2*>(out.i8 + natural0 + r * D + ch0) = make_uint2(word[0], word[1]);
         if (copies.i8t) {
           uint32_t* level_row = reinterpret_cast<uint32_t*>(sm.levels + C::level_offset(r) + ch0);
           level_row[0] = word[0];
@@ -300,11 +310,13 @@ __global__ void __launch_bounds__(kQuantThreads) quantise_kernel(const QuantiseP
     }
     if (!copies.i8t) return;
     __syncthreads();
-    if (threadIdx.x < D) write_transposed<D>(sm.levels, out.i8t + static_cast<size_t>(bh) * D * ws.Tp + t0, ws.Tp);
+    if (threadIdx.x < D)
+      write_transposed<D>(sm.levels, out.i8t + static_cast<size_t>(bh) * D * ws.Tp + t0, ws.Tp);
   };
   if constexpr (kGradient) {
     quantise_operand(std::integral_constant<int, 0>{}, 3);
-    if (copy_v) {  // V's bf16 copy as loaded (padded rows zero); wait_group 0 above covered its tile
+    if (copy_v) {  // V's bf16 copy as loaded (padded rows zero); wait_group 0 above covered its
+                   // tile
       const size_t natural0 = (static_cast<size_t>(bh) * ws.Tp + t0) * D;
 #pragma unroll
       for (int k = 0; k < C::kPerThread; ++k)
@@ -333,7 +345,9 @@ constexpr int kBiasTile = 64, kBiasChunk = 32, kBiasThreads = 256;
 // A staged column's rows are XOR-swizzled by 8 per group of 8 columns: the 4
 // threads that stage one row's 32 columns then store to 4 banks, not one, and a
 // thread's 4 consecutive rows stay one 16-byte load.
-__device__ __forceinline__ int bias_swizzle(int col, int row) { return row ^ (8 * ((col / 8) % 4)); }
+__device__ __forceinline__ int bias_swizzle(int col, int row) {
+  return row ^ (8 * ((col / 8) % 4));
+}
 template <int D>
 __global__ void __launch_bounds__(kBiasThreads) query_bias_kernel(const QuantiseParams p) {
   static_assert(kSageBlock % kBiasTile == 0 && D % kBiasChunk == 0, "Tp is whole tiles");
@@ -359,7 +373,8 @@ __global__ void __launch_bounds__(kBiasThreads) query_bias_kernel(const Quantise
       m[i] = mean_row ? mean_row[col + i] : 0.0f;
     }
   };
-  const int ty = threadIdx.x / 16, tx = threadIdx.x % 16;  // query blocks qb0 + 4 ty …, keys t0 + 4 tx …
+  const int ty = threadIdx.x / 16,
+            tx = threadIdx.x % 16;  // query blocks qb0 + 4 ty …, keys t0 + 4 tx …
   float acc[4][4] = {};
   read_columns(0);
   for (int c0 = 0; c0 < D; c0 += kBiasChunk) {
@@ -419,19 +434,21 @@ class Carver {
 bool v_bf16_is_the_forwards(const SageOptions& opt) { return opt.precision.pv == Precision::bf16; }
 
 // Operand x's copies named in `copies`, each (B·H, Tp, d), and its block scales.
-void carve_operand(QuantOperand& x, const OperandCopies& copies, size_t n, size_t scales, Carver& c) {
+void carve_operand(QuantOperand& x, const OperandCopies& copies, size_t n, size_t scales,
+                   Carver& c) {
   x.i8 = copies.i8 ? c.take<int8_t>(n) : nullptr;
   x.i8t = copies.i8t ? c.take<int8_t>(n) : nullptr;
   x.bf = copies.bf ? c.take<bf16>(n) : nullptr;
   x.scale = c.take<float>(scales);
 }
 
-SageWorkspace carve(const SageOptions& opt, const AttentionShape& s, const SageCopies& copies, Carver& saved,
-                    Carver& scratch) {
+SageWorkspace carve(const SageOptions& opt, const AttentionShape& s, const SageCopies& copies,
+                    Carver& saved, Carver& scratch) {
   SageWorkspace ws{};
   ws.blocks = ceil_div(s.T, kSageBlock);
   ws.Tp = ws.blocks * kSageBlock;
-  const size_t heads = static_cast<size_t>(s.B) * s.H, n = heads * ws.Tp * s.d, scales = heads * ws.blocks;
+  const size_t heads = static_cast<size_t>(s.B) * s.H, n = heads * ws.Tp * s.d,
+               scales = heads * ws.blocks;
   carve_operand(ws.q, copies.q, n, scales, saved);
   carve_operand(ws.k, copies.k, n, scales, saved);
   const bool v_bf_saved = v_bf16_is_the_forwards(opt);
@@ -447,10 +464,13 @@ SageWorkspace carve(const SageOptions& opt, const AttentionShape& s, const SageC
   return ws;
 }
 
-QuantiseParams quantise_params(const SageOptions& opt, const AttentionShape& s, const bf16* qkv, const bf16* o,
-                               const bf16* dout, const SageWorkspace& ws, const SageCopies& copies) {
-  return {qkv, o, dout, ws, copies, s.B, s.H, s.T, 1.0f / std::sqrt(static_cast<float>(s.d)), opt.smooth_q,
-          opt.smooth_k};
+QuantiseParams quantise_params(const SageOptions& opt, const AttentionShape& s, const bf16* qkv,
+                               const bf16* o, const bf16* dout, const SageWorkspace& ws,
+                               const SageCopies& copies) {
+  return {qkv,          o,           dout,
+          ws,           copies,      s.B,
+          s.H,          s.T,         1.0f / std::sqrt(static_cast<float>(s.d)),
+          opt.smooth_q, opt.smooth_k};
 }
 
 template <int D>
@@ -465,8 +485,8 @@ void quantise_inputs(const QuantiseParams& p, cudaStream_t stream) {
   flash::launch(quantise_kernel<D, false>, dim3(p.ws.blocks, heads), kQuantThreads,
                 sizeof(QuantiseSmem<D>), stream, p);
   if (p.smooth_q) {
-    query_bias_kernel<D><<<dim3(p.ws.Tp / kBiasTile, ceil_div(p.ws.blocks, kBiasTile), heads), kBiasThreads, 0,
-                           stream>>>(p);
+    query_bias_kernel<D><<<dim3(p.ws.Tp / kBiasTile, ceil_div(p.ws.blocks, kBiasTile), heads),
+                           kBiasThreads, 0, stream>>>(p);
     CUDA_CHECK_LAUNCH();
   }
 }
@@ -485,14 +505,15 @@ size_t sage_saved_bytes(const SageOptions& opt, const AttentionShape& s, const S
   return saved.used();
 }
 
-size_t sage_workspace_bytes(const SageOptions& opt, const AttentionShape& s, const SageCopies& copies) {
+size_t sage_workspace_bytes(const SageOptions& opt, const AttentionShape& s,
+                            const SageCopies& copies) {
   Carver saved(nullptr), scratch(nullptr);
   carve(opt, s, copies, saved, scratch);
   return scratch.used();
 }
 
-SageWorkspace sage_workspace(const SageOptions& opt, const AttentionShape& s, void* saved, void* scratch,
-                             const SageCopies& copies) {
+SageWorkspace sage_workspace(const SageOptions& opt, const AttentionShape& s, void* saved,
+                             void* scratch, const SageCopies& copies) {
   Carver saved_carver(saved), scratch_carver(scratch);
   return carve(opt, s, copies, saved_carver, scratch_carver);
 }
@@ -536,16 +557,16 @@ SageCopies sage_backward_copies(const SageOptions& opt, bool in_place) {
   return c;
 }
 
-void sage_quantise_inputs(const SageOptions& opt, const AttentionShape& s, const bf16* qkv, const SageWorkspace& ws,
-                          const SageCopies& copies, cudaStream_t stream) {
+void sage_quantise_inputs(const SageOptions& opt, const AttentionShape& s, const bf16* qkv,
+                          const SageWorkspace& ws, const SageCopies& copies, cudaStream_t stream) {
   const QuantiseParams p = quantise_params(opt, s, qkv, nullptr, nullptr, ws, copies);
   if (s.d == 64) return quantise_inputs<64>(p, stream);
   return quantise_inputs<128>(p, stream);
 }
 
-void sage_quantise_gradient(const SageOptions& opt, const AttentionShape& s, const bf16* qkv, const bf16* o,
-                            const bf16* dout, const SageWorkspace& ws, const SageCopies& copies,
-                            cudaStream_t stream) {
+void sage_quantise_gradient(const SageOptions& opt, const AttentionShape& s, const bf16* qkv,
+                            const bf16* o, const bf16* dout, const SageWorkspace& ws,
+                            const SageCopies& copies, cudaStream_t stream) {
   const QuantiseParams p = quantise_params(opt, s, qkv, o, dout, ws, copies);
   if (s.d == 64) return quantise_gradient<64>(p, stream);
   return quantise_gradient<128>(p, stream);

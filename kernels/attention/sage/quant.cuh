@@ -23,7 +23,9 @@ constexpr int kSageBlock = 64;
 // The transposed copies hold T permuted within each group of 16: position p of
 // a group holds its row kPermuted(p), the order in which a thread's fp32
 // accumulator columns form an int8 A fragment (int8_operands.cuh).
-__host__ __device__ constexpr int kPermuted(int p) { return 2 * (p / 4) + (p % 2) + 8 * ((p % 4) / 2); }
+__host__ __device__ constexpr int kPermuted(int p) {
+  return 2 * (p / 4) + (p % 2) + 8 * ((p % 4) / 2);
+}
 
 // One operand of one attention call, all (b, h) heads: X quantised per block
 // of kSageBlock rows, and the same X rounded to bf16 (for products set to bf16).
@@ -38,15 +40,15 @@ struct QuantOperand {
 // forward, q, k, v, the key sums and means, the query means and bias; the
 // backward's scratch, dout, delta, row_terms.
 struct SageWorkspace {
-  int Tp, blocks;             // T padded to whole blocks; Tp / kSageBlock
-  QuantOperand q, k, v, dout; // c·(Q − μ_Q), K − μ_K, V, dO
-  float* key_block_sums;      // (B·H, blocks, d)  Σ of K over each block (for μ_K; smooth_k, else null)
-  float* key_mean;            // (B·H, d)          μ_K (zeros without smooth_k)
-  float* query_mean;          // (B·H, blocks, d)  μ_Q per block (smooth_q, else null)
-  float* query_bias;          // (B·H, blocks, Tp) c·μ_Qi·(K_j − μ_K) (smooth_q; else null)
-  float* delta;               // (B·H, Tp)         δ = rowsum(dO ∘ O) (backward)
-  float* row_terms;           // (B·H, Tp, 4)      the K-interval composition's backward row
-                              //                   terms (sage_softmax.cuh; softmax block only, else null)
+  int Tp, blocks;              // T padded to whole blocks; Tp / kSageBlock
+  QuantOperand q, k, v, dout;  // c·(Q − μ_Q), K − μ_K, V, dO
+  float* key_block_sums;  // (B·H, blocks, d)  Σ of K over each block (for μ_K; smooth_k, else null)
+  float* key_mean;        // (B·H, d)          μ_K (zeros without smooth_k)
+  float* query_mean;      // (B·H, blocks, d)  μ_Q per block (smooth_q, else null)
+  float* query_bias;      // (B·H, blocks, Tp) c·μ_Qi·(K_j − μ_K) (smooth_q; else null)
+  float* delta;           // (B·H, Tp)         δ = rowsum(dO ∘ O) (backward)
+  float* row_terms;       // (B·H, Tp, 4)      the K-interval composition's backward row
+                     //                   terms (sage_softmax.cuh; softmax block only, else null)
   // Head bh's first block in the per-block arrays (scales, query_mean, query_bias).
   __host__ __device__ size_t head_block0(int bh) const { return static_cast<size_t>(bh) * blocks; }
 };
@@ -83,11 +85,12 @@ SageCopies sage_backward_copies(const SageOptions& opt, bool in_place);
 // an mma.sync kernel. Both 256-byte aligned; the copies not in `copies` take no
 // space (their pointers are null).
 size_t sage_saved_bytes(const SageOptions& opt, const AttentionShape& s, const SageCopies& copies);
-size_t sage_workspace_bytes(const SageOptions& opt, const AttentionShape& s, const SageCopies& copies);
+size_t sage_workspace_bytes(const SageOptions& opt, const AttentionShape& s,
+                            const SageCopies& copies);
 // Carves the buffers out of `saved` and `scratch` (either may be null: its
 // buffers are then null, as in the forward, which has no scratch).
-SageWorkspace sage_workspace(const SageOptions& opt, const AttentionShape& s, void* saved, void* scratch,
-                             const SageCopies& copies);
+SageWorkspace sage_workspace(const SageOptions& opt, const AttentionShape& s, void* saved,
+                             void* scratch, const SageCopies& copies);
 
 // The forward's pre-pass: qkv (B, T, 3, H, d) -> ws.q, ws.k, ws.v (the copies
 // named in `copies`, and their scales), μ_K, μ_Q and the bias per the options.
@@ -95,9 +98,9 @@ void sage_quantise_inputs(const SageOptions& opt, const AttentionShape& s, const
                           const SageWorkspace& ws, const SageCopies& copies, cudaStream_t stream);
 // The backward's: dout, o (B, T, H, d) -> ws.dout (its copies and scales) and
 // ws.delta; and V's bf16 copy from qkv where copies.v.bf names it.
-void sage_quantise_gradient(const SageOptions& opt, const AttentionShape& s, const bf16* qkv, const bf16* o,
-                            const bf16* dout, const SageWorkspace& ws, const SageCopies& copies,
-                            cudaStream_t stream);
+void sage_quantise_gradient(const SageOptions& opt, const AttentionShape& s, const bf16* qkv,
+                            const bf16* o, const bf16* dout, const SageWorkspace& ws,
+                            const SageCopies& copies, cudaStream_t stream);
 
 #ifdef __CUDACC__
 // ψ's level of x at scale s (SPEC §3): round(x / s), half away from zero, as the

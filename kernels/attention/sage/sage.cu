@@ -44,16 +44,16 @@
 #include <type_traits>
 #include <utility>
 
-#include "attention/sage/int8_operands.cuh"
 #include "attention/common/online_softmax.cuh"
 #include "attention/common/pipeline.cuh"
+#include "attention/common/tile_mma.cuh"
+#include "attention/sage/int8_operands.cuh"
 #include "attention/sage/quant.cuh"
 #include "attention/sage/sage.cuh"
-#include "attention/sage/sage_dq_sm90.cuh"
 #include "attention/sage/sage_dkdv_sm90.cuh"
+#include "attention/sage/sage_dq_sm90.cuh"
 #include "attention/sage/sage_forward_sm90.cuh"
 #include "attention/sage/sage_softmax.cuh"
-#include "attention/common/tile_mma.cuh"
 
 namespace qattn::cuda {
 namespace {
@@ -81,12 +81,12 @@ struct SageParams {
   float* row_terms;    // (B, H, Tp, Softmax::kTermFloats) the backward's row terms: the
                        // pre-pass's δ, or the K-interval dQ kernel's row sweep
   SoftmaxOptions softmax;  // the softmax block (K-interval composition)
-  bf16* o;           // (B, T, H, d), forward
-  bf16* dqkv;        // (B, T, 3, H, d), backward
-  const bf16* qkv;   // (B, T, 3, H, d), backward: V read in place by the wgmma kernels
-  const bf16* dout;  // (B, T, H, d), backward: read in place by the wgmma kernels
+  bf16* o;                 // (B, T, H, d), forward
+  bf16* dqkv;              // (B, T, 3, H, d), backward
+  const bf16* qkv;         // (B, T, 3, H, d), backward: V read in place by the wgmma kernels
+  const bf16* dout;        // (B, T, H, d), backward: read in place by the wgmma kernels
   int B, H, T;
-  float c;           // 1 / sqrt(d)
+  float c;  // 1 / sqrt(d)
   // Precision of each product (SPEC §3 keys): true = int8, false = bf16.
   bool qk8, pv8, dv8, dp8, dq8, dk8;
   bool tile_scales;  // bwd_granularity "tile": one scale per 64x64 tile of P and dS
@@ -110,7 +110,8 @@ template <int kResident, int kStaged>
 struct SmemPlan {
   int resident[kResident], staged[kStaged];  // byte offsets; staged[] in stage 0
   int stage_bytes = 0, total = 0;
-  __host__ __device__ SmemPlan(const int (&resident_bytes)[kResident], const int (&staged_bytes)[kStaged]) {
+  __host__ __device__ SmemPlan(const int (&resident_bytes)[kResident],
+                               const int (&staged_bytes)[kStaged]) {
     int at = 0;
     for (int i = 0; i < kResident; ++i) resident[i] = at, at += resident_bytes[i];
     for (int i = 0; i < kStaged; ++i) staged[i] = at + stage_bytes, stage_bytes += staged_bytes[i];
@@ -132,16 +133,17 @@ template <class Tr, class Softmax>
 __host__ __device__ SmemPlan<2, 6> dkdv_plan(const SageParams& p) {
   constexpr int D = Tr::D;
   return SmemPlan<2, 6>({natural_bytes<D, Tr::kRows>(p.qk8), natural_bytes<D, Tr::kRows>(p.dp8)},
-                        {natural_bytes<D>(p.qk8), transposed_bytes<D>(p.dk8), natural_bytes<D>(p.dp8),
-                         transposed_bytes<D>(p.dv8), kTile * 4 * Softmax::kStatFloats,
-                         kTile * 4 * Softmax::kTermFloats});
+                        {natural_bytes<D>(p.qk8), transposed_bytes<D>(p.dk8),
+                         natural_bytes<D>(p.dp8), transposed_bytes<D>(p.dv8),
+                         kTile * 4 * Softmax::kStatFloats, kTile * 4 * Softmax::kTermFloats});
 }
 // dQ: resident Q (qk), dO (dp); staged K (qk), K (dq), V (dp)
 template <class Tr>
 __host__ __device__ SmemPlan<2, 3> dq_plan(const SageParams& p) {
   constexpr int D = Tr::D;
-  return SmemPlan<2, 3>({natural_bytes<D, Tr::kRows>(p.qk8), natural_bytes<D, Tr::kRows>(p.dp8)},
-                        {natural_bytes<D>(p.qk8), transposed_bytes<D>(p.dq8), natural_bytes<D>(p.dp8)});
+  return SmemPlan<2, 3>(
+      {natural_bytes<D, Tr::kRows>(p.qk8), natural_bytes<D, Tr::kRows>(p.dp8)},
+      {natural_bytes<D>(p.qk8), transposed_bytes<D>(p.dq8), natural_bytes<D>(p.dp8)});
 }
 
 // Blocks [blk, blk + kRows / 64) of operand x of head bh into a slot, as the
@@ -156,18 +158,21 @@ __device__ __forceinline__ void load_natural(unsigned char* slot, const QuantOpe
     const size_t row0 = static_cast<size_t>(bh) * ws.Tp + static_cast<size_t>(block) * kTile;
     unsigned char* part_slot = slot + part * natural_bytes<D>(int8);
     if (int8)
-      load_int8_tile_async<kThreads>(Int8Tile<kTile, D>{reinterpret_cast<int8_t*>(part_slot)}, x.i8 + row0 * D, D);
+      load_int8_tile_async<kThreads>(Int8Tile<kTile, D>{reinterpret_cast<int8_t*>(part_slot)},
+                                     x.i8 + row0 * D, D);
     else
-      load_tile_async<kThreads>(SmemTile<kTile, D>{reinterpret_cast<bf16*>(part_slot)}, x.bf + row0 * D, D, kTile);
+      load_tile_async<kThreads>(SmemTile<kTile, D>{reinterpret_cast<bf16*>(part_slot)},
+                                x.bf + row0 * D, D, kTile);
   }
 }
 template <int D, int kThreads>
-__device__ __forceinline__ void load_transposed(unsigned char* slot, const QuantOperand& x, bool int8,
-                                                const SageWorkspace& ws, int bh, int blk) {
+__device__ __forceinline__ void load_transposed(unsigned char* slot, const QuantOperand& x,
+                                                bool int8, const SageWorkspace& ws, int bh,
+                                                int blk) {
   if (int8)
-    load_int8_tile_async<kThreads>(Int8Tile<D, kTile>{reinterpret_cast<int8_t*>(slot)},
-                                   x.i8t + static_cast<size_t>(bh) * D * ws.Tp + static_cast<size_t>(blk) * kTile,
-                                   ws.Tp);
+    load_int8_tile_async<kThreads>(
+        Int8Tile<D, kTile>{reinterpret_cast<int8_t*>(slot)},
+        x.i8t + static_cast<size_t>(bh) * D * ws.Tp + static_cast<size_t>(blk) * kTile, ws.Tp);
   else
     load_natural<D, kThreads>(slot, x, false, ws, bh, blk);
 }
@@ -176,8 +181,9 @@ __device__ __forceinline__ void load_transposed(unsigned char* slot, const Quant
 // times the staged tile bᵀ, over d: S or dP (transposed in the dK/dV pass).
 // int8: times the two block scales `scale`.
 template <int D, int kRowsA>
-__device__ __forceinline__ void product_over_d(float (&acc)[1][kTileN][4], bool int8, unsigned char* a,
-                                               int row0, unsigned char* b, float scale) {
+__device__ __forceinline__ void product_over_d(float (&acc)[1][kTileN][4], bool int8,
+                                               unsigned char* a, int row0, unsigned char* b,
+                                               float scale) {
   if (int8) {
     int8_product_nk(acc, Int8Tile<kRowsA, D>{reinterpret_cast<int8_t*>(a)}, row0,
                     Int8Tile<kTile, D>{reinterpret_cast<int8_t*>(b)}, scale);
@@ -194,12 +200,14 @@ __device__ __forceinline__ void product_over_d(float (&acc)[1][kTileN][4], bool 
 // (or per 64 x 64 tile) and the product times that scale and scale_b. With
 // per_tile every thread of the CTA calls it (the scale is a reduction over warps).
 template <int D>
-__device__ __forceinline__ void product_over_t(float (&acc)[1][D / 8][4], bool int8, const float (&w)[1][kTileN][4],
-                                               bool per_tile, float* scratch, unsigned char* b, float scale_b) {
+__device__ __forceinline__ void product_over_t(float (&acc)[1][D / 8][4], bool int8,
+                                               const float (&w)[1][kTileN][4], bool per_tile,
+                                               float* scratch, unsigned char* b, float scale_b) {
   if (int8) {
     float scale[2], inv[2];
     weight_scales<kWarpsPerBlock>(w, per_tile, scratch, scale, inv);
-    int8_product_weights(acc, w, scale, inv, Int8Tile<D, kTile>{reinterpret_cast<int8_t*>(b)}, scale_b);
+    int8_product_weights(acc, w, scale, inv, Int8Tile<D, kTile>{reinterpret_cast<int8_t*>(b)},
+                         scale_b);
   } else {
     mma_weights_kn(acc, w, SmemTile<kTile, D>{reinterpret_cast<bf16*>(b)});
   }
@@ -208,7 +216,8 @@ __device__ __forceinline__ void product_over_t(float (&acc)[1][D / 8][4], bool i
 // Rows [t0, t0 + kRows) of slot (0 q, 1 k, 2 v) of head h in dqkv, or of o, from
 // a staged bf16 tile; rows past T are skipped.
 template <int kThreads, int kRows, int D>
-__device__ __forceinline__ void store_rows(SmemTile<kRows, D> tile, bf16* base, size_t ld, int t0, int T) {
+__device__ __forceinline__ void store_rows(SmemTile<kRows, D> tile, bf16* base, size_t ld, int t0,
+                                           int T) {
   store_tile<kThreads>(tile, base + static_cast<size_t>(t0) * ld, ld, T - t0);
 }
 
@@ -225,10 +234,11 @@ __global__ void __launch_bounds__(Tr::kThreads) sage_forward_kernel(const SagePa
   const int q_tile = at.block, bh = at.h, b = bh / p.H, h = bh % p.H;
   const int q0 = q_tile * Tr::kRows;
   const int row0 = (threadIdx.x / 32) * 16;  // the warp's first row in the tile
-  const int first_query = q0 + row0;          // of the warp
+  const int first_query = q0 + row0;         // of the warp
   // The warp's quantisation block (a block past the last: the last, see load_natural).
   const int q_block = min(first_query / kTile, ws.blocks - 1);
-  const int key_blocks = min(ws.blocks, (q0 + Tr::kRows - 1) / kTile + 1);  // up to the tile's diagonal
+  const int key_blocks =
+      min(ws.blocks, (q0 + Tr::kRows - 1) / kTile + 1);  // up to the tile's diagonal
   unsigned char* q_slot = smem + plan.resident[0];
   auto k_slot = [&](int s) { return smem + plan.slot(s, 0); };
   auto v_slot = [&](int s) { return smem + plan.slot(s, 1); };
@@ -247,7 +257,7 @@ __global__ void __launch_bounds__(Tr::kThreads) sage_forward_kernel(const SagePa
   const float scale_q = ws.q.scale[scale0 + q_block];
   const float* bias = p.smooth_q ? ws.query_bias + (scale0 + q_block) * ws.Tp : nullptr;
   // s (16, 64) = the scores of key block j, masked entries −inf.
-  auto scores = [&](float (&s)[1][kTileN][4], int j, int stage) {
+  auto scores = [&](float(&s)[1][kTileN][4], int j, int stage) {
     product_over_d<D, Tr::kRows>(s, p.qk8, q_slot, row0, k_slot(stage), scale_q * scale_k[j]);
     bias_and_mask(s, bias, j * kTile, first_query);
   };
@@ -273,11 +283,13 @@ __global__ void __launch_bounds__(Tr::kThreads) sage_forward_kernel(const SagePa
   });
 
   softmax.finalize(o_acc);
-  softmax.store(p.stats_out + static_cast<size_t>(bh) * p.T * Softmax::kStatFloats, first_query, p.T);
+  softmax.store(p.stats_out + static_cast<size_t>(bh) * p.T * Softmax::kStatFloats, first_query,
+                p.T);
   const SmemTile<Tr::kRows, D> o_tile{reinterpret_cast<bf16*>(smem)};  // every slot is free now
   store_acc(o_tile, o_acc, row0, 1.0f);
   __syncthreads();
-  store_rows<kThreads>(o_tile, p.o + static_cast<size_t>(b) * p.T * p.H * D + static_cast<size_t>(h) * D,
+  store_rows<kThreads>(o_tile,
+                       p.o + static_cast<size_t>(b) * p.T * p.H * D + static_cast<size_t>(h) * D,
                        static_cast<size_t>(p.H) * D, q0, p.T);
 }
 
@@ -298,14 +310,14 @@ __global__ void __launch_bounds__(Tr::kThreads) sage_backward_dkdv_kernel(const 
   const int k_block = min((k0 + row0) / kTile, ws.blocks - 1);
   unsigned char* k_slot = smem + plan.resident[0];
   unsigned char* v_slot = smem + plan.resident[1];
-  auto q_slot = [&](int s) { return smem + plan.slot(s, 0); };     // Q̂ for Sᵀ
-  auto qt_slot = [&](int s) { return smem + plan.slot(s, 1); };    // Q̂ for dK
-  auto do_slot = [&](int s) { return smem + plan.slot(s, 2); };    // dO for dPᵀ
-  auto dot_slot = [&](int s) { return smem + plan.slot(s, 3); };   // dÔ for dV
+  auto q_slot = [&](int s) { return smem + plan.slot(s, 0); };    // Q̂ for Sᵀ
+  auto qt_slot = [&](int s) { return smem + plan.slot(s, 1); };   // Q̂ for dK
+  auto do_slot = [&](int s) { return smem + plan.slot(s, 2); };   // dO for dPᵀ
+  auto dot_slot = [&](int s) { return smem + plan.slot(s, 3); };  // dÔ for dV
   auto stats_slot = [&](int s) { return reinterpret_cast<float*>(smem + plan.slot(s, 4)); };
   auto terms_slot = [&](int s) { return reinterpret_cast<float*>(smem + plan.slot(s, 5)); };
   constexpr int kStat = Softmax::kStatFloats, kTerm = Softmax::kTermFloats;
-  const float* stats_src = p.stats + static_cast<size_t>(bh) * p.T * kStat;    // (T, kStat)
+  const float* stats_src = p.stats + static_cast<size_t>(bh) * p.T * kStat;        // (T, kStat)
   const float* terms_src = p.row_terms + static_cast<size_t>(bh) * ws.Tp * kTerm;  // (Tp, kTerm)
   auto load_queries = [&](int i, int s) {
     load_natural<D, kThreads>(q_slot(s), ws.q, p.qk8, ws, bh, i);
@@ -314,7 +326,8 @@ __global__ void __launch_bounds__(Tr::kThreads) sage_backward_dkdv_kernel(const 
     load_transposed<D, kThreads>(dot_slot(s), ws.dout, p.dv8, ws, bh, i);
     load_row_values_async<kThreads, kTile * kStat>(stats_slot(s), stats_src + i * kTile * kStat,
                                                    (p.T - i * kTile) * kStat);
-    load_row_values_async<kThreads, kTile * kTerm>(terms_slot(s), terms_src + i * kTile * kTerm, kTile * kTerm);
+    load_row_values_async<kThreads, kTile * kTerm>(terms_slot(s), terms_src + i * kTile * kTerm,
+                                                   kTile * kTerm);
   };
 
   load_natural<D, kThreads, Tr::kRows>(k_slot, ws.k, p.qk8, ws, bh, k_tile * Tr::kBlocks);
@@ -334,8 +347,12 @@ __global__ void __launch_bounds__(Tr::kThreads) sage_backward_dkdv_kernel(const 
     const float* stats = stats_slot(s);
     const float* terms = terms_slot(s);
     // The bias of the warp's keys (c·μ_Qi·(K − μ_K)), from its block's first key.
-    const float* bias = p.smooth_q ? ws.query_bias + (scale0 + i) * ws.Tp + k_block * kTile + row0 % kTile : nullptr;
-    auto query_row = [&](int qi) { return Softmax::load_row(stats + qi * kStat, terms + qi * kTerm); };
+    const float* bias = p.smooth_q
+                            ? ws.query_bias + (scale0 + i) * ws.Tp + k_block * kTile + row0 % kTile
+                            : nullptr;
+    auto query_row = [&](int qi) {
+      return Softmax::load_row(stats + qi * kStat, terms + qi * kTerm);
+    };
     auto visible = [&](int key, int query) { return query < p.T && key <= query; };
     // The warp's last key sees the step's first query, and every query is real.
     const bool all_visible = k0 + row0 + 15 <= q0 && q0 + kTile <= p.T;
@@ -349,8 +366,9 @@ __global__ void __launch_bounds__(Tr::kThreads) sage_backward_dkdv_kernel(const 
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int key = k0 + row0 + frag_row(e), qi = frag_col(nt, e);
-          w[0][nt][e] = unmasked || visible(key, q0 + qi) ? softmax.probability(query_row(qi), score[0][nt][e])
-                                                          : 0.0f;
+          w[0][nt][e] = unmasked || visible(key, q0 + qi)
+                            ? softmax.probability(query_row(qi), score[0][nt][e])
+                            : 0.0f;
         }
     });
     product_over_t<D>(dv_acc, p.dv8, w, p.tile_scales, scratch[0], dot_slot(s), s_do);
@@ -362,9 +380,10 @@ __global__ void __launch_bounds__(Tr::kThreads) sage_backward_dkdv_kernel(const 
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int key = k0 + row0 + frag_row(e), qi = frag_col(nt, e);
-          w[0][nt][e] = unmasked || visible(key, q0 + qi)
-                            ? softmax.grad(query_row(qi), score[0][nt][e], w[0][nt][e], dp[0][nt][e], key)
-                            : 0.0f;
+          w[0][nt][e] =
+              unmasked || visible(key, q0 + qi)
+                  ? softmax.grad(query_row(qi), score[0][nt][e], w[0][nt][e], dp[0][nt][e], key)
+                  : 0.0f;
         }
     });
     product_over_t<D>(dk_acc, p.dk8, w, p.tile_scales, scratch[1], qt_slot(s), s_q);
@@ -380,7 +399,8 @@ __global__ void __launch_bounds__(Tr::kThreads) sage_backward_dkdv_kernel(const 
 #pragma unroll
       for (int dt = 0; dt < D / 8; ++dt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) dk_acc[0][dt][e] += p.c * row_sum[e / 2] * mu_q[frag_col(dt, e)];
+        for (int e = 0; e < 4; ++e)
+          dk_acc[0][dt][e] += p.c * row_sum[e / 2] * mu_q[frag_col(dt, e)];
     }
   });
 
@@ -412,13 +432,14 @@ __global__ void __launch_bounds__(Tr::kThreads) sage_backward_dq_kernel(const Sa
   const int row0 = (threadIdx.x / 32) * 16;  // the warp's first row in the tile
   // The warp's quantisation block (a block past the last: the last, see load_natural).
   const int q_block = min((q0 + row0) / kTile, ws.blocks - 1);
-  const int key_blocks = min(ws.blocks, (q0 + Tr::kRows - 1) / kTile + 1);  // up to the tile's diagonal
+  const int key_blocks =
+      min(ws.blocks, (q0 + Tr::kRows - 1) / kTile + 1);  // up to the tile's diagonal
   unsigned char* q_slot = smem + plan.resident[0];
   unsigned char* do_slot = smem + plan.resident[1];
   auto k_slot = [&](int s) { return smem + plan.slot(s, 0); };   // K̂ for S
   auto kt_slot = [&](int s) { return smem + plan.slot(s, 1); };  // K̂ for dQ
   auto v_slot = [&](int s) { return smem + plan.slot(s, 2); };   // V for dP
-  auto load_scores = [&](int j, int s) {  // what S and dP read
+  auto load_scores = [&](int j, int s) {                         // what S and dP read
     load_natural<D, kThreads>(k_slot(s), ws.k, p.qk8, ws, bh, j);
     load_natural<D, kThreads>(v_slot(s), ws.v, p.dp8, ws, bh, j);
   };
@@ -439,10 +460,12 @@ __global__ void __launch_bounds__(Tr::kThreads) sage_backward_dq_kernel(const Sa
   typename Softmax::Row rows[2];  // with a row sweep the terms are made below
   load_rows<Softmax>(rows, p.stats + static_cast<size_t>(bh) * p.T * kStat, terms, q0 + row0, p.T);
   // score, dp (16 queries, 64 keys) = S and dP of key block j.
-  auto scores_and_dp = [&](float (&score)[1][kTileN][4], float (&dp)[1][kTileN][4], int j, int s) {
-    product_over_d<D, Tr::kRows>(score, p.qk8, q_slot, row0, k_slot(s), s_q * ws.k.scale[scale0 + j]);
+  auto scores_and_dp = [&](float(&score)[1][kTileN][4], float(&dp)[1][kTileN][4], int j, int s) {
+    product_over_d<D, Tr::kRows>(score, p.qk8, q_slot, row0, k_slot(s),
+                                 s_q * ws.k.scale[scale0 + j]);
     add_key_bias(score, bias, j * kTile);
-    product_over_d<D, Tr::kRows>(dp, p.dp8, do_slot, row0, v_slot(s), s_do * ws.v.scale[scale0 + j]);
+    product_over_d<D, Tr::kRows>(dp, p.dp8, do_slot, row0, v_slot(s),
+                                 s_do * ws.v.scale[scale0 + j]);
   };
 
   if constexpr (Softmax::kRowPass) {  // the row terms, before any dS is quantised
@@ -469,8 +492,9 @@ __global__ void __launch_bounds__(Tr::kThreads) sage_backward_dq_kernel(const Sa
   store_acc(dq_tile, dq_acc, row0, p.c);
   __syncthreads();
   const size_t ld = static_cast<size_t>(3) * p.H * D;
-  store_rows<kThreads>(dq_tile, p.dqkv + static_cast<size_t>(b) * p.T * ld + static_cast<size_t>(h) * D, ld, q0,
-                       p.T);
+  store_rows<kThreads>(dq_tile,
+                       p.dqkv + static_cast<size_t>(b) * p.T * ld + static_cast<size_t>(h) * D, ld,
+                       q0, p.T);
 }
 
 // ---------------------------------------------------------------------------
@@ -483,13 +507,14 @@ __global__ void __launch_bounds__(Tr::kThreads) sage_backward_dq_kernel(const Sa
 void require_buffer(const void* buffer, size_t bytes, const char* what) {
   if (buffer == nullptr || reinterpret_cast<uintptr_t>(buffer) % 256 != 0)
     throw std::invalid_argument("CUDA attention kind sage: " + std::string(what) + " " +
-                                std::string(buffer ? "is not 256-byte aligned" : "is null") + " (needs " +
-                                std::to_string(bytes) + " bytes, 256-byte aligned)");
+                                std::string(buffer ? "is not 256-byte aligned" : "is null") +
+                                " (needs " + std::to_string(bytes) + " bytes, 256-byte aligned)");
 }
 
 // The kernels' parameters, once the options and the buffers are known to be
 // usable; scratch null in the forward (which has none).
-SageParams make_params(const SageOptions& opt, const AttentionShape& s, void* saved, void* scratch) {
+SageParams make_params(const SageOptions& opt, const AttentionShape& s, void* saved,
+                       void* scratch) {
   sage_check_options(opt);
   const SageCopies copies = sage_copies(opt);
   require_buffer(saved, sage_saved_bytes(opt, s, copies), "saved buffer (attention_saved_bytes)");
@@ -498,8 +523,10 @@ SageParams make_params(const SageOptions& opt, const AttentionShape& s, void* sa
   p.B = s.B, p.H = s.H, p.T = s.T;
   p.c = 1.0f / std::sqrt(static_cast<float>(s.d));
   const SagePrecision& pr = opt.precision;
-  p.qk8 = pr.qk == Precision::int8, p.pv8 = pr.pv == Precision::int8, p.dv8 = pr.dv == Precision::int8;
-  p.dp8 = pr.dp == Precision::int8, p.dq8 = pr.dq == Precision::int8, p.dk8 = pr.dk == Precision::int8;
+  p.qk8 = pr.qk == Precision::int8, p.pv8 = pr.pv == Precision::int8,
+  p.dv8 = pr.dv == Precision::int8;
+  p.dp8 = pr.dp == Precision::int8, p.dq8 = pr.dq == Precision::int8,
+  p.dk8 = pr.dk == Precision::int8;
   p.tile_scales = opt.bwd_granularity == BwdGranularity::tile;
   p.smooth_q = opt.smooth_q;
   p.row_terms = opt.softmax ? p.ws.row_terms : p.ws.delta;
@@ -524,11 +551,12 @@ void with_warps(int warps, Run&& run) {
 }
 
 void check_tiles(const SageTiles& tiles) {
-  for (const auto& [kernel, warps] : {std::pair<const char*, int>{"forward", tiles.forward}, {"dq", tiles.dq},
+  for (const auto& [kernel, warps] : {std::pair<const char*, int>{"forward", tiles.forward},
+                                      {"dq", tiles.dq},
                                       {"dkdv", tiles.dkdv}})
     if (warps != 4 && warps != 8)
-      throw std::invalid_argument(std::string("CUDA attention kind sage: SageTiles.") + kernel + " = " +
-                                  std::to_string(warps) + " warps (allowed: 4, 8)");
+      throw std::invalid_argument(std::string("CUDA attention kind sage: SageTiles.") + kernel +
+                                  " = " + std::to_string(warps) + " warps (allowed: 4, 8)");
 }
 
 // Dynamic shared memory of a kernel: its plan, and at least the output tiles
@@ -558,18 +586,20 @@ bool forward_on_wgmma(const SageParams& p, const SageTiles& tiles) {
                       ", pv = " + precision_name(p.pv8) + ")");
 }
 bool dq_on_wgmma(const SageParams& p, const SageTiles& tiles) {
-  return on_wgmma(tiles.dq_kernels, p.qk8 && p.dq8 && !p.dp8 && !p.tile_scales, "dq_kernels",
-                  "attention.sage.precision.qk = dq = int8, dp = bf16, bwd_granularity rowcol (got qk = " +
-                      precision_name(p.qk8) + ", dq = " + precision_name(p.dq8) + ", dp = " +
-                      precision_name(p.dp8) + ", bwd_granularity " + (p.tile_scales ? "tile" : "rowcol") + ")");
+  return on_wgmma(
+      tiles.dq_kernels, p.qk8 && p.dq8 && !p.dp8 && !p.tile_scales, "dq_kernels",
+      "attention.sage.precision.qk = dq = int8, dp = bf16, bwd_granularity rowcol (got qk = " +
+          precision_name(p.qk8) + ", dq = " + precision_name(p.dq8) + ", dp = " +
+          precision_name(p.dp8) + ", bwd_granularity " + (p.tile_scales ? "tile" : "rowcol") + ")");
 }
 
 bool dkdv_on_wgmma(const SageParams& p, const SageTiles& tiles) {
-  return on_wgmma(tiles.dkdv_kernels, p.qk8 && p.dv8 && p.dk8 && !p.dp8 && !p.tile_scales, "dkdv_kernels",
-                  "attention.sage.precision.qk = dv = dk = int8, dp = bf16, bwd_granularity rowcol (got qk = " +
-                      precision_name(p.qk8) + ", dv = " + precision_name(p.dv8) + ", dk = " +
-                      precision_name(p.dk8) + ", dp = " + precision_name(p.dp8) + ", bwd_granularity " +
-                      (p.tile_scales ? "tile" : "rowcol") + ")");
+  return on_wgmma(
+      tiles.dkdv_kernels, p.qk8 && p.dv8 && p.dk8 && !p.dp8 && !p.tile_scales, "dkdv_kernels",
+      "attention.sage.precision.qk = dv = dk = int8, dp = bf16, bwd_granularity rowcol (got qk = " +
+          precision_name(p.qk8) + ", dv = " + precision_name(p.dv8) +
+          ", dk = " + precision_name(p.dk8) + ", dp = " + precision_name(p.dp8) +
+          ", bwd_granularity " + (p.tile_scales ? "tile" : "rowcol") + ")");
 }
 
 // Tensor maps over the pre-pass's int8 copies for the wgmma kernels: a natural
@@ -579,8 +609,7 @@ template <int D>
 struct WorkspaceMaps {
   const SageWorkspace& ws;
   uint64_t heads;
-  explicit WorkspaceMaps(const SageParams& p)
-      : ws(p.ws), heads(static_cast<uint64_t>(p.B) * p.H) {}
+  explicit WorkspaceMaps(const SageParams& p) : ws(p.ws), heads(static_cast<uint64_t>(p.B) * p.H) {}
   CUtensorMap natural(const int8_t* x) const {
     return sm90::make_int8_tensor_map(x, heads * ws.Tp, D, D, D);
   }
@@ -617,7 +646,8 @@ void forward_sm90(const SageParams& p, cudaStream_t stream) {
   f.q = maps.natural(ws.q.i8);
   f.k = maps.natural(ws.k.i8);
   f.vt = maps.transposed(ws.v.i8t);
-  constexpr int kWarpgroups = SageForwardSm90Layout<D, Softmax>::kWarpgroups;  // one 64-row block each
+  constexpr int kWarpgroups =
+      SageForwardSm90Layout<D, Softmax>::kWarpgroups;  // one 64-row block each
   launch(sage_forward_sm90_kernel<D, Softmax>, dim3(ceil_div(ws.blocks, kWarpgroups), p.B * p.H),
          sm90::block_threads<kWarpgroups>(),
          SageForwardSm90Layout<D, Softmax>::kBytes + scale_table_bytes(2, ws.blocks), stream, f);
@@ -628,8 +658,8 @@ void forward(const SageParams& p, const SageTiles& tiles, bool on_wgmma, cudaStr
   if (on_wgmma) return forward_sm90<D, Softmax>(p, stream);
   with_warps(tiles.forward, [&](auto warps) {
     using Tr = SageTraits<D, decltype(warps)::value>;
-    launch(sage_forward_kernel<Tr, Softmax>, grid_of<Tr>(p), Tr::kThreads, smem_bytes<Tr, 1>(forward_plan<Tr>(p)),
-           stream, p);
+    launch(sage_forward_kernel<Tr, Softmax>, grid_of<Tr>(p), Tr::kThreads,
+           smem_bytes<Tr, 1>(forward_plan<Tr>(p)), stream, p);
   });
 }
 
@@ -664,8 +694,8 @@ void dq_sm90(const SageParams& p, const BackwardMaps<D>& maps, cudaStream_t stre
   f.v = maps.v;
   constexpr int kWarpgroups = SageDqSm90Layout<D, Softmax>::kWarpgroups;  // one 64-row block each
   launch(sage_dq_sm90_kernel<D, Softmax>, dim3(ceil_div(ws.blocks, kWarpgroups), p.B * p.H),
-         sm90::block_threads<kWarpgroups>(), SageDqSm90Layout<D, Softmax>::kBytes + scale_table_bytes(1, ws.blocks),
-         stream, f);
+         sm90::block_threads<kWarpgroups>(),
+         SageDqSm90Layout<D, Softmax>::kBytes + scale_table_bytes(1, ws.blocks), stream, f);
 }
 
 // The wgmma dK/dV kernel: also Q̂ᵀ and dÔᵀ.
@@ -696,8 +726,8 @@ void backward(const SageParams& p, const SageTiles& tiles, bool dq_wgmma, bool d
   else
     with_warps(tiles.dq, [&](auto warps) {
       using Tr = SageTraits<D, decltype(warps)::value>;
-      launch(sage_backward_dq_kernel<Tr, Softmax>, grid_of<Tr>(p), Tr::kThreads, smem_bytes<Tr, 1>(dq_plan<Tr>(p)),
-             stream, p);
+      launch(sage_backward_dq_kernel<Tr, Softmax>, grid_of<Tr>(p), Tr::kThreads,
+             smem_bytes<Tr, 1>(dq_plan<Tr>(p)), stream, p);
     });
   if (dkdv_wgmma) return dkdv_sm90<D, Softmax>(p, *maps, stream);
   with_warps(tiles.dkdv, [&](auto warps) {
@@ -726,15 +756,17 @@ void dispatch(const SageOptions& opt, const AttentionShape& s, Run&& run) {
 
 void sage_check_options(const SageOptions& opt) {
   if (opt.block_q != kSageBlock || opt.block_k != kSageBlock)
-    throw std::invalid_argument("attention.sage.block_q/block_k = " + std::to_string(opt.block_q) + "/" +
-                                std::to_string(opt.block_k) + ": the CUDA kernels quantise per tile of " +
+    throw std::invalid_argument("attention.sage.block_q/block_k = " + std::to_string(opt.block_q) +
+                                "/" + std::to_string(opt.block_k) +
+                                ": the CUDA kernels quantise per tile of " +
                                 std::to_string(kSageBlock) + " rows (allowed: 64/64)");
   if (opt.softmax && opt.softmax->K < 1)
     throw std::invalid_argument("attention.sage.softmax.K = " + std::to_string(opt.softmax->K) +
                                 " is not allowed (allowed: K >= 1)");
   if (opt.softmax && opt.softmax->calibration == Calibration::fwm && !(opt.softmax->window > 0.0))
-    throw std::invalid_argument("attention.sage.softmax.window = " + std::to_string(opt.softmax->window) +
-                                " is not allowed (allowed: > 0 with calibration fwm)");
+    throw std::invalid_argument(
+        "attention.sage.softmax.window = " + std::to_string(opt.softmax->window) +
+        " is not allowed (allowed: > 0 with calibration fwm)");
 }
 
 int sage_row_stats(const SageOptions& opt) {
@@ -781,8 +813,8 @@ size_t sage_workspace_bytes(const SageOptions& opt, const AttentionShape& s) {
   return sage_workspace_bytes(opt, s, sage_copies(opt));
 }
 
-void sage_forward(const SageOptions& opt, const AttentionShape& s, const bf16* qkv, bf16* o, float* stats,
-                  void* saved, cudaStream_t stream, const SageTiles& tiles) {
+void sage_forward(const SageOptions& opt, const AttentionShape& s, const bf16* qkv, bf16* o,
+                  float* stats, void* saved, cudaStream_t stream, const SageTiles& tiles) {
   check_tiles(tiles);
   SageParams p = make_params(opt, s, saved, nullptr);
   p.stats_out = stats;
@@ -795,8 +827,8 @@ void sage_forward(const SageOptions& opt, const AttentionShape& s, const bf16* q
 }
 
 void sage_backward(const SageOptions& opt, const AttentionShape& s, const bf16* qkv, const bf16* o,
-                   const bf16* dout, const float* stats, const void* saved, bf16* dqkv, void* workspace,
-                   cudaStream_t stream, const SageTiles& tiles) {
+                   const bf16* dout, const float* stats, const void* saved, bf16* dqkv,
+                   void* workspace, cudaStream_t stream, const SageTiles& tiles) {
   check_tiles(tiles);
   // The kernels only read the forward's buffers; SageWorkspace's pointers are
   // non-const because the forward's pre-pass writes through the same view.
@@ -808,21 +840,22 @@ void sage_backward(const SageOptions& opt, const AttentionShape& s, const bf16* 
   p.dout = dout;
   const bool dq_wgmma = dq_on_wgmma(p, tiles);
   const bool dkdv_wgmma = dkdv_on_wgmma(p, tiles);
-  sage_quantise_gradient(opt, s, qkv, o, dout, p.ws, sage_backward_copies(opt, dq_wgmma && dkdv_wgmma), stream);
+  sage_quantise_gradient(opt, s, qkv, o, dout, p.ws,
+                         sage_backward_copies(opt, dq_wgmma && dkdv_wgmma), stream);
   dispatch(opt, s, [&](auto d, auto softmax) {
     backward<decltype(d)::value, typename decltype(softmax)::type>(p, tiles, dq_wgmma, dkdv_wgmma,
-                                                                  stream);
+                                                                   stream);
   });
 }
 
-void sage_forward(const SageOptions& opt, const AttentionShape& s, const bf16* qkv, bf16* o, float* stats,
-                  void* saved, cudaStream_t stream) {
+void sage_forward(const SageOptions& opt, const AttentionShape& s, const bf16* qkv, bf16* o,
+                  float* stats, void* saved, cudaStream_t stream) {
   sage_forward(opt, s, qkv, o, stats, saved, stream, sage_default_tiles(s));
 }
 
 void sage_backward(const SageOptions& opt, const AttentionShape& s, const bf16* qkv, const bf16* o,
-                   const bf16* dout, const float* stats, const void* saved, bf16* dqkv, void* workspace,
-                   cudaStream_t stream) {
+                   const bf16* dout, const float* stats, const void* saved, bf16* dqkv,
+                   void* workspace, cudaStream_t stream) {
   sage_backward(opt, s, qkv, o, dout, stats, saved, dqkv, workspace, stream, sage_default_tiles(s));
 }
 

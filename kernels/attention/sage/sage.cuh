@@ -31,7 +31,8 @@ int sage_row_stats(const SageOptions& opt);
 //
 // The family of each kernel is chosen at run time: on a device and build with
 // sm_90a they run on wgmma (two or three 64-row warpgroups, sage_sm90.cuh, and a
-// TMA producer; the warp counts are then not used) where the options allow, else on mma.sync (sage.cu):
+// TMA producer; the warp counts are then not used) where the options allow, else on mma.sync
+// (sage.cu):
 //   forward  sage_forward_sm90.cuh: qk = pv = int8 (the defaults)
 //   dQ       sage_dq_sm90.cuh: qk = dq = int8, dp = bf16, bwd_granularity rowcol
 //   dK/dV    sage_dkdv_sm90.cuh: qk = dv = dk = int8, dp = bf16, bwd_granularity

@@ -35,10 +35,10 @@
 namespace qattn::cuda::sage {
 
 struct SageDkDvSm90Params : SageBackwardSm90Common {
-  CUtensorMap k, q;        // K̂, Q̂ (B·H·Tp, d) int8, boxes (64, d)
-  CUtensorMap qt, dot;     // Q̂ᵀ, dÔᵀ (B·H·d, Tp) int8, T permuted, boxes (64, 64)
-  CUtensorMap v;           // qkv (B·T, 3·H·d) as the backward gets it, for V, boxes (64, 64)
-  CUtensorMap dout;        // dO (B·T, H·d) as the backward gets it, boxes (64, 64)
+  CUtensorMap k, q;     // K̂, Q̂ (B·H·Tp, d) int8, boxes (64, d)
+  CUtensorMap qt, dot;  // Q̂ᵀ, dÔᵀ (B·H·d, Tp) int8, T permuted, boxes (64, 64)
+  CUtensorMap v;        // qkv (B·T, 3·H·d) as the backward gets it, for V, boxes (64, 64)
+  CUtensorMap dout;     // dO (B·T, H·d) as the backward gets it, boxes (64, 64)
 };
 
 // Shared memory: K̂ (R, d) | V (R, d) bf16 | kStages stages of [Q̂ (64, d) | Q̂ᵀ (d, 64)
@@ -58,7 +58,8 @@ struct SageDkDvSm90Layout {
   static constexpr int kQ = 0, kQt = kQ + kSageBlock * D, kDot = kQt + D * kSageBlock;
   static constexpr int kDo = kDot + D * kSageBlock, kStats = kDo + kSageBlock * D * 2;
   static constexpr int kTerms = kStats + kSageBlock * Softmax::kStatFloats * 4;
-  static constexpr int kStageBytes = (kTerms + kSageBlock * Softmax::kTermFloats * 4 + 1023) / 1024 * 1024;
+  static constexpr int kStageBytes =
+      (kTerms + kSageBlock * Softmax::kTermFloats * 4 + 1023) / 1024 * 1024;
   static constexpr int kBarriers = kStage0 + Feed::kStages * kStageBytes;
   static constexpr int kBytes = kBarriers + Feed::kBarrierBytes;
   static_assert(kV % 1024 == 0 && kStage0 % 1024 == 0 && kQt % 1024 == 0 && kDot % 1024 == 0 &&
@@ -69,7 +70,8 @@ struct SageDkDvSm90Layout {
 // Grid (ceil(blocks / kWarpgroups), B·H); key tile 0, which sees every query,
 // starts first.
 template <int D, class Softmax>
-__global__ void __launch_bounds__(flash::sm90::block_threads<SageDkDvSm90Layout<D, Softmax>::kWarpgroups>(), 1)
+__global__ void __launch_bounds__(
+    flash::sm90::block_threads<SageDkDvSm90Layout<D, Softmax>::kWarpgroups>(), 1)
     sage_dkdv_sm90_kernel(const __grid_constant__ SageDkDvSm90Params params) {
 #if QATTN_SM90A_DEVICE
   using namespace flash;
@@ -77,21 +79,34 @@ __global__ void __launch_bounds__(flash::sm90::block_threads<SageDkDvSm90Layout<
   using Layout = SageDkDvSm90Layout<D, Softmax>;
   using Feed = typename Layout::Feed;
   constexpr int kRows = Layout::kRows;  // keys per block
-  constexpr int kQueries = kSageBlock, kNTiles = kQueries / 8;  // queries per step: one quantisation block
-  constexpr int kKSteps = kQueries / 32;                         // k32 steps of the products over T
+  constexpr int kQueries = kSageBlock,
+                kNTiles = kQueries / 8;   // queries per step: one quantisation block
+  constexpr int kKSteps = kQueries / 32;  // k32 steps of the products over T
   constexpr int kStat = Softmax::kStatFloats, kTerm = Softmax::kTermFloats;
   const SageDkDvSm90Params& p = params;
   const SageWorkspace& ws = p.ws;
   extern __shared__ __align__(1024) unsigned char smem[];
   const Int8SmemTile<kRows, D> k_tile{reinterpret_cast<int8_t*>(smem + Layout::kK)};  // (R, d)
-  const SmemTile<kRows, D> v_tile{reinterpret_cast<bf16*>(smem + Layout::kV)};       // (R, d)
+  const SmemTile<kRows, D> v_tile{reinterpret_cast<bf16*>(smem + Layout::kV)};        // (R, d)
   auto stage = [&](int s) { return smem + Layout::kStage0 + s * Layout::kStageBytes; };
-  auto q_tile = [&](int s) { return Int8SmemTile<kQueries, D>{reinterpret_cast<int8_t*>(stage(s) + Layout::kQ)}; };
-  auto qt_tile = [&](int s) { return Int8SmemTile<D, kQueries>{reinterpret_cast<int8_t*>(stage(s) + Layout::kQt)}; };
-  auto dot_tile = [&](int s) { return Int8SmemTile<D, kQueries>{reinterpret_cast<int8_t*>(stage(s) + Layout::kDot)}; };
-  auto do_tile = [&](int s) { return SmemTile<kQueries, D>{reinterpret_cast<bf16*>(stage(s) + Layout::kDo)}; };
-  auto stats_slot = [&](int s) { return reinterpret_cast<float*>(stage(s) + Layout::kStats); };  // (64, kStat)
-  auto terms_slot = [&](int s) { return reinterpret_cast<float*>(stage(s) + Layout::kTerms); };  // (64, kTerm)
+  auto q_tile = [&](int s) {
+    return Int8SmemTile<kQueries, D>{reinterpret_cast<int8_t*>(stage(s) + Layout::kQ)};
+  };
+  auto qt_tile = [&](int s) {
+    return Int8SmemTile<D, kQueries>{reinterpret_cast<int8_t*>(stage(s) + Layout::kQt)};
+  };
+  auto dot_tile = [&](int s) {
+    return Int8SmemTile<D, kQueries>{reinterpret_cast<int8_t*>(stage(s) + Layout::kDot)};
+  };
+  auto do_tile = [&](int s) {
+    return SmemTile<kQueries, D>{reinterpret_cast<bf16*>(stage(s) + Layout::kDo)};
+  };
+  auto stats_slot = [&](int s) {
+    return reinterpret_cast<float*>(stage(s) + Layout::kStats);
+  };  // (64, kStat)
+  auto terms_slot = [&](int s) {
+    return reinterpret_cast<float*>(stage(s) + Layout::kTerms);
+  };  // (64, kTerm)
 
   const BlockIndex at = block_by_rank();  // grid (tiles, B H): at.h is b H + h
   const int bh = at.h, b = bh / p.H, h = bh % p.H;
@@ -103,14 +118,16 @@ __global__ void __launch_bounds__(flash::sm90::block_threads<SageDkDvSm90Layout<
   // rows (or zeros past the tensor): finite, and those keys are never computed on.
   auto resident = [&](auto& to) {
     to.tile(k_tile, Int8TileSource{&p.k, head_row0 + k0, 0});
-    to.tile(v_tile, activation_tile(nullptr, &p.v, 3 * p.H * D, b, p.T, k0, (2 * p.H + h) * D));  // V in place
+    to.tile(v_tile, activation_tile(nullptr, &p.v, 3 * p.H * D, b, p.T, k0,
+                                    (2 * p.H + h) * D));  // V in place
   };
   auto queries = [&](int i, int s, auto& to) {
     const int q0 = i * kQueries;
     to.tile(q_tile(s), Int8TileSource{&p.q, head_row0 + q0, 0});
     to.tile(qt_tile(s), Int8TileSource{&p.qt, bh * D, q0});
     to.tile(dot_tile(s), Int8TileSource{&p.dot, bh * D, q0});
-    to.tile(do_tile(s), activation_tile(nullptr, &p.dout, p.H * D, b, p.T, q0, h * D));  // dO in place
+    to.tile(do_tile(s),
+            activation_tile(nullptr, &p.dout, p.H * D, b, p.T, q0, h * D));  // dO in place
     to.rows([&](int thread, int threads, auto copier) {  // statistics past T read as 0
       const int stats_valid = (p.T - q0) * kStat;
       for (int f = thread; f < kQueries * kStat; f += threads)
@@ -127,29 +144,32 @@ __global__ void __launch_bounds__(flash::sm90::block_threads<SageDkDvSm90Layout<
   }
   feed.consumer_start();
 
-  const int wg_row0 = warpgroup_row0();       // the warpgroup's first key in the tile
-  const int wg_key0 = k0 + wg_row0;           // and its first key
-  const int warp_key0 = k0 + warp_row0();     // the warp's first key
+  const int wg_row0 = warpgroup_row0();    // the warpgroup's first key in the tile
+  const int wg_key0 = k0 + wg_row0;        // and its first key
+  const int warp_key0 = k0 + warp_row0();  // the warp's first key
   const size_t scale0 = ws.head_block0(bh);
   // The warpgroup's quantisation block (a block past the last: the last, as sage.cu).
   const float s_k = ws.k.scale[scale0 + min(wg_key0 / kSageBlock, ws.blocks - 1)];
   const Softmax softmax(p.softmax);
   auto visible = [&](int key, int query) { return query < p.T && key <= query; };
 
-  float dk_acc[1][D / 8][4], dv_acc[1][D / 8][4];  // (64, d) rows of dK, dV of the warpgroup; this warp's 16
+  float dk_acc[1][D / 8][4],
+      dv_acc[1][D / 8][4];  // (64, d) rows of dK, dV of the warpgroup; this warp's 16
   zero(dk_acc);
   zero(dv_acc);
   // The products over the step's queries: dV += P̂ᵀ dÔ · s_P s_dO and dK +=
   // dŜᵀ Q̂ · s_dS s_Q, each as s32 sums of 64 columns of d at a time (B the
   // transposed copy's rows of those columns), folded into the fp32 accumulators.
   constexpr int kChunk = 64, kChunkTiles = kChunk / 8, kChunks = D / kChunk;
-  uint32_t p_hat[1][kKSteps][4], ds_hat[1][kKSteps][4];  // P̂ᵀ, dŜᵀ (64 keys, 64 queries) s8 A fragments
-  float dv_scale[2], dk_scale[2];                        // of the thread's two keys
-  auto issue = [&](int (&sum)[1][kChunkTiles][4], bool dv, int chunk, int s) {
-    const Int8SmemTile<kChunk, kQueries> bt{(dv ? dot_tile(s) : qt_tile(s)).data + chunk * kChunk * kQueries};
+  uint32_t p_hat[1][kKSteps][4],
+      ds_hat[1][kKSteps][4];       // P̂ᵀ, dŜᵀ (64 keys, 64 queries) s8 A fragments
+  float dv_scale[2], dk_scale[2];  // of the thread's two keys
+  auto issue = [&](int(&sum)[1][kChunkTiles][4], bool dv, int chunk, int s) {
+    const Int8SmemTile<kChunk, kQueries> bt{(dv ? dot_tile(s) : qt_tile(s)).data +
+                                            chunk * kChunk * kQueries};
     issue_s8_rs(sum, dv ? p_hat : ds_hat, bt);
   };
-  auto fold = [&](bool dv, int chunk, const int (&sum)[1][kChunkTiles][4]) {
+  auto fold = [&](bool dv, int chunk, const int(&sum)[1][kChunkTiles][4]) {
 #pragma unroll
     for (int c = 0; c < kChunks; ++c) {  // constant indices into the accumulators
       if (c != chunk) continue;
@@ -176,7 +196,9 @@ __global__ void __launch_bounds__(flash::sm90::block_threads<SageDkDvSm90Layout<
     const float s_q = ws.q.scale[scale0 + i], s_do = ws.dout.scale[scale0 + i];
     const float* stats = stats_slot(s);
     const float* terms = terms_slot(s);
-    auto query_row = [&](int qi) { return Softmax::load_row(stats + qi * kStat, terms + qi * kTerm); };
+    auto query_row = [&](int qi) {
+      return Softmax::load_row(stats + qi * kStat, terms + qi * kTerm);
+    };
     // The warp's last key sees the step's first query, and every query is real.
     const bool all_visible = warp_key0 + 15 <= q0 && q0 + kQueries <= p.T;
 
@@ -190,7 +212,8 @@ __global__ void __launch_bounds__(flash::sm90::block_threads<SageDkDvSm90Layout<
     Scores::template backward<D>(score, st_sum[0], s_k * s_q);
     const Softmax tile_softmax = Scores::backward_policy(softmax, s_k * s_q);
     if (p.smooth_q)  // the bias of each key (c·μ_Qi·(K − μ_K))
-      add_row_key_bias(score, ws.query_bias + (scale0 + i) * ws.Tp + warp_key0, Scores::backward_unit(s_k * s_q));
+      add_row_key_bias(score, ws.query_bias + (scale0 + i) * ws.Tp + warp_key0,
+                       Scores::backward_unit(s_k * s_q));
     // w(nt, e) = f(nt, e, key, query index) where the key sees the query, else
     // 0, over the warp's (16 keys, 64 queries); the mask only off the diagonal.
     float w[1][kNTiles][4];  // Pᵀ, then dSᵀ
@@ -205,8 +228,9 @@ __global__ void __launch_bounds__(flash::sm90::block_threads<SageDkDvSm90Layout<
           }
       });
     };
-    visible_entries(
-        [&](int nt, int e, int, int qi) { return tile_softmax.probability(query_row(qi), score[0][nt][e]); });
+    visible_entries([&](int nt, int e, int, int qi) {
+      return tile_softmax.probability(query_row(qi), score[0][nt][e]);
+    });
     float s_p[2], inv_s_p[2];  // ψ's scale of each of the thread's two keys
     weight_scales<1>(w, false, nullptr, s_p, inv_s_p);
     pack_weights(p_hat[0], w, inv_s_p);
@@ -267,7 +291,8 @@ __global__ void __launch_bounds__(flash::sm90::block_threads<SageDkDvSm90Layout<
   const size_t ld = static_cast<size_t>(3) * p.H * D;
   bf16* head = p.dqkv + (static_cast<size_t>(b) * p.T + k0) * ld + static_cast<size_t>(h) * D;
   store_tile<Feed::kConsumerThreads>(dk_tile, head + static_cast<size_t>(p.H) * D, ld, p.T - k0);
-  store_tile<Feed::kConsumerThreads>(dv_tile, head + static_cast<size_t>(2) * p.H * D, ld, p.T - k0);
+  store_tile<Feed::kConsumerThreads>(dv_tile, head + static_cast<size_t>(2) * p.H * D, ld,
+                                     p.T - k0);
 #endif
 }
 

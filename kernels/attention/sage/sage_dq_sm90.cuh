@@ -29,10 +29,10 @@
 namespace qattn::cuda::sage {
 
 struct SageDqSm90Params : SageBackwardSm90Common {
-  CUtensorMap q, k;        // Q̂, K̂ (B·H·Tp, d) int8, boxes (64, d)
-  CUtensorMap kt;          // K̂ᵀ (B·H·d, Tp) int8, boxes (64, 64)
-  CUtensorMap dout;        // dO (B·T, H·d) as the backward gets it, boxes (64, 64)
-  CUtensorMap v;           // qkv (B·T, 3·H·d) as the backward gets it, for V, boxes (64, 64)
+  CUtensorMap q, k;  // Q̂, K̂ (B·H·Tp, d) int8, boxes (64, d)
+  CUtensorMap kt;    // K̂ᵀ (B·H·d, Tp) int8, boxes (64, 64)
+  CUtensorMap dout;  // dO (B·T, H·d) as the backward gets it, boxes (64, 64)
+  CUtensorMap v;     // qkv (B·T, 3·H·d) as the backward gets it, for V, boxes (64, 64)
 };
 
 // Shared memory, with R = kRows query rows per block: Q̂ (R, d) |
@@ -46,7 +46,8 @@ struct SageDqSm90Layout {
   using Feed = flash::TmaFeed<kWarpgroups * 128, false>;
   static constexpr int kStage = kSageBlock * D + kSageBlock * D * 2 + D * kSageBlock;
   static constexpr int kQ = 0, kDo = kRows * D, kStages = kDo + kRows * D * 2;
-  static constexpr int kK = 0, kV = kSageBlock * D, kKt = kV + kSageBlock * D * 2;  // within a stage
+  static constexpr int kK = 0, kV = kSageBlock * D,
+                       kKt = kV + kSageBlock * D * 2;  // within a stage
   static constexpr int kDq = kStages + 2 * kStage;
   static constexpr int kBarriers = kDq + kRows * D * 2;
   static constexpr int kBytes = kBarriers + Feed::kBarrierBytes;
@@ -56,14 +57,15 @@ struct SageDqSm90Layout {
 // Grid (ceil(blocks / kWarpgroups), B·H); every head's heaviest (last) query
 // tile starts first (block_by_rank).
 template <int D, class Softmax>
-__global__ void __launch_bounds__(flash::sm90::block_threads<SageDqSm90Layout<D, Softmax>::kWarpgroups>(), 1)
+__global__ void __launch_bounds__(
+    flash::sm90::block_threads<SageDqSm90Layout<D, Softmax>::kWarpgroups>(), 1)
     sage_dq_sm90_kernel(const __grid_constant__ SageDqSm90Params params) {
 #if QATTN_SM90A_DEVICE
   using namespace flash;
   using namespace flash::sm90;
   using Layout = SageDqSm90Layout<D, Softmax>;
   using Feed = typename Layout::Feed;
-  constexpr int kRows = Layout::kRows;  // query rows per block
+  constexpr int kRows = Layout::kRows;                    // query rows per block
   constexpr int kKeys = kSageBlock, kNTiles = kKeys / 8;  // keys per step: one quantisation block
   const SageDqSm90Params& p = params;
   const SageWorkspace& ws = p.ws;
@@ -71,9 +73,15 @@ __global__ void __launch_bounds__(flash::sm90::block_threads<SageDqSm90Layout<D,
   const Int8SmemTile<kRows, D> q_tile{reinterpret_cast<int8_t*>(smem + Layout::kQ)};  // (R, d)
   const SmemTile<kRows, D> do_tile{reinterpret_cast<bf16*>(smem + Layout::kDo)};      // (R, d)
   auto stage = [&](int s) { return smem + Layout::kStages + s * Layout::kStage; };
-  auto k_tile = [&](int s) { return Int8SmemTile<kKeys, D>{reinterpret_cast<int8_t*>(stage(s) + Layout::kK)}; };
-  auto v_tile = [&](int s) { return SmemTile<kKeys, D>{reinterpret_cast<bf16*>(stage(s) + Layout::kV)}; };
-  auto kt_tile = [&](int s) { return Int8SmemTile<D, kKeys>{reinterpret_cast<int8_t*>(stage(s) + Layout::kKt)}; };
+  auto k_tile = [&](int s) {
+    return Int8SmemTile<kKeys, D>{reinterpret_cast<int8_t*>(stage(s) + Layout::kK)};
+  };
+  auto v_tile = [&](int s) {
+    return SmemTile<kKeys, D>{reinterpret_cast<bf16*>(stage(s) + Layout::kV)};
+  };
+  auto kt_tile = [&](int s) {
+    return Int8SmemTile<D, kKeys>{reinterpret_cast<int8_t*>(stage(s) + Layout::kKt)};
+  };
   const SmemTile<kRows, D> dq_tile{reinterpret_cast<bf16*>(smem + Layout::kDq)};  // (R, d)
 
   const BlockIndex at = last_first(block_by_rank());  // grid (tiles, B H): at.h is b H + h
@@ -89,7 +97,8 @@ __global__ void __launch_bounds__(flash::sm90::block_threads<SageDqSm90Layout<D,
   };
   auto scores = [&](int j, int s, auto& to) {  // what S and dP read
     to.tile(k_tile(s), Int8TileSource{&p.k, head_row0 + j * kKeys, 0});
-    to.tile(v_tile(s), activation_tile(nullptr, &p.v, 3 * p.H * D, b, p.T, j * kKeys, (2 * p.H + h) * D));
+    to.tile(v_tile(s),
+            activation_tile(nullptr, &p.v, 3 * p.H * D, b, p.T, j * kKeys, (2 * p.H + h) * D));
   };
   auto keys = [&](int j, int s, auto& to) {
     scores(j, s, to);
@@ -107,13 +116,15 @@ __global__ void __launch_bounds__(flash::sm90::block_threads<SageDqSm90Layout<D,
   feed.consumer_start();
 
   const float* scale_k =  // (blocks): s_K of the head
-      stage_scales<Feed::kConsumerThreads, 1>(smem + Layout::kBytes, {ws.k.scale + ws.head_block0(bh)},
-                                              ws.blocks);
+      stage_scales<Feed::kConsumerThreads, 1>(smem + Layout::kBytes,
+                                              {ws.k.scale + ws.head_block0(bh)}, ws.blocks);
   const QueryWarpgroup wg(ws, bh, q0, p.smooth_q, scale_k);
-  float* terms = p.row_terms + static_cast<size_t>(bh) * ws.Tp * Softmax::kTermFloats;  // (Tp, kTerm)
+  float* terms =
+      p.row_terms + static_cast<size_t>(bh) * ws.Tp * Softmax::kTermFloats;  // (Tp, kTerm)
   const Softmax softmax(p.softmax);
   typename Softmax::Row rows[2];  // with a row sweep the terms are made below
-  load_rows<Softmax>(rows, p.stats + static_cast<size_t>(bh) * p.T * Softmax::kStatFloats, terms, wg.first_query, p.T);
+  load_rows<Softmax>(rows, p.stats + static_cast<size_t>(bh) * p.T * Softmax::kStatFloats, terms,
+                     wg.first_query, p.T);
   feed.resident(resident);  // Q̂ and dO have landed (the step rings count only K̂, V, K̂ᵀ)
 
   // A warp whose rows all precede a key block the warpgroup sees gets dS = 0 there:
@@ -121,14 +132,16 @@ __global__ void __launch_bounds__(flash::sm90::block_threads<SageDqSm90Layout<D,
   // score, dp (64 queries, 64 keys; this warp's 16 rows) = S (as HopperScores has
   // it for the backward) and dP of key block j.
   using Scores = HopperScores<Softmax>;
-  auto scores_and_dp = [&](float (&score)[1][kNTiles][4], float (&dp)[1][kNTiles][4], int j, int s) {
-    if (wg.bias && j + 1 < key_blocks) prefetch_l1(wg.bias + (j + 1) * kKeys, kKeys * 4);  // the next block's
+  auto scores_and_dp = [&](float(&score)[1][kNTiles][4], float(&dp)[1][kNTiles][4], int j, int s) {
+    if (wg.bias && j + 1 < key_blocks)
+      prefetch_l1(wg.bias + (j + 1) * kKeys, kKeys * 4);  // the next block's
     int sum[1][kNTiles][4];
     issue_s8_ss(sum, q_tile, wg.wg_row0, k_tile(s));
     issue_ss(dp, do_tile, wg.wg_row0, v_tile(s));  // runs while S is converted
     wait_for<1>(sum);
     Scores::template backward<D>(score, sum[0], wg.scale(j));
-    add_key_bias(score, wg.bias, j * kKeys, Scores::backward_unit(wg.scale(j)));  // score_grads and the sweep mask
+    add_key_bias(score, wg.bias, j * kKeys,
+                 Scores::backward_unit(wg.scale(j)));  // score_grads and the sweep mask
     wait_for<0>(dp);
   };
 
@@ -163,8 +176,9 @@ __global__ void __launch_bounds__(flash::sm90::block_threads<SageDqSm90Layout<D,
   store_acc(dq_tile, dq_acc, warp_row0(), p.c);
   feed.sync();
   const size_t ld = static_cast<size_t>(3) * p.H * D;
-  store_tile<Feed::kConsumerThreads>(dq_tile, p.dqkv + (static_cast<size_t>(b) * p.T + q0) * ld + static_cast<size_t>(h) * D, ld,
-                  p.T - q0);
+  store_tile<Feed::kConsumerThreads>(
+      dq_tile, p.dqkv + (static_cast<size_t>(b) * p.T + q0) * ld + static_cast<size_t>(h) * D, ld,
+      p.T - q0);
 #endif
 }
 

@@ -32,13 +32,13 @@ namespace qattn::cuda::sage {
 
 struct SageForwardSm90Params {
   SageWorkspace ws;
-  float* stats;              // (B, H, T, Softmax::kStatFloats): L, or RowStats
-  bf16* o;                   // (B, T, H, d)
-  SoftmaxOptions softmax;    // the K-interval block's
+  float* stats;            // (B, H, T, Softmax::kStatFloats): L, or RowStats
+  bf16* o;                 // (B, T, H, d)
+  SoftmaxOptions softmax;  // the K-interval block's
   int B, H, T;
   bool smooth_q;
-  CUtensorMap q, k;          // Q̂, K̂ (B·H·Tp, d), boxes (64, d)
-  CUtensorMap vt;            // V̂ᵀ (B·H·d, Tp), boxes (64, 64)
+  CUtensorMap q, k;  // Q̂, K̂ (B·H·Tp, d), boxes (64, d)
+  CUtensorMap vt;    // V̂ᵀ (B·H·d, Tp), boxes (64, 64)
 };
 
 // Shared memory, with R = kRows query rows per block:
@@ -61,20 +61,21 @@ struct SageForwardSm90Layout {
 // Grid (ceil(blocks / kWarpgroups), B·H); every head's heaviest (last) query
 // tile starts first (block_by_rank).
 template <int D, class Softmax>
-__global__ void __launch_bounds__(flash::sm90::block_threads<SageForwardSm90Layout<D, Softmax>::kWarpgroups>(), 1)
+__global__ void __launch_bounds__(
+    flash::sm90::block_threads<SageForwardSm90Layout<D, Softmax>::kWarpgroups>(), 1)
     sage_forward_sm90_kernel(const __grid_constant__ SageForwardSm90Params params) {
 #if QATTN_SM90A_DEVICE
   using namespace flash;
   using namespace flash::sm90;
   using Layout = SageForwardSm90Layout<D, Softmax>;
   using Feed = typename Layout::Feed;
-  constexpr int kRows = Layout::kRows;  // query rows per block
+  constexpr int kRows = Layout::kRows;                    // query rows per block
   constexpr int kKeys = kSageBlock, kNTiles = kKeys / 8;  // keys per step: one quantisation block
   const SageForwardSm90Params& p = params;
   const SageWorkspace& ws = p.ws;
   extern __shared__ __align__(1024) unsigned char smem[];
   const Int8SmemTile<kRows, D> q_tile{reinterpret_cast<int8_t*>(smem + Layout::kQ)};  // (R, d)
-  auto k_tile = [&](int s) {  // (64, d)
+  auto k_tile = [&](int s) {                                                          // (64, d)
     return Int8SmemTile<kKeys, D>{reinterpret_cast<int8_t*>(smem + Layout::kK) + s * kKeys * D};
   };
   auto vt_tile = [&](int s) {  // (d, 64)
@@ -90,7 +91,9 @@ __global__ void __launch_bounds__(flash::sm90::block_threads<SageForwardSm90Layo
   // Q̂'s rows past the head's last block read the next head's rows (or
   // zeros past the tensor): finite, and those rows are never stored.
   auto resident = [&](auto& to) { to.tile(q_tile, Int8TileSource{&p.q, head_row0 + q0, 0}); };
-  auto keys = [&](int j, int s, auto& to) { to.tile(k_tile(s), Int8TileSource{&p.k, head_row0 + j * kKeys, 0}); };
+  auto keys = [&](int j, int s, auto& to) {
+    to.tile(k_tile(s), Int8TileSource{&p.k, head_row0 + j * kKeys, 0});
+  };
   auto keys_values = [&](int j, int s, auto& to) {
     keys(j, s, to);
     to.tile(vt_tile(s), Int8TileSource{&p.vt, bh * D, j * kKeys});
@@ -110,13 +113,13 @@ __global__ void __launch_bounds__(flash::sm90::block_threads<SageForwardSm90Layo
   // masked tile: weights 0, O unchanged.
   const size_t scale0 = ws.head_block0(bh);
   const float* scales =  // (2, blocks): s_K, s_V of the head
-      stage_scales<Feed::kConsumerThreads, 2>(smem + Layout::kBytes, {ws.k.scale + scale0, ws.v.scale + scale0},
-                                              ws.blocks);
+      stage_scales<Feed::kConsumerThreads, 2>(
+          smem + Layout::kBytes, {ws.k.scale + scale0, ws.v.scale + scale0}, ws.blocks);
   const QueryWarpgroup wg(ws, bh, q0, p.smooth_q, scales);
   const float* scale_v = scales + ws.blocks;
   // s (64, 64) = the scores of key block j (S·log2(e) for the exact softmax,
   // HopperScores), masked entries −inf; this warp's 16 rows.
-  auto scores = [&](float (&s)[1][kNTiles][4], int j, int stage) {
+  auto scores = [&](float(&s)[1][kNTiles][4], int j, int stage) {
     int sum[1][kNTiles][4];
     issue_s8_ss(sum, q_tile, wg.wg_row0, k_tile(stage));
     wait_for<0>(sum);
@@ -157,11 +160,13 @@ __global__ void __launch_bounds__(flash::sm90::block_threads<SageForwardSm90Layo
   });
 
   softmax.finalize(o_acc);
-  softmax.store(p.stats + static_cast<size_t>(bh) * p.T * Softmax::kStatFloats, wg.first_query, p.T);
+  softmax.store(p.stats + static_cast<size_t>(bh) * p.T * Softmax::kStatFloats, wg.first_query,
+                p.T);
   store_acc(o_tile, o_acc, warp_row0(), 1.0f);
   feed.sync();
-  store_tile<Feed::kConsumerThreads>(o_tile, p.o + (static_cast<size_t>(b) * p.T + q0) * p.H * D + static_cast<size_t>(h) * D,
-                  static_cast<size_t>(p.H) * D, p.T - q0);
+  store_tile<Feed::kConsumerThreads>(
+      o_tile, p.o + (static_cast<size_t>(b) * p.T + q0) * p.H * D + static_cast<size_t>(h) * D,
+      static_cast<size_t>(p.H) * D, p.T - q0);
 #endif
 }
 

@@ -30,15 +30,19 @@ constexpr int sage_rows(int warpgroups) { return warpgroups * flash::sm90::kWarp
 // memory, not by a global load it then waits for. The forward and dQ use it
 // (the forward measured 569 -> 549 us at (4, 16, 4096, 128), device calls 5
 // and 6); the dK/dV kernel does not (slower there, sage_dkdv_sm90.cuh).
-constexpr size_t scale_table_bytes(int arrays, int blocks) { return static_cast<size_t>(arrays) * blocks * 4; }
+constexpr size_t scale_table_bytes(int arrays, int blocks) {
+  return static_cast<size_t>(arrays) * blocks * 4;
+}
 #ifdef __CUDACC__
 template <int kConsumerThreads, int kArrays>
-__device__ __forceinline__ const float* stage_scales(unsigned char* at, const float* const (&src)[kArrays],
+__device__ __forceinline__ const float* stage_scales(unsigned char* at,
+                                                     const float* const (&src)[kArrays],
                                                      int blocks) {
   float* table = reinterpret_cast<float*>(at);
 #pragma unroll
   for (int a = 0; a < kArrays; ++a)
-    for (int i = static_cast<int>(threadIdx.x); i < blocks; i += kConsumerThreads) table[a * blocks + i] = src[a][i];
+    for (int i = static_cast<int>(threadIdx.x); i < blocks; i += kConsumerThreads)
+      table[a * blocks + i] = src[a][i];
   flash::sm90::consumers_sync<kConsumerThreads / 128>();
   return table;
 }
@@ -57,11 +61,10 @@ struct QueryWarpgroup {
   const float* scale_k;  // (blocks) s_K of the head's key blocks (stage_scales' copy)
   const float* bias;     // (Tp) the smooth_q bias of its block's queries, or null
 
-  __device__ QueryWarpgroup(const SageWorkspace& ws, int bh, int q0, bool smooth_q, const float* head_scale_k)
-      : wg_row0(flash::sm90::warpgroup_row0()),
-        wg_first(q0 + wg_row0),
-        first_query(q0 + flash::sm90::warp_row0()),
-        scale_k(head_scale_k) {
+  __device__ QueryWarpgroup(const SageWorkspace& ws, int bh, int q0, bool smooth_q,
+                            const float* head_scale_k)
+      : wg_row0(flash::sm90::warpgroup_row0()), wg_first(q0 + wg_row0),
+        first_query(q0 + flash::sm90::warp_row0()), scale_k(head_scale_k) {
     const size_t q_block = ws.head_block0(bh) + min(wg_first / kSageBlock, ws.blocks - 1);
     scale_q = ws.q.scale[q_block];
     bias = smooth_q ? ws.query_bias + q_block * ws.Tp : nullptr;
@@ -81,7 +84,7 @@ struct SageBackwardSm90Common {
   bf16* dqkv;              // (B, T, 3, H, d): dQ writes the q slot, dK/dV the k and v slots
   SoftmaxOptions softmax;  // the K-interval block's
   int B, H, T;
-  float c;                 // 1 / sqrt(d)
+  float c;  // 1 / sqrt(d)
   bool smooth_q;
 };
 
@@ -93,19 +96,23 @@ struct SageBackwardSm90Common {
 // folded as soon as it lands: with two in flight the fold of the first half runs
 // beside the second's product; with one the sums take half the registers.
 template <int kChunks, int kInFlight, int D, int kKSteps>
-__device__ __forceinline__ void weight_product(float (&acc)[1][D / 8][4], uint32_t (&a)[1][kKSteps][4],
+__device__ __forceinline__ void weight_product(float (&acc)[1][D / 8][4],
+                                               uint32_t (&a)[1][kKSteps][4],
                                                flash::sm90::Int8SmemTile<D, 32 * kKSteps> bt,
                                                const float (&row_scale)[2]) {
   using namespace flash;
   using namespace flash::sm90;
   constexpr int kChunkTiles = D / 8 / kChunks, kChunkRows = D / kChunks;
-  static_assert(kChunks % kInFlight == 0 && kInFlight <= 2, "the waits below are for one or two groups");
+  static_assert(kChunks % kInFlight == 0 && kInFlight <= 2,
+                "the waits below are for one or two groups");
 #pragma unroll
   for (int c0 = 0; c0 < kChunks; c0 += kInFlight) {
     int sum[kInFlight][1][kChunkTiles][4];  // (64, d / kChunks) s32 each
 #pragma unroll
     for (int i = 0; i < kInFlight; ++i) {
-      issue_s8_rs(sum[i], a, Int8SmemTile<kChunkRows, 32 * kKSteps>{bt.data + (c0 + i) * kChunkRows * 32 * kKSteps});
+      issue_s8_rs(
+          sum[i], a,
+          Int8SmemTile<kChunkRows, 32 * kKSteps>{bt.data + (c0 + i) * kChunkRows * 32 * kKSteps});
     }
 #pragma unroll
     for (int i = 0; i < kInFlight; ++i) {

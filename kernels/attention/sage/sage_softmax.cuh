@@ -20,23 +20,25 @@
 #include <cmath>
 #include <type_traits>
 
-#include "attention/sage/int8_operands.cuh"  // the int32 sums' conversions
-#include "attention/kinterval/kinterval_softmax.cuh"
 #include "attention/common/online_softmax.cuh"
 #include "attention/common/tile_mma.cuh"
+#include "attention/kinterval/kinterval_softmax.cuh"
+#include "attention/sage/int8_operands.cuh"  // the int32 sums' conversions
 
 namespace qattn::cuda::sage {
 
 using flash::fast_exp2;
-using flash::log_sum_exp;
 using flash::kLog2e;
+using flash::log_sum_exp;
 using flash::row_sum4;
 using flash::with_mask;
 
 // Row (within the warp's 16) and column of accumulator element (nt, e) of a
 // 16x8 tile nt, as tile_mma.cuh lays them out (lane = 4g + t: rows g, g + 8).
 __device__ __forceinline__ int frag_row(int e) { return (threadIdx.x % 32) / 4 + (e / 2) * 8; }
-__device__ __forceinline__ int frag_col(int nt, int e) { return nt * 8 + 2 * (threadIdx.x % 4) + e % 2; }
+__device__ __forceinline__ int frag_col(int nt, int e) {
+  return nt * 8 + 2 * (threadIdx.x % 4) + e % 2;
+}
 
 // The scores s (16 rows, the keys k0 .. k0 + 8 kNTiles − 1) of a warp plus
 // smooth_q's bias of each key (bias null: none), in every kernel that makes S;
@@ -56,7 +58,8 @@ __device__ __forceinline__ void add_key_bias(float (&s)[1][kNTiles][4], const fl
 // 1.758 vs 1.742-1.751 ms at (4, 16, 4096, 128), 2.379 vs 2.351 with smooth_q
 // (eighth session, device call 5; ptxas had moved its spills).
 template <int kNTiles>
-__device__ __forceinline__ void add_row_key_bias(float (&s)[1][kNTiles][4], const float* bias, float unit = 1.0f) {
+__device__ __forceinline__ void add_row_key_bias(float (&s)[1][kNTiles][4], const float* bias,
+                                                 float unit = 1.0f) {
 #pragma unroll
   for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
@@ -81,7 +84,7 @@ __device__ __forceinline__ void bias_and_mask(float (&s)[1][kNTiles][4], const f
 struct SoftmaxOptions {
   kinterval::GridOptions grid;
   kinterval::Rule rule;
-  float window;      // fwm's W in nats
+  float window;  // fwm's W in nats
   bool fwm;
   bool mask_window;  // weight STE: entries below the fwm window get dS = 0
   bool detach;       // no derivative through m and ℓ
@@ -105,7 +108,8 @@ struct ExactSoftmax : flash::OnlineSoftmax<1> {
   };
 
   // scale_log2: log2(e) for scores S, 1 for scores S·log2(e).
-  __device__ explicit ExactSoftmax(const SoftmaxOptions&, float scale_log2 = kLog2e) : OnlineSoftmax<1>(scale_log2) {}
+  __device__ explicit ExactSoftmax(const SoftmaxOptions&, float scale_log2 = kLog2e)
+      : OnlineSoftmax<1>(scale_log2) {}
 
   // The forward's key block as update() takes it (masked scores −inf): s
   // becomes P̃ = exp(S − m) and p_max = max P̃ of the block per row (ψ's amax:
@@ -115,7 +119,8 @@ struct ExactSoftmax : flash::OnlineSoftmax<1> {
   // makes P̂ the same for any m, and l, O and L = m + log l share it, so a stale
   // m changes rounding only, and most blocks skip the rescale of O.
   template <int kNTiles, int kDTiles>
-  __device__ __forceinline__ void update_rescaling_rarely(float (&s)[1][kNTiles][4], float (&o)[1][kDTiles][4],
+  __device__ __forceinline__ void update_rescaling_rarely(float (&s)[1][kNTiles][4],
+                                                          float (&o)[1][kDTiles][4],
                                                           float (&p_max)[2]) {
     constexpr float kMaxGrowthLog2 = 8.0f;
     float top[2];  // the block's largest score per row
@@ -136,7 +141,9 @@ struct ExactSoftmax : flash::OnlineSoftmax<1> {
   }
 
   // After finalize: L of rows [row0, row0 + 16) of the warp into stats (T).
-  __device__ void store(float* stats, int row0, int rows_valid) const { store_lse(stats, row0, rows_valid); }
+  __device__ void store(float* stats, int row0, int rows_valid) const {
+    store_lse(stats, row0, rows_valid);
+  }
 
   // A row's values; null reads as 0.
   __device__ static Row load_row(const float* stats, const float* terms) {
@@ -192,8 +199,9 @@ struct KIntervalSoftmax {
   // ŵ of a visible score.
   __device__ float weight(const kinterval::RowStats& r, float score) const {
     const float u = kinterval::grid_coord(r, score, opt.grid);
-    return opt.rule == kinterval::Rule::lerp ? kinterval::quantised_weight<Rounding::lerp>(u, r, opt.grid)
-                                             : kinterval::quantised_weight<Rounding::nearest>(u, r, opt.grid);
+    return opt.rule == kinterval::Rule::lerp
+               ? kinterval::quantised_weight<Rounding::lerp>(u, r, opt.grid)
+               : kinterval::quantised_weight<Rounding::nearest>(u, r, opt.grid);
   }
 
   // Forward pass 1, one key block from key k0: the rows' max and min with their
@@ -217,8 +225,8 @@ struct KIntervalSoftmax {
 #pragma unroll
     for (int half = 0; half < 2; ++half)
       st[half] = kinterval::make_row_stats(kinterval::row_extremum4<true>(hi[half]),
-                                           kinterval::row_extremum4<false>(lo[half]), 1.0f, opt.grid, opt.fwm,
-                                           opt.window);
+                                           kinterval::row_extremum4<false>(lo[half]), 1.0f,
+                                           opt.grid, opt.fwm, opt.window);
   }
   // Pass 2, one key block: scores (masked −inf) become ŵ (masked 0), summed into Ẑ.
   // The weights are relative to the row's final max: nothing to rescale.
@@ -265,15 +273,17 @@ struct KIntervalSoftmax {
   }
 
   // Backward row sweep, one visible entry.
-  __device__ void accumulate(RowSums& a, const kinterval::RowStats& r, float score, float dp) const {
-    if (opt.rule == kinterval::Rule::prob_ste) {  // exact p ∝ exp(S − m): ḡ and L of the exact softmax
+  __device__ void accumulate(RowSums& a, const kinterval::RowStats& r, float score,
+                             float dp) const {
+    if (opt.rule ==
+        kinterval::Rule::prob_ste) {  // exact p ∝ exp(S − m): ḡ and L of the exact softmax
       const float e = kinterval::unquantised_weight(r, score, kLog2e);
       a.a0 += e;
       a.a1 += e * dp;
       return;
     }
     const float u = kinterval::grid_coord(r, score, opt.grid);
-    a.a1 += weight(r, score) * dp;  // Σ ŵ g; ḡ = that / Ẑ
+    a.a1 += weight(r, score) * dp;            // Σ ŵ g; ḡ = that / Ẑ
     if (opt.rule == kinterval::Rule::lerp) {  // the derivative per unit h: lerp_grad is linear in h
       const kinterval::LerpGrad f = kinterval::lerp_grad(u, 1.0f, r, r.u_scale, opt.grid, opt.fwm);
       a.m0 += f.dm, a.m1 += f.dm * dp;
@@ -302,31 +312,36 @@ struct KIntervalSoftmax {
   // The dQ kernels' row sweep over one key block (keys k0 .., the warp's 16 rows
   // from first_row): the sums of the visible entries.
   template <int kNTiles>
-  __device__ void sweep(RowSums (&sums)[2], const float (&score)[1][kNTiles][4], const float (&dp)[1][kNTiles][4],
-                        const Row (&rows)[2], int k0, int first_row, int T) const {
+  __device__ void sweep(RowSums (&sums)[2], const float (&score)[1][kNTiles][4],
+                        const float (&dp)[1][kNTiles][4], const Row (&rows)[2], int k0,
+                        int first_row, int T) const {
 #pragma unroll
     for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int key = k0 + frag_col(nt, e), row = first_row + frag_row(e);
-        if (row < T && key <= row) accumulate(sums[e / 2], rows[e / 2].st, score[0][nt][e], dp[0][nt][e]);
+        if (row < T && key <= row)
+          accumulate(sums[e / 2], rows[e / 2].st, score[0][nt][e], dp[0][nt][e]);
       }
   }
   // After the sweep: each row's terms into rows and into terms (Tp, 4) of the
   // head, for the dK/dV kernel (rows past T: zeros).
-  __device__ void make_terms(Row (&rows)[2], const RowSums (&sums)[2], float* terms, int first_row, int T,
-                             int Tp) const {
+  __device__ void make_terms(Row (&rows)[2], const RowSums (&sums)[2], float* terms, int first_row,
+                             int T, int Tp) const {
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int row = first_row + frag_row(2 * half);
       const float4 made = row_terms(sums[half], rows[half].st);  // every lane: it shuffles
       rows[half].terms = row < T ? made : float4{};
-      if (threadIdx.x % 4 == 0 && row < Tp) reinterpret_cast<float4*>(terms)[row] = rows[half].terms;
+      if (threadIdx.x % 4 == 0 && row < Tp)
+        reinterpret_cast<float4*>(terms)[row] = rows[half].terms;
     }
   }
 
   // p̂ of one visible entry, for dV.
-  __device__ float probability(const Row& r, float score) const { return weight(r.st, score) * r.st.inv_z; }
+  __device__ float probability(const Row& r, float score) const {
+    return weight(r.st, score) * r.st.inv_z;
+  }
   // dS of one visible entry (key = its key index): the rule's direct part plus
   // the calibration terms where the key is the row's argmax / argmin.
   __device__ float grad(const Row& r, float score, float /*p̂*/, float dp, int key) const {
@@ -340,7 +355,7 @@ struct KIntervalSoftmax {
         ds = kinterval::lerp_grad(u, h, r.st, r.st.u_scale, opt.grid, opt.fwm).ds;
       else
         ds = opt.mask_window && u < 0.0f ? 0.0f
-                                          : kinterval::unquantised_weight(r.st, score, kLog2e) * h;
+                                         : kinterval::unquantised_weight(r.st, score, kLog2e) * h;
     }
     if (key == r.st.argmax) ds += r.terms.y;
     if (key == r.st.argmin) ds += r.terms.z;
@@ -363,17 +378,20 @@ __device__ __forceinline__ void load_rows(typename Softmax::Row (&rows)[2], cons
     const int row = first_row + frag_row(2 * half);
     const bool real = row < T;
     const float* row_terms = terms + static_cast<size_t>(row) * Softmax::kTermFloats;
-    rows[half] = Softmax::load_row(real ? stats + static_cast<size_t>(row) * Softmax::kStatFloats : nullptr,
-                                   Softmax::kRowPass || !real ? nullptr : row_terms);
+    rows[half] =
+        Softmax::load_row(real ? stats + static_cast<size_t>(row) * Softmax::kStatFloats : nullptr,
+                          Softmax::kRowPass || !real ? nullptr : row_terms);
   }
 }
 
 // w = dS of the warp's scores and dP (16 rows, keys k0 ..), masked entries 0.
 template <class Softmax, int kNTiles>
-__device__ __forceinline__ void score_grads(float (&w)[1][kNTiles][4], const float (&score)[1][kNTiles][4],
-                                            const float (&dp)[1][kNTiles][4], const Softmax& softmax,
-                                            const typename Softmax::Row (&rows)[2], int k0, int first_row,
-                                            int T) {
+__device__ __forceinline__ void score_grads(float (&w)[1][kNTiles][4],
+                                            const float (&score)[1][kNTiles][4],
+                                            const float (&dp)[1][kNTiles][4],
+                                            const Softmax& softmax,
+                                            const typename Softmax::Row (&rows)[2], int k0,
+                                            int first_row, int T) {
   // The block's last key is before the warp's first row, and every row is real.
   const bool all_visible = k0 + 8 * kNTiles - 1 <= first_row && first_row + 16 <= T;
   with_mask(all_visible, [&](auto unmasked) {
@@ -384,8 +402,8 @@ __device__ __forceinline__ void score_grads(float (&w)[1][kNTiles][4], const flo
         const int key = k0 + frag_col(nt, e), row = first_row + frag_row(e);
         const typename Softmax::Row& r = rows[e / 2];
         w[0][nt][e] = unmasked || (row < T && key <= row)
-                          ? softmax.grad(r, score[0][nt][e], softmax.probability(r, score[0][nt][e]),
-                                         dp[0][nt][e], key)
+                          ? softmax.grad(r, score[0][nt][e],
+                                         softmax.probability(r, score[0][nt][e]), dp[0][nt][e], key)
                           : 0.0f;
       }
   });
@@ -418,7 +436,8 @@ struct HopperScores {
   }
   static constexpr float kForwardUnit = Softmax::kExact ? kLog2e : 1.0f;
   template <int kTerms, int kNTiles>
-  __device__ static void forward(float (&s)[1][kNTiles][4], const int (&sum)[kNTiles][4], float scale) {
+  __device__ static void forward(float (&s)[1][kNTiles][4], const int (&sum)[kNTiles][4],
+                                 float scale) {
     flash::sums_to_scores<kTerms>(s, sum, Softmax::kExact ? scale * kLog2e : scale);
   }
 
@@ -435,7 +454,8 @@ struct HopperScores {
       return 1.0f;
   }
   template <int kTerms, int kNTiles>
-  __device__ static void backward(float (&s)[1][kNTiles][4], const int (&sum)[kNTiles][4], float scale) {
+  __device__ static void backward(float (&s)[1][kNTiles][4], const int (&sum)[kNTiles][4],
+                                  float scale) {
     flash::sums_to_scores<kTerms>(s, sum, Softmax::kExact ? 1.0f : scale);
   }
 };
