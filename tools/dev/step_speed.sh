@@ -8,7 +8,7 @@
 #          'mb32|train.micro_batch=32' 'mb64|train.micro_batch=64'
 # environment: QATTN_BIN (default build-repro/qattn), OUT (default /tmp/qattn_out)
 set -uo pipefail
-source "$(dirname "$0")/../device_env.sh"  # the repository root, $OUT, .deps/ libraries
+source "$(dirname "$0")/device_env.sh"  # the repository root, $OUT, .deps/ libraries
 CONFIG=${1:?usage: step_speed.sh CONFIG TOKENS 'LABEL|PATH=VALUE ...' ...}
 TOKENS=${2:?TOKENS: the tokens of each run}
 shift 2
