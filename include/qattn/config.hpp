@@ -19,7 +19,7 @@ struct ModelConfig {
   int dim = 768;           // channels C; head_dim = dim / heads
   int seq_len = 1024;      // T
   bool qk_norm = false;    // SPEC §2
-  std::string init_from;   // llm.c model file to start from ("": random init)
+  std::string init_from;   // llm.c model file or HF GPT-2 directory to start from ("": random init)
   int head_dim() const { return dim / heads; }
 };
 

@@ -19,6 +19,7 @@
 
 #include "qattn/checkpoint.hpp"
 #include "qattn/data.hpp"
+#include "qattn/hf_model.hpp"
 #include "qattn/llmc_model.hpp"
 #include "qattn/optimizer.hpp"
 
@@ -224,7 +225,7 @@ TrainResult train(const Config& cfg, Backend& backend, const std::string& run_di
            tc.grad_accum, backend.world(), tc.steps);
   if (backend.memory_bytes()) log.info("device memory reserved: {:.2f} GiB", backend.memory_bytes() / 1073741824.0);
 
-  // ---- state: from the checkpoint, from an llm.c model file, or fresh
+  // ---- state: from the checkpoint, from a model file or directory, or fresh
   TrainState st;
   st.data_seed = tc.seed;
   if (resume) {
@@ -235,8 +236,10 @@ TrainResult train(const Config& cfg, Backend& backend, const std::string& run_di
     log.info("resumed from checkpoint of step {} (epoch {}, batch {})", st.step, st.data_epoch, st.data_cursor);
     resume.reset();  // free the host copy
   } else if (!cfg.model.init_from.empty()) {
-    backend.set_params(params_from_llmc_model(cfg.model.init_from, cfg.model));
-    log.info("initialised from llm.c model file {}", cfg.model.init_from);
+    const bool hf = is_model_dir(cfg.model.init_from);
+    backend.set_params(hf ? params_from_hf_model(cfg.model.init_from, cfg.model)
+                          : params_from_llmc_model(cfg.model.init_from, cfg.model));
+    log.info("initialised from {} {}", hf ? "Hugging Face model directory" : "llm.c model file", cfg.model.init_from);
   }
   const double wall_before = st.wall_seconds;
   auto wall_now = [&] {
