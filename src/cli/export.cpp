@@ -5,6 +5,8 @@
 // The reverse direction is the config key model.init_from, which reads both.
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+
 #include "commands.hpp"
 #include "qattn/checkpoint.hpp"
 #include "qattn/hf_model.hpp"
@@ -39,7 +41,8 @@ void add_export_command(CLI::App& app) {
       // the metadata keeps which one did.
       write_hf_model(args->out, cfg.model, ck.params, fp32 ? TensorDtype::f32 : TensorDtype::bf16,
                      {{"qattn.step", std::to_string(ck.state.step)}, {"qattn.attention", ck.config["attention"].dump()}});
-      if (cfg.attention.kind != AttentionKind::fpa)
+      const auto layers = cfg.attention_per_layer();
+      if (std::any_of(layers.begin(), layers.end(), [](const auto& a) { return a.kind != AttentionKind::fpa; }))
         spdlog::info("the run trained with quantised attention; transformers evaluates it with exact attention");
     }
     spdlog::info("wrote {} ({} {}, step {} of {})", args->out, args->format, args->dtype, ck.state.step, dir);

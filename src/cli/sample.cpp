@@ -80,7 +80,7 @@ void add_sample_command(CLI::App& app) {
   cmd->callback([args] {
     const Checkpoint ck = load_checkpoint(resolve_checkpoint(args->checkpoint));
     const Config cfg = config_of_checkpoint(ck.config);
-    cpu::Gpt2<float> model(cfg.model, cfg.attention);
+    cpu::Gpt2<float> model(cfg.model, cfg.attention_per_layer());
     if (ck.params.size() != model.params.size())
       throw CheckpointError("sample: the checkpoint holds " + std::to_string(ck.params.size()) +
                             " parameters; its config's model has " + std::to_string(model.params.size()));
