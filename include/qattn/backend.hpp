@@ -20,6 +20,7 @@ struct AdamWHyper {
 // Attention diagnostics (docs/attention-maths.md §7): one row per layer of diag.csv.
 struct LayerDiag {
   int layer = 0;
+  AttentionKind kind = AttentionKind::fpa;  // what the layer runs
   double q_rms = 0, k_rms = 0, max_abs_score = 0;
   bool compared = false;  // quantised kinds: the fields below are filled
   // cosine similarity and relative L2 error vs FPA on the same inputs
@@ -74,7 +75,7 @@ class Backend {
 
 std::unique_ptr<Backend> make_cpu_backend(const Config& cfg);
 
-// The attention-maths.md §7 statistics of one layer from its attention inputs q, k, v and the
+// The attention-maths.md §7 statistics of one layer (running attention a) from its attention inputs q, k, v and the
 // gradient dout reaching its output, all (B, H, T, hd) fp32 on the host. Shared
 // by the backends (the CUDA one copies these to the host first).
 LayerDiag diagnose_layer(const AttentionConfig& a, int layer, int B, int H, int T, int hd,

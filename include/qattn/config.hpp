@@ -19,7 +19,7 @@ struct ModelConfig {
   int dim = 768;           // channels C; head_dim = dim / heads
   int seq_len = 1024;      // T
   bool qk_norm = false;    // docs/attention-maths.md §3
-  std::string init_from;   // llm.c model file to start from ("": random init)
+  std::string init_from;   // llm.c model file or HF GPT-2 directory to start from ("": random init)
   int head_dim() const { return dim / heads; }
 };
 
@@ -67,9 +67,22 @@ struct DistConfig {
   int zero_stage = 1;      // 0: all-reduce, 1: optimizer state sharded
 };
 
+// One entry of attention.layers: layers first .. last (inclusive) run
+// `attention` in place of the global kind and options. Its fields start from
+// the global ones, so an entry states only what differs.
+struct LayerAttention {
+  std::string key;            // as written: "0", "1-10"
+  int first = 0, last = 0;
+  AttentionConfig attention;
+};
+
 struct Config {
   ModelConfig model;
-  AttentionConfig attention;
+  AttentionConfig attention;  // the global kind and options
+  std::vector<LayerAttention> attention_layers;  // attention.layers, sorted by first layer
+  // The attention layer l runs: its attention.layers entry, else the global one.
+  const AttentionConfig& attention_of(int layer) const;
+  std::vector<AttentionConfig> attention_per_layer() const;  // model.layers entries
   DataConfig data;
   TrainConfig train;
   EvalConfig eval;
@@ -94,8 +107,12 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
 Config config_from_json(const nlohmann::json& j, const std::string& source = "",
                         int world_size = 1);
 // Only the "attention" section of j (absent: the defaults), validated as in a
-// full config; for tools that need no run (qattn bench attention). Throws ConfigError.
+// full config but without attention.layers (one kind); for tools that need no
+// run (qattn bench attention). Throws ConfigError.
 AttentionConfig attention_config_from_json(const nlohmann::json& j);
+// "fpa", or for per-layer kinds e.g. "sage (layers 0, 11: fpa)": for logs.
+std::string describe_attention(const Config& c);
+
 // Applies one "a.b.c=value" override to j (creating objects as needed).
 void apply_override(nlohmann::json& j, const std::string& assignment);
 

@@ -20,6 +20,7 @@
 
 #include "qattn/checkpoint.hpp"
 #include "qattn/data.hpp"
+#include "qattn/hf_model.hpp"
 #include "qattn/llmc_model.hpp"
 #include "qattn/optimizer.hpp"
 
@@ -33,7 +34,7 @@ namespace {
 constexpr const char* kMetricsHeader =
     "step,tokens,lr,train_loss,val_loss,grad_norm,step_ms,tokens_per_s,mfu,skipped,event\n";
 constexpr const char* kDiagHeader =
-    "step,layer,q_rms,k_rms,max_abs_score,cos_o,cos_p,cos_ds,cos_dq,cos_dk,cos_dv,"
+    "step,layer,kind,q_rms,k_rms,max_abs_score,cos_o,cos_p,cos_ds,cos_dq,cos_dk,cos_dv,"
     "rel_o,rel_p,rel_ds,rel_dq,rel_dk,rel_dv\n";
 
 // Loss-spike rule: exponential moving mean and variance of the train loss
@@ -84,7 +85,7 @@ double mean_val_loss(Backend& backend, DataLoader& val, int batches, int B, int 
 
 void write_diag(std::ofstream& csv, int64_t step, const std::vector<LayerDiag>& rows) {
   for (const auto& d : rows) {
-    csv << step << ',' << d.layer << ',' << d.q_rms << ',' << d.k_rms << ',' << d.max_abs_score;
+    csv << step << ',' << d.layer << ',' << to_string(d.kind) << ',' << d.q_rms << ',' << d.k_rms << ',' << d.max_abs_score;
     const double cmp[12] = {d.cos_o, d.cos_p, d.cos_ds, d.cos_dq, d.cos_dk, d.cos_dv,
                             d.rel_o, d.rel_p, d.rel_ds, d.rel_dq, d.rel_dk, d.rel_dv};
     for (double x : cmp) csv << ',' << (d.compared ? fmt::format("{:.8g}", x) : std::string());
@@ -219,13 +220,13 @@ TrainResult train(const Config& cfg, Backend& backend, const std::string& run_di
   const double peak = backend.peak_flops() * backend.world();  // 0: unknown, no MFU
   log.info("run {} | backend {} | {} parameters | {} layers x {} dim x {} heads, T {} | attention {}",
            cfg.log.name, backend.name(), num_parameters(cfg.model), cfg.model.layers,
-           cfg.model.dim, cfg.model.heads, T, to_string(cfg.attention.kind));
+           cfg.model.dim, cfg.model.heads, T, describe_attention(cfg));
   log.info("data: train {} tokens, val {} tokens | {} tokens/step = {} x {} x {} accum x {} ranks | {} steps",
            train_data.num_tokens(), val_data.num_tokens(), tc.tokens_per_step, B, T,
            tc.grad_accum, backend.world(), tc.steps);
   if (backend.memory_bytes()) log.info("device memory reserved: {:.2f} GiB", backend.memory_bytes() / 1073741824.0);
 
-  // ---- state: from the checkpoint, from an llm.c model file, or fresh
+  // ---- state: from the checkpoint, from a model file or directory, or fresh
   TrainState st;
   st.data_seed = tc.seed;
   if (resume) {
@@ -236,8 +237,10 @@ TrainResult train(const Config& cfg, Backend& backend, const std::string& run_di
     log.info("resumed from checkpoint of step {} (epoch {}, batch {})", st.step, st.data_epoch, st.data_cursor);
     resume.reset();  // free the host copy
   } else if (!cfg.model.init_from.empty()) {
-    backend.set_params(params_from_llmc_model(cfg.model.init_from, cfg.model));
-    log.info("initialised from llm.c model file {}", cfg.model.init_from);
+    const bool hf = is_model_dir(cfg.model.init_from);
+    backend.set_params(hf ? params_from_hf_model(cfg.model.init_from, cfg.model)
+                          : params_from_llmc_model(cfg.model.init_from, cfg.model));
+    log.info("initialised from {} {}", hf ? "Hugging Face model directory" : "llm.c model file", cfg.model.init_from);
   }
   const double wall_before = st.wall_seconds;
   auto wall_now = [&] {
