@@ -4,10 +4,17 @@
 # (65,536 tokens, micro-batch 64) after the first steps, and a table sums them
 # by kernel name. Synthetic token ids (speed only). Binaries as in
 # device_integration.sh (built on the workstation, carried with .deps/).
-#   usage (device): BUILD=carry-gpu OUT=/tmp/out tools/dev/profile_step.sh [attention.kind]
+# CONFIG picks another model (e.g. configs/repro/gpt2_6l384_pycode.json, whose
+# steps are shorter: STEPS=12 gives the skipped and timed launches room).
+#   usage (device): BUILD=carry-gpu OUT=/tmp/out tools/dev/profile_step.sh [attention.kind [CONFIG]]
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"  # the repository root, $OUT, $BUILD, .deps/ libraries
 KIND=${1:-fpa}
+CONFIG=${2:-configs/gpt2_124m_fpa.json}
+STEPS=${STEPS:-4}
+# The run's length in the key the config gives it (train.steps or train.tokens).
+LENGTH=(--set train.steps="$STEPS")
+grep -q '"tokens":' "$CONFIG" && LENGTH=(--set train.tokens=$((STEPS * 65536)))
 DATA=/tmp/qattn_profile_synth
 python3 - "$DATA" <<'PY'
 import array, os, random, struct, sys
@@ -20,9 +27,9 @@ PY
 # Steps 1-2 warm up (algorithm choice, first launches); 700 launches from there
 # cover more than one step.
 timeout 300 ncu --clock-control none --metrics gpu__time_duration.sum --launch-skip 700 \
-  --launch-count 700 --csv "$BUILD/qattn" train configs/gpt2_124m_fpa.json \
+  --launch-count 700 --csv "$BUILD/qattn" train "$CONFIG" \
   --set attention.kind="$KIND" --set "data.train=$DATA/synth_train_*.bin" \
-  --set "data.val=$DATA/synth_val_*.bin" --set train.steps=4 --set train.warmup=1 \
+  --set "data.val=$DATA/synth_val_*.bin" "${LENGTH[@]}" --set train.warmup=1 \
   --set train.micro_batch=64 --set train.tokens_per_step=65536 --set eval.every=0 \
   --set eval.batches=1 --set log.diag_every=0 --set train.checkpoint_every=0 \
   --out /tmp/qattn_profile_run > "$OUT/profile_$KIND.csv" 2> "$OUT/profile_$KIND.err"
