@@ -19,10 +19,12 @@ void add_export_command(CLI::App& app) {
     std::string checkpoint, out, format = "llmc", dtype = "fp32";
   };
   auto args = std::make_shared<Args>();
-  CLI::App* cmd = app.add_subcommand("export", "Write a checkpoint's weights as an llm.c model file or a Hugging Face GPT-2 directory");
+  CLI::App* cmd = app.add_subcommand(
+      "export", "Write a checkpoint's weights as an llm.c model file or a Hugging Face GPT-2 directory");
   cmd->add_option("--checkpoint", args->checkpoint, "checkpoint directory, or a run directory (its newest checkpoint)")
       ->required();
-  cmd->add_option("--out", args->out, "llmc: the model file to write (e.g. gpt2_124M.bin); hf: the directory")->required();
+  cmd->add_option("--out", args->out, "llmc: the model file to write (e.g. gpt2_124M.bin); hf: the directory")
+      ->required();
   cmd->add_option("--format", args->format, "llmc (llm.c's model file) or hf (config.json + model.safetensors)")
       ->check(CLI::IsMember({"llmc", "hf"}))
       ->capture_default_str();
@@ -40,7 +42,8 @@ void add_export_command(CLI::App& app) {
       // transformers runs exact attention whatever kind trained the weights;
       // the metadata keeps which one did.
       write_hf_model(args->out, cfg.model, ck.params, fp32 ? TensorDtype::f32 : TensorDtype::bf16,
-                     {{"qattn.step", std::to_string(ck.state.step)}, {"qattn.attention", ck.config["attention"].dump()}});
+                     {{"qattn.step", std::to_string(ck.state.step)},
+                      {"qattn.attention", ck.config["attention"].dump()}});
       const auto layers = cfg.attention_per_layer();
       if (std::any_of(layers.begin(), layers.end(), [](const auto& a) { return a.kind != AttentionKind::fpa; }))
         spdlog::info("the run trained with quantised attention; transformers evaluates it with exact attention");

@@ -162,7 +162,8 @@ void read_layers(ObjectReader& r, const AttentionConfig& global, int num_layers,
   for (size_t i = 1; i < out.size(); ++i) {
     if (out[i].first <= out[reach].last)
       layers.error(out[i].key, "overlaps attention.layers." + out[reach].key + " (layer " +
-                                   std::to_string(out[i].first) + " is in both); allowed: each layer in at most one entry");
+                                   std::to_string(out[i].first) +
+                                   " is in both); allowed: each layer in at most one entry");
     if (out[i].last > out[reach].last) reach = i;
   }
   layers.finish();

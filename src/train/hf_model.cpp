@@ -4,6 +4,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <nlohmann/json.hpp>
 
 #include "qattn/atomic_file.hpp"
@@ -227,13 +228,13 @@ HfModel read_hf_model(const std::string& dir) {
     const ParamLayout lay(m);
     out.params.assign(lay.total, 0.0f);
     std::vector<std::string> problems;
-    std::map<std::string, bool> used;
+    std::set<std::string> used;
     for (int layer = 0; layer < m.layers; ++layer)
       for (const HfTensor& h : kHfTensors) {
         if (!per_layer(h.tensor) && layer > 0) continue;
         const std::string name = hf_name(h, layer, prefix);
         const std::vector<int64_t> want = hf_shape(h, m);
-        used[name] = true;
+        used.insert(name);
         if (!file.has(name)) {
           problems.push_back("tensor " + name + " is missing (shape " + shape_text(want) + " expected)");
           continue;
@@ -247,14 +248,16 @@ HfModel read_hf_model(const std::string& dir) {
         std::vector<float> x = file.read(name);
         if (h.transposed) x = transpose(x.data(), want[0], want[1]);
         // Whole-model tensors are read at layer 0 only, so one offset formula serves both.
-        std::copy(x.begin(), x.end(), out.params.begin() + static_cast<std::ptrdiff_t>(lay.offset[h.tensor] + layer * x.size()));
+        const size_t at = lay.offset[h.tensor] + layer * x.size();
+        std::copy(x.begin(), x.end(), out.params.begin() + static_cast<std::ptrdiff_t>(at));
       }
     for (const auto& [name, e] : file.tensors()) {
       if (used.count(name)) continue;
       if (name.ends_with(".attn.bias") || name.ends_with(".attn.masked_bias")) continue;  // causal-mask buffers
       if (name == "lm_head.weight") {  // a tied head saved anyway must be wte
+        const auto wte = out.params.begin() + static_cast<std::ptrdiff_t>(lay.offset[P_WTE]);
         const std::vector<float> head = e.shape == hf_shape(kHfTensors[0], m) ? file.read(name) : std::vector<float>();
-        if (head.size() != lay.size[P_WTE] || !std::equal(head.begin(), head.end(), out.params.begin() + static_cast<std::ptrdiff_t>(lay.offset[P_WTE])))
+        if (head.size() != lay.size[P_WTE] || !std::equal(head.begin(), head.end(), wte))
           problems.push_back("tensor lm_head.weight differs from " + prefix +
                              "wte.weight; qattn ties the head to the token embedding");
         continue;
@@ -272,13 +275,19 @@ HfModel read_hf_model(const std::string& dir) {
 std::vector<float> params_from_hf_model(const std::string& dir, const ModelConfig& m) {
   const std::string what = "model.init_from = " + dir;
   require_gpt2(m, what);
-  const HfModel file = read_hf_model(dir);
+  HfModel file;
+  try {
+    file = read_hf_model(dir);
+  } catch (const HfError& e) {
+    throw HfError(what + ": " + e.what());
+  }
   const ModelConfig& f = file.model;
   const std::string config = (fs::path(dir) / "config.json").string();
   std::vector<std::string> diff;
   auto check = [&](const char* key, const char* ours, int have, int want) {
     if (have != want)
-      diff.push_back(config + ": " + key + " = " + std::to_string(have) + " but " + ours + " = " + std::to_string(want));
+      diff.push_back(config + ": " + key + " = " + std::to_string(have) + " but " + ours + " = " +
+                     std::to_string(want));
   };
   check("vocab_size", "model.vocab", f.vocab, m.vocab);
   check("n_layer", "model.layers", f.layers, m.layers);

@@ -63,7 +63,9 @@ void write_safetensors(const std::string& path, const std::vector<TensorToWrite>
                              std::to_string(t.values.size()) +
                              " values cannot be written (names must be unique and not empty, the values "
                              "must fill the shape)");
-    header[t.name] = {{"dtype", to_string(dtype)}, {"shape", t.shape}, {"data_offsets", {offset, offset + count * elem}}};
+    header[t.name] = {{"dtype", to_string(dtype)},
+                      {"shape", t.shape},
+                      {"data_offsets", {offset, offset + count * elem}}};
     offset += count * elem;
   }
   std::string text = header.dump();

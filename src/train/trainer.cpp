@@ -96,13 +96,19 @@ void write_diag(std::ofstream& csv, int64_t step, const std::vector<LayerDiag>& 
 
 // Opens a CSV for appending after resuming at `step`: rows of later steps
 // (written after the checkpoint by the process that died) are dropped.
-// A fresh run (step < 0) starts the file anew.
+// A fresh run (step < 0) starts the file anew, and so does a file with other
+// columns (an older qattn's), which is kept beside it as PATH.old.
 std::ofstream open_csv(const std::string& path, const char* header, int64_t step) {
   std::string kept = header;
   if (step >= 0) {
     std::ifstream in(path);
     std::string line;
-    std::getline(in, line);  // the old header
+    if (std::getline(in, line) && line + '\n' != header) {
+      in.close();
+      std::error_code ec;
+      fs::rename(path, path + ".old", ec);
+      return open_csv(path, header, -1);
+    }
     while (std::getline(in, line)) {
       const int64_t row_step = std::strtoll(line.c_str(), nullptr, 10);
       if (row_step <= step) kept += line + '\n';

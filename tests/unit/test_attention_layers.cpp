@@ -262,3 +262,34 @@ TEST_CASE("the sweep example: first and last layer FPA, the rest sage, against a
                                                {"sage sage sage sage sage sage ", 2},
                                                {"fpa sage sage sage sage fpa ", 2}});
 }
+
+TEST_CASE("resuming a run whose diag.csv has an older qattn's columns keeps that file as diag.csv.old",
+          "[layers][checkpoint][cli]") {
+  const auto d = scratch_dir("layers_old_diag");
+  make_corpus(d);
+  json j = tiny_config(d, "old", 8);
+  j["log"]["diag_every"] = 2;
+  const auto cfg = write_json(d / "old.json", j);
+  REQUIRE(WIFSIGNALED(run_qattn({"train", cfg.string()}, {{"QATTN_TEST_KILL_IN_CHECKPOINT", "8"}}, d / "log.txt")));
+  // The columns before the kind column existed: drop it from every line.
+  const fs::path diag = d / "runs" / "old" / "diag.csv";
+  std::ifstream in(diag);
+  std::string old_text, line;
+  while (std::getline(in, line)) {
+    const auto first = line.find(','), second = line.find(',', first + 1), third = line.find(',', second + 1);
+    old_text += line.substr(0, second) + line.substr(third) + "\n";
+  }
+  in.close();
+  std::ofstream(diag, std::ios::trunc) << old_text;
+  REQUIRE(exit_code(run_qattn({"train", cfg.string()}, {}, d / "log.txt")) == 0);
+  CHECK(read_text(fs::path(diag.string() + ".old")) == old_text);
+  std::ifstream now(diag);
+  std::getline(now, line);
+  CHECK(line.rfind("step,layer,kind,", 0) == 0);
+  int rows = 0;
+  while (std::getline(now, line)) {
+    ++rows;
+    CHECK(line.find(",0,fpa,") != std::string::npos);
+  }
+  CHECK(rows == 2);  // steps 6 and 8, after the checkpoint of step 4
+}

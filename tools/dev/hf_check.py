@@ -145,7 +145,8 @@ def main():
     loss_ok, greedy_ok = abs(loss - a.qattn_val) <= LOSS_TOLERANCE, theirs == ours and len(theirs) > 0
 
     print(f"transformers {transformers.__version__}, torch {torch.__version__}, CPU fp32; model {a.model}")
-    print(f"({config['n_layer']} layers, {config['n_embd']} wide, {config['n_head']} heads, vocab {config['vocab_size']})\n")
+    print(f"({config['n_layer']} layers, {config['n_embd']} wide, {config['n_head']} heads, "
+          f"vocab {config['vocab_size']})\n")
     print("| check | qattn | transformers | difference | result |")
     print("|---|---|---|---|---|")
     windows = f"{a.batches} x {a.micro_batch} windows of {a.seq_len}"

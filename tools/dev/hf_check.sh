@@ -23,6 +23,8 @@ QATTN_BIN=${QATTN_BIN:-build/qattn}
 STEPS=${1:-300}
 WORK=${WORK:-/tmp/qattn_hf_check}
 B=8 T=256 EVAL_BATCHES=8 GREEDY=32
+# A build carried with its libraries in .deps/ (the GPU machine lacks pcre2's).
+[[ -d .deps/usr/lib/x86_64-linux-gnu ]] && export LD_LIBRARY_PATH=$PWD/.deps/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
 
 die() { echo "hf_check.sh: $*" >&2; exit 1; }
 [[ -x $QATTN_BIN ]] || die "QATTN_BIN=$QATTN_BIN is not an executable (build qattn first)"
