@@ -808,10 +808,9 @@ TEST_CASE(
     }
     std::printf(
         "sage rescale: T=%d d=%d, head 0 every 7th row: %lld moves of the reference, %lld blocks "
-        "above a "
-        "stale one\n",
+        "above a stale one\n",
         s.T, s.d, moves, stale);
-    CHECK(moves > 50);   // measured 97-102 (device calls 8, 9 of 2026-12-01, seventh session)
+    CHECK(moves > 50);   // this test has measured 97-102
     CHECK(stale > 300);  // 767-782
     // The wgmma forward (conditional rescale) against the CPU reference, with
     // the bounds of "sage on the GPU matches the CPU sage reference" (its
