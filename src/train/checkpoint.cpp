@@ -236,32 +236,40 @@ std::string save_checkpoint(const std::string& run_dir, const Checkpoint& ck, in
   if (ck.adam_m.size() != n || ck.adam_v.size() != n)
     throw CheckpointError("save_checkpoint: params, adam_m and adam_v differ in size");
   const fs::path root = checkpoint_root(run_dir);
-  fs::create_directories(root);
   char name[32];
   std::snprintf(name, sizeof name, "%s%08lld", kStepPrefix, static_cast<long long>(ck.state.step));
   const fs::path tmp = root / (std::string(".") + name + ".tmp"), final_dir = root / name;
-  fs::remove_all(tmp);
-  fs::create_directory(tmp);
+  std::error_code ec;
+  if (fs::create_directories(root, ec); ec) throw CheckpointError("cannot create " + root.string() + ": " + ec.message());
+  fs::remove_all(tmp, ec);
+  if (!fs::create_directory(tmp, ec) || ec)
+    throw CheckpointError("cannot create " + tmp.string() + ": " + (ec ? ec.message() : "it exists"));
+  // A write that fails (disk full) removes its temporary directory: nothing of it stays.
+  try {
+    json files = json::object();
+    auto record = [&](const char* file, const FileSum& s) {
+      files[file] = {{"bytes", s.bytes}, {"fnv1a64", s.hash}};
+    };
+    record("config.json", write_synced(tmp / "config.json", ck.config.dump(2) + "\n"));
+    record("state.json", write_synced(tmp / "state.json", state_to_json(ck.state).dump(2) + "\n"));
+    const size_t bytes = n * sizeof(float);
+    record("params.bin", write_synced(tmp / "params.bin", ck.params.data(), bytes));
+    record("adam_m.bin", write_synced(tmp / "adam_m.bin", ck.adam_m.data(), bytes));
+    record("adam_v.bin", write_synced(tmp / "adam_v.bin", ck.adam_v.data(), bytes));
+    maybe_die_mid_write(ck.state.step);
+    const json manifest = {{"format", kFormat}, {"version", kFormatVersion}, {"step", ck.state.step},
+                           {"files", files}};
+    write_synced(tmp / "manifest.json", manifest.dump(2) + "\n");
+    sync_directory(tmp);
 
-  json files = json::object();
-  auto record = [&](const char* file, const FileSum& s) {
-    files[file] = {{"bytes", s.bytes}, {"fnv1a64", s.hash}};
-  };
-  record("config.json", write_synced(tmp / "config.json", ck.config.dump(2) + "\n"));
-  record("state.json", write_synced(tmp / "state.json", state_to_json(ck.state).dump(2) + "\n"));
-  const size_t bytes = n * sizeof(float);
-  record("params.bin", write_synced(tmp / "params.bin", ck.params.data(), bytes));
-  record("adam_m.bin", write_synced(tmp / "adam_m.bin", ck.adam_m.data(), bytes));
-  record("adam_v.bin", write_synced(tmp / "adam_v.bin", ck.adam_v.data(), bytes));
-  maybe_die_mid_write(ck.state.step);
-  const json manifest = {{"format", kFormat}, {"version", kFormatVersion}, {"step", ck.state.step},
-                         {"files", files}};
-  write_synced(tmp / "manifest.json", manifest.dump(2) + "\n");
-  sync_directory(tmp);
-
-  fs::remove_all(final_dir);  // the same step saved again (a finished run re-invoked)
-  fs::rename(tmp, final_dir);
-  sync_directory(root);
+    fs::remove_all(final_dir, ec);  // the same step saved again (a finished run re-invoked)
+    if (fs::rename(tmp, final_dir, ec); ec)
+      throw CheckpointError("cannot rename " + tmp.string() + " to " + final_dir.string() + ": " + ec.message());
+    sync_directory(root);
+  } catch (...) {
+    fs::remove_all(tmp, ec);
+    throw;
+  }
 
   // Keep the newest `keep` checkpoints by step (no re-hashing: every one was
   // written by this function); drop older ones and the temporaries of killed writers.
