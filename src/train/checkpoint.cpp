@@ -2,6 +2,7 @@
 // manifest last, rename), verification against the manifest, pruning, and the
 // config comparison behind automatic resume.
 #include "qattn/checkpoint.hpp"
+#include "qattn/json_file.hpp"
 
 #include <fcntl.h>
 #include <sys/file.h>
@@ -99,7 +100,9 @@ void sync_directory(const fs::path& dir) {
 
 FileSum sum_file(const fs::path& path) {
   std::ifstream f(path, std::ios::binary);
-  if (!f) throw CheckpointError("cannot read " + path.string());
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) throw CheckpointError(path.filename().string() + " is a directory, not a file");
+  if (!f) throw CheckpointError("cannot read " + path.string() + ": " + std::strerror(errno));
   FileSum s;
   Fnv1a64 h;
   std::vector<unsigned char> buf(1 << 20);
@@ -116,7 +119,9 @@ FileSum sum_file(const fs::path& path) {
 
 std::string read_text(const fs::path& path) {
   std::ifstream f(path, std::ios::binary);
-  if (!f) throw CheckpointError("cannot read " + path.string());
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) throw CheckpointError(path.filename().string() + " is a directory, not a file");
+  if (!f) throw CheckpointError("cannot read " + path.string() + ": " + std::strerror(errno));
   return std::string(std::istreambuf_iterator<char>(f), {});
 }
 
@@ -124,11 +129,14 @@ std::string read_text(const fs::path& path) {
 // keeps its tail bytes out, which the manifest's byte count then reports).
 template <class T>
 std::vector<T> read_whole(const fs::path& path, uint64_t& bytes) {
-  bytes = fs::file_size(path);
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) throw CheckpointError(path.filename().string() + " is a directory, not a file");
+  bytes = fs::file_size(path, ec);
+  if (ec) throw CheckpointError("cannot read " + path.string() + ": " + ec.message());
   std::vector<T> v(bytes / sizeof(T));
   std::ifstream f(path, std::ios::binary);
   if (!f.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(v.size() * sizeof(T))))
-    throw CheckpointError("cannot read " + path.string());
+    throw CheckpointError("cannot read " + path.string() + ": " + std::strerror(errno));
   return v;
 }
 
@@ -288,7 +296,7 @@ std::string checkpoint_problem(const std::string& dir) {
       if (std::string why = mismatch(file, sum_file(d / file), manifest["files"][file]); !why.empty())
         return why;
   } catch (const json::exception& e) {
-    return std::string("manifest.json: ") + e.what();
+    return "manifest.json: " + json_error_text(e);
   } catch (const CheckpointError& e) {
     return e.what();
   }
@@ -321,7 +329,7 @@ Checkpoint load_checkpoint(const std::string& dir) {
     ck.adam_v = read_whole<float>(d / "adam_v.bin", bytes);
     check("adam_v.bin", ck.adam_v, bytes);
   } catch (const json::exception& e) {
-    throw invalid(std::string("manifest.json: ") + e.what());
+    throw invalid("manifest.json: " + json_error_text(e));
   } catch (const CheckpointError& e) {
     throw invalid(e.what());
   }
@@ -329,7 +337,7 @@ Checkpoint load_checkpoint(const std::string& dir) {
     ck.config = json::parse(config_text.begin(), config_text.end());
     ck.state = state_from_json(json::parse(state_text.begin(), state_text.end()));
   } catch (const json::exception& e) {
-    throw CheckpointError("checkpoint " + dir + ": config.json or state.json: " + e.what());
+    throw CheckpointError("checkpoint " + dir + ": config.json or state.json: " + json_error_text(e));
   }
   if (ck.adam_m.size() != ck.params.size() || ck.adam_v.size() != ck.params.size())
     throw CheckpointError("checkpoint " + dir + ": adam_m.bin / adam_v.bin differ in size from params.bin");

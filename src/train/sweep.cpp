@@ -1,5 +1,6 @@
 // Sweep files -> runs with stable ids, and run outcomes -> summary tables.
 #include "qattn/atomic_file.hpp"
+#include "qattn/json_file.hpp"
 #include "qattn/sweep.hpp"
 
 #include <algorithm>
@@ -280,13 +281,11 @@ Sweep expand_sweep(const json& j, const std::string& source) {
 }
 
 Sweep load_sweep(const std::string& path) {
-  std::ifstream f(path);
-  if (!f) throw SweepError(path + ": cannot open sweep file");
   json j;
   try {
-    j = json::parse(f, nullptr, true, /*ignore_comments=*/true);
-  } catch (const json::parse_error& e) {
-    throw SweepError(path + ": not valid JSON: " + e.what());
+    j = read_json_file(path, "sweep file");
+  } catch (const JsonError& e) {
+    throw SweepError(e.what());
   }
   try {
     return expand_sweep(j, path);
@@ -329,7 +328,7 @@ RunOutcome read_outcome(const std::string& run_dir, int eval_last) {
       o.train_seconds = st.value("train_seconds", 0.0);
       o.wall_seconds = st.value("wall_seconds", 0.0);
     } catch (const json::exception& e) {
-      o.reason = std::string("status.json: ") + e.what();
+      o.reason = "status.json: " + json_error_text(e);
     }
   }
   // Final val loss: the evaluations after step 0 (step 0 alone when there is no other).
