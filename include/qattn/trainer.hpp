@@ -8,6 +8,7 @@
 
 #include "qattn/backend.hpp"
 #include "qattn/config.hpp"
+#include "qattn/data.hpp"
 
 namespace qattn {
 
@@ -50,6 +51,16 @@ struct ResumeError : std::runtime_error {
 // bit-exactly. Console progress goes through spdlog.
 TrainResult train(const Config& cfg, Backend& backend, const std::string& run_dir,
                   const TrainOptions& options = {});
+
+// The loader of data.train (train = true: shuffled, this rank's slice of
+// world) or data.val, every shard validated and its token ids checked against
+// model.vocab; throws DataError naming the key, the glob and the shard at fault.
+DataLoader open_data(const Config& cfg, bool train, int rank, int world);
+
+// What train checks before step 0 that needs neither a backend nor the run
+// directory, without holding the data: both data globs (every shard read once)
+// and model.init_from. Throws DataError / LlmcError naming the key.
+void check_run_inputs(const Config& cfg, int world);
 
 // The run directory a config writes to: log.out / log.name.
 std::string run_directory(const Config& cfg);

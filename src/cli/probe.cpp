@@ -6,10 +6,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "checks.hpp"
 #include "commands.hpp"
 #include "qattn/config.hpp"
 #include "qattn/cpu/attention.hpp"
@@ -120,12 +122,14 @@ void add_probe_command(CLI::App& app) {
   causality->add_option("config", args->config, "run config (JSON): shape and attention options")
       ->required();
   causality->add_option("--set", args->sets, "override a key: json.path=value (repeatable)");
-  causality->add_option("--from", args->from, "first redrawn token (default: seq_len / 2)");
+  causality->add_option("--from", args->from, "first redrawn token (default: seq_len / 2)")
+      ->check(integer_range(1, 1 << 20));
   causality->add_option("--heads", args->heads, "random heads to probe (default: model.heads)")
-      ->check(CLI::PositiveNumber);
+      ->check(integer_range(1, 1024));
   causality->add_option("--sigma", args->sigma, "standard deviation of q and k (default 1)")
-      ->check(CLI::PositiveNumber);
-  causality->add_option("--seed", args->seed, "random seed (default 1)");
+      ->check(number_range(1e-3, 1e3));
+  causality->add_option("--seed", args->seed, "random seed (default 1)")
+      ->check(integer_range(0, std::numeric_limits<int64_t>::max()));
   causality->callback([args] { run_causality(*args); });
 }
 

@@ -24,6 +24,7 @@
 #include <sstream>
 #include <thread>
 
+#include "checks.hpp"
 #include "commands.hpp"
 #include "qattn/atomic_file.hpp"
 #include "qattn/checkpoint.hpp"
@@ -103,6 +104,17 @@ void mark_failed(const std::string& run_dir, const std::string& why) {
   });
 }
 
+// What check_run_inputs finds wrong with a run's data and model.init_from ("" when nothing).
+std::string input_problem(const Config& cfg) {
+  try {
+    check_run_inputs(cfg, 1);
+  } catch (const std::runtime_error& e) {
+    if (!is_input_error(e)) throw;
+    return e.what();
+  }
+  return "";
+}
+
 void print_plan(const Sweep& s, const std::vector<RunOutcome>& outcomes) {
   std::cout << "sweep " << s.name << ": " << s.runs.size() << " runs in " << s.dir() << " (base " << s.base << ")\n";
   for (size_t i = 0; i < s.runs.size(); ++i) {
@@ -131,7 +143,7 @@ void add_sweep_command(CLI::App& app) {
   cmd->add_flag("--summary", args->summary_only, "only regenerate summary.csv and summary.md");
   auto* gpus = cmd->add_option("--gpus", args->gpus, "GPUs to use, one run per GPU at a time: 0,1,2,3");
   cmd->add_option("--jobs", args->jobs, "CPU runs at a time (without --gpus)")
-      ->check(CLI::Range(1, 1024))
+      ->check(integer_range(1, 1024))
       ->excludes(gpus)
       ->capture_default_str();
   cmd->callback([args] {
@@ -140,7 +152,7 @@ void add_sweep_command(CLI::App& app) {
       s = load_sweep(args->sweep);
     } catch (const SweepError& e) {
       spdlog::error("{}", e.what());
-      throw CLI::RuntimeError(2);
+      throw CLI::RuntimeError(kExitBadInput);
     }
     auto outcomes = [&] {
       std::vector<RunOutcome> o;
@@ -151,17 +163,24 @@ void add_sweep_command(CLI::App& app) {
       std::cout << write_summary(s, outcomes());
       return;
     }
-    // Every config is validated before anything starts.
+    // Every config, and the data it names, is validated before anything starts;
+    // runs that name the same data and shapes share one check.
     std::vector<std::string> errors;
+    std::map<std::string, std::string> input_problems;  // data, model, micro_batch -> error ("" when none)
     for (const auto& r : s.runs) {
       try {
-        load_config(s.base, train_assignments(s, r));
+        const Config cfg = load_config(s.base, train_assignments(s, r));
+        const std::string inputs = cfg.effective["data"].dump() + cfg.effective["model"].dump() +
+                                   std::to_string(cfg.train.micro_batch);
+        const auto [it, fresh] = input_problems.try_emplace(inputs);
+        if (fresh) it->second = input_problem(cfg);
+        if (!it->second.empty()) errors.push_back("run " + r.id + ": " + it->second);
       } catch (const std::exception& e) {
         errors.push_back("run " + r.id + ": " + e.what());
       }
     }
     for (const auto& e : errors) spdlog::error("{}", e);
-    if (!errors.empty()) throw CLI::RuntimeError(2);
+    if (!errors.empty()) throw CLI::RuntimeError(kExitBadInput);
     if (args->dry_run) {
       print_plan(s, outcomes());
       return;

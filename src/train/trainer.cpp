@@ -150,7 +150,44 @@ std::optional<Checkpoint> checkpoint_to_resume(const Config& cfg, const std::str
   return ck;
 }
 
+// Runs f, prefixing a DataError with the config key and glob it came from.
+template <class F>
+auto naming_key(bool train, const Config& cfg, F&& f) {
+  const char* key = train ? "data.train" : "data.val";
+  const std::string& glob = train ? cfg.data.train : cfg.data.val;
+  try {
+    return f(glob);
+  } catch (const DataError& e) {
+    throw DataError(std::string(key) + " = \"" + glob + "\": " + e.what());
+  }
+}
+
 }  // namespace
+
+DataLoader open_data(const Config& cfg, bool train, int rank, int world) {
+  return naming_key(train, cfg, [&](const std::string& glob) {
+    DataLoader d(glob, cfg.train.micro_batch, cfg.model.seq_len, /*shuffle=*/train, cfg.train.seed, rank, world);
+    check_token_ids(d.shards(), cfg.model.vocab);
+    return d;
+  });
+}
+
+void check_run_inputs(const Config& cfg, int world) {
+  for (const bool train : {true, false}) {
+    naming_key(train, cfg, [&](const std::string& glob) {
+      std::vector<ShardInfo> shards;
+      int64_t tokens = 0;
+      for (const auto& path : expand_glob(glob)) {
+        shards.push_back(scan_shard(path));
+        tokens += shards.back().tokens;
+      }
+      check_token_ids(shards, cfg.model.vocab);
+      check_one_batch(glob, tokens, static_cast<int64_t>(cfg.train.micro_batch) * (train ? world : 1),
+                      cfg.model.seq_len);
+    });
+  }
+  if (!cfg.model.init_from.empty()) check_llmc_model(cfg.model.init_from, cfg.model);
+}
 
 std::string to_string(RunStatus s) {
   switch (s) {
@@ -172,8 +209,17 @@ TrainResult train(const Config& cfg, Backend& backend, const std::string& run_di
   // takes the same decisions; only rank 0 (the lead) writes files and logs.
   const bool lead = backend.rank() == 0;
 
-  // ---- resume or start fresh (decided before anything in run_dir is touched)
-  fs::create_directories(run_dir);
+  // ---- data, opened before anything in run_dir is touched: a run that cannot
+  // start leaves no trace
+  DataLoader train_data = open_data(cfg, /*train=*/true, backend.rank(), backend.world());
+  DataLoader val_data = open_data(cfg, /*train=*/false, 0, 1);
+  if (!cfg.model.init_from.empty()) check_llmc_model(cfg.model.init_from, cfg.model);
+
+  // ---- resume or start fresh (decided before anything in run_dir is written)
+  if (options.resume == ResumeMode::require && !fs::is_directory(run_dir))
+    throw ResumeError(run_dir + ": --resume given, but the run directory does not exist");
+  if (std::error_code ec; fs::create_directories(run_dir, ec), ec)
+    throw CheckpointError("cannot create the run directory " + run_dir + ": " + ec.message());
   std::optional<DirLock> lock;  // the lead writes the run directory; two runs on one would interleave
   if (lead) lock.emplace(run_dir);
   std::vector<std::string> passed_over;
@@ -199,21 +245,6 @@ TrainResult train(const Config& cfg, Backend& backend, const std::string& run_di
   log.flush_on(spdlog::level::info);
   for (const auto& p : passed_over) log.warn("passed over invalid checkpoint {}", p);
 
-  // ---- data
-  // Data errors name the config key they came from.
-  auto open_data = [&](const char* key, const std::string& glob, bool shuffle, int rank, int world) {
-    try {
-      DataLoader d(glob, B, T, shuffle, tc.seed, rank, world);
-      if (d.max_token() >= cfg.model.vocab)
-        throw DataError("holds token id " + std::to_string(d.max_token()) + " but model.vocab = " +
-                        std::to_string(cfg.model.vocab) + "; allowed: model.vocab > every token id");
-      return d;
-    } catch (const DataError& e) {
-      throw DataError(std::string(key) + " = \"" + glob + "\": " + e.what());
-    }
-  };
-  DataLoader train_data = open_data("data.train", cfg.data.train, /*shuffle=*/true, backend.rank(), backend.world());
-  DataLoader val_data = open_data("data.val", cfg.data.val, /*shuffle=*/false, 0, 1);
   const double fpt = flops_per_token(cfg.model);
   const double peak = backend.peak_flops() * backend.world();  // 0: unknown, no MFU
   log.info("run {} | backend {} | {} parameters | {} layers x {} dim x {} heads, T {} | attention {}",

@@ -82,3 +82,82 @@ TEST_CASE("a directory as config, 1e400 and duplicate keys are refused naming th
   CHECK(r.code == 2);
   CHECK_THAT(r.output, Catch::Contains("sweep.json: name: given twice"));
 }
+
+TEST_CASE("validate checks the data as train does: globs, directories, unreadable shards, token ids",
+          "[cli][errors]") {
+  const auto d = scratch_dir("cli_data");
+  const auto cfg = tiny_setup(d);
+  const std::string train_glob = (d / "s_train_*").string();
+  const auto outcome = [&](const std::string& set) {
+    return qattn_outcome({"validate", cfg.string(), "--set", set}, d / "log");
+  };
+  CHECK(qattn_outcome({"validate", cfg.string()}, d / "log").code == 0);
+
+  // A glob that matches nothing: validate says so (train would, before step 0).
+  auto r = outcome("data.val=" + (d / "nothing_*.bin").string());
+  CHECK(r.code == 2);
+  CHECK_THAT(r.output, Catch::Contains("data.val") && Catch::Contains("no shard matches"));
+  check_clean(r);
+
+  fs::create_directories(d / "s_train_dir");
+  r = outcome("data.train=" + train_glob);
+  CHECK(r.code == 2);
+  CHECK_THAT(r.output, Catch::Contains("data.train") && Catch::Contains("s_train_dir: is a directory"));
+  check_clean(r);
+  fs::remove(d / "s_train_dir");
+
+  fs::create_symlink(d / "gone.bin", d / "s_train_000002.bin");  // matched by the glob, opens with ENOENT
+  r = outcome("data.train=" + train_glob);
+  CHECK(r.code == 2);
+  CHECK_THAT(r.output, Catch::Contains("s_train_000002.bin: cannot open: No such file or directory"));
+  check_clean(r);
+  fs::remove(d / "s_train_000002.bin");
+
+  // The second shard of a glob holds a token id beyond model.vocab: that shard is named.
+  const std::vector<uint16_t> bad = {1, 2, 300, 4};
+  qattn::write_shard((d / "s_train_000002.bin").string(), bad.data(), bad.size());
+  r = outcome("data.train=" + train_glob);
+  CHECK(r.code == 2);
+  CHECK_THAT(r.output, Catch::Contains("shard " + (d / "s_train_000002.bin").string() + " holds token id 300") &&
+                           Catch::Contains("model.vocab = 257"));
+  check_clean(r);
+
+  // train refuses the same data before it writes anything.
+  r = qattn_outcome({"train", cfg.string()}, d / "log");
+  CHECK(r.code == 2);
+  CHECK_THAT(r.output, Catch::Contains("s_train_000002.bin holds token id 300"));
+  CHECK(!fs::exists(d / "runs" / "tiny"));
+}
+
+TEST_CASE("numeric options refuse nan, inf and out-of-range values with a readable range", "[cli][errors]") {
+  const auto d = scratch_dir("cli_numbers");
+  const auto cfg = tiny_setup(d);
+  struct Case {
+    std::vector<std::string> args;
+    std::string allowed;
+  };
+  const std::vector<Case> cases = {
+      {{"sample", "--checkpoint", d.string(), "--temperature", "nan"}, "a number >= 0 and <= 100"},
+      {{"sample", "--checkpoint", d.string(), "--temperature", "inf"}, "a number >= 0 and <= 100"},
+      {{"sample", "--checkpoint", d.string(), "--tokens", "0"}, "an integer from 1 to 1048576"},
+      {{"sample", "--checkpoint", d.string(), "--top-k", "1e9"}, "an integer from 0 to 65536"},
+      {{"sample", "--checkpoint", d.string(), "--seed", "-1"}, "an integer from 0 to"},
+      {{"train", cfg.string(), "--nproc", "0"}, "an integer from 1 to 64"},
+      {{"validate", cfg.string(), "--nproc", "2.5"}, "an integer from 1 to 64"},
+      {{"sweep", cfg.string(), "--jobs", "0"}, "an integer from 1 to 1024"},
+      {{"tokenize", "--tokenizer", "bytes", "--out", d.string(), "--val-fraction", "nan"}, "a number >= 0 and < 1"},
+      {{"tokenize", "--tokenizer", "bytes", "--out", d.string(), "--val-fraction", "1"}, "a number >= 0 and < 1"},
+      {{"tokenize", "--tokenizer", "bytes", "--out", d.string(), "--shard-tokens", "-5"}, "an integer from 1 to"},
+      {{"tokenize", "--tokenizer", "bytes", "--out", d.string(), "--threads", "x"}, "an integer from 0 to 1024"},
+      {{"probe", "causality", cfg.string(), "--sigma", "nan"}, "a number >= 0.001 and <= 1000"},
+      {{"bench", "attention", "--shape", "1,1,64,64", "--reps", "0"}, "an integer from 1 to 10000"},
+  };
+  for (const auto& c : cases) {
+    const auto r = qattn_outcome(c.args, d / "log");
+    INFO(fmt::format("{}\n{}", fmt::join(c.args, " "), r.output));
+    CHECK(r.code == 2);
+    CHECK_THAT(r.output, Catch::Contains("allowed: " + c.allowed));
+    CHECK(r.output.size() < 400);  // no bound of 300 digits
+    CHECK(raw_library_text(r.output).empty());
+  }
+}
