@@ -105,6 +105,8 @@ void add_tokenize_command(CLI::App& app) {
   cmd->add_option("--threads", c.threads, "encoding threads (0: all cores)")
       ->check(integer_range(0, 1024))
       ->capture_default_str();
+  cmd->add_flag("--strict", c.strict,
+                "refuse input the tokenizer would rewrite (gpt2: invalid UTF-8, else replaced by U+FFFD)");
   cmd->callback([args] {
     CorpusOptions& o = args->corpus;
     if (!args->files_from.empty()) {
@@ -123,7 +125,9 @@ void add_tokenize_command(CLI::App& app) {
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     const double cpu = cpu_seconds() - cpu_start;
     if (s.utf8_replacements > 0)
-      spdlog::warn("tokenize: replaced {} invalid UTF-8 sequences by U+FFFD", s.utf8_replacements);
+      spdlog::warn("tokenize: replaced {} invalid UTF-8 sequences ({} bytes) by U+FFFD in {} of {} files "
+                   "(the first: {}); --strict refuses such input",
+                   s.utf8_replacements, s.utf8_bytes, s.utf8_files, o.files.size(), s.utf8_first);
     for (const auto& shard : s.shards) spdlog::info("wrote {} ({} tokens)", shard, validate_shard(shard));
     std::cout << "tokenize: " << tokenizer->name() << ", " << s.documents << " documents ("
               << s.val_documents << " val), " << s.bytes << " bytes -> " << s.val_tokens

@@ -161,3 +161,75 @@ TEST_CASE("numeric options refuse nan, inf and out-of-range values with a readab
     CHECK(raw_library_text(r.output).empty());
   }
 }
+
+namespace {
+
+// A GPT-2 vocab of the 256 byte tokens, one merge ("t" "h") and end-of-text,
+// spelled with GPT-2's printable byte alphabet: enough to run the gpt2
+// tokenizer without data/cache/gpt2.
+fs::path tiny_gpt2_vocab(const fs::path& dir) {
+  fs::create_directories(dir);
+  const auto utf8 = [](int cp) {
+    std::string s;
+    if (cp < 0x80) {
+      s += static_cast<char>(cp);
+    } else {
+      s += static_cast<char>(0xC0 | (cp >> 6));
+      s += static_cast<char>(0x80 | (cp & 0x3F));
+    }
+    return s;
+  };
+  json encoder = json::object();
+  int extra = 0;
+  for (int b = 0; b < 256; ++b) {
+    const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+    encoder[utf8(printable ? b : 0x100 + extra++)] = b;
+  }
+  encoder["th"] = 256;
+  encoder["<|endoftext|>"] = 257;
+  std::ofstream(dir / "encoder.json") << encoder.dump();
+  std::ofstream(dir / "vocab.bpe") << "#version: 0.2\nt h\n";
+  return dir;
+}
+
+}  // namespace
+
+TEST_CASE("tokenize that fails leaves the output folder as it was; gpt2 counts or refuses invalid UTF-8",
+          "[cli][errors][tokenizer]") {
+  const auto d = scratch_dir("cli_tokenize");
+  std::ofstream(d / "one.txt") << "a single document";
+  // One file: every document goes to the validation split, an error; no _val_ shard stays.
+  auto r = qattn_outcome({"tokenize", "--tokenizer", "bytes", (d / "one.txt").string(), "--out", (d / "new").string()},
+                         d / "log");
+  CHECK(r.code == 1);
+  CHECK_THAT(r.output, Catch::Contains("all 1 documents went to the validation split"));
+  CHECK(!fs::exists(d / "new"));
+  fs::create_directories(d / "old");
+  std::ofstream(d / "old" / "old_val_000000.bin") << "earlier shards";
+  const auto before = listing(d / "old");
+  r = qattn_outcome({"tokenize", "--tokenizer", "bytes", (d / "one.txt").string(), "--out", (d / "old").string()},
+                    d / "log");
+  CHECK(r.code == 1);
+  CHECK(listing(d / "old") == before);
+  check_clean(r);
+
+  const fs::path vocab = tiny_gpt2_vocab(d / "vocab");
+  std::ofstream(d / "bad.txt", std::ios::binary) << "then \xC3( and \xE2\x82 the end";  // 1 + 2 invalid bytes
+  std::ofstream(d / "good.txt") << "the second document";
+  const std::vector<std::string> gpt2 = {"tokenize", "--tokenizer", "gpt2", "--vocab", vocab.string(),
+                                         (d / "bad.txt").string(), (d / "good.txt").string()};
+  auto args = gpt2;
+  args.insert(args.end(), {"--out", (d / "strict").string(), "--strict"});
+  r = qattn_outcome(args, d / "log");
+  CHECK(r.code == 1);
+  CHECK_THAT(r.output, Catch::Contains("bad.txt at byte 5: invalid UTF-8 (2 invalid sequences, 3 bytes in this file)"));
+  CHECK(!fs::exists(d / "strict"));
+  check_clean(r);
+  args = gpt2;
+  args.insert(args.end(), {"--out", (d / "lenient").string()});
+  r = qattn_outcome(args, d / "log");
+  CHECK(r.code == 0);
+  CHECK_THAT(r.output, Catch::Contains("replaced 2 invalid UTF-8 sequences (3 bytes) by U+FFFD in 1 of 2 files "
+                                       "(the first: " + (d / "bad.txt").string() + " at byte 5)"));
+  CHECK(listing(d / "lenient") == std::vector<std::string>{"lenient_train_000001.bin", "lenient_val_000000.bin"});
+}
