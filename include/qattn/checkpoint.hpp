@@ -35,6 +35,7 @@ struct TrainState {
   double spike_var = 0;
   int64_t spike_count = 0;       // losses seen by the EMA
   double last_val_loss = 0;
+  bool eval_pending = false;     // the evaluation of `step` was cut short by a stop request: run it on resume
   double train_seconds = 0;      // time inside optimizer steps, all sessions
   double wall_seconds = 0;       // time of the whole run (evals, checkpoints), all sessions
 };

@@ -1,7 +1,6 @@
 // The training loop: config -> data -> backend -> steps -> metrics, with
 // checkpoints, resume, divergence handling and the loss-spike rule.
 #pragma once
-#include <atomic>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -9,6 +8,7 @@
 #include "qattn/backend.hpp"
 #include "qattn/config.hpp"
 #include "qattn/data.hpp"
+#include "qattn/stop_request.hpp"
 
 namespace qattn {
 
@@ -33,9 +33,10 @@ enum class ResumeMode {
 
 struct TrainOptions {
   ResumeMode resume = ResumeMode::automatic;
-  // Set (from a SIGINT/SIGTERM handler) to stop after the current step with a
-  // final checkpoint; may be null.
-  const std::atomic<bool>* stop = nullptr;
+  // Requested (by SIGINT/SIGTERM) to stop after the current step, or during an
+  // evaluation between two of its batches, with a final checkpoint; a second
+  // request ends the run at once with status.json saying so. May be null.
+  StopRequest* stop = nullptr;
 };
 
 // The run directory holds a checkpoint whose config differs from the one given
@@ -48,7 +49,10 @@ struct ResumeError : std::runtime_error {
 // train_loss, val_loss, grad_norm, step_ms, tokens_per_s, mfu, skipped, event),
 // diag.csv, events.log, status.json and checkpoints/ into run_dir. On resume
 // the rows after the checkpoint's step are dropped and the run continues
-// bit-exactly. Console progress goes through spdlog.
+// bit-exactly. Console progress goes through spdlog. The data and
+// model.init_from are checked before run_dir is touched; once status.json was
+// written, it ends in a final state (finished, diverged, interrupted, or
+// failed when an exception leaves, which is then rethrown).
 TrainResult train(const Config& cfg, Backend& backend, const std::string& run_dir,
                   const TrainOptions& options = {});
 

@@ -21,6 +21,7 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <mutex>
 #include <sstream>
 #include <thread>
 
@@ -201,13 +202,22 @@ void add_sweep_command(CLI::App& app) {
     spdlog::info("sweep {}: {} runs, {} to run, {} at a time{}", s.name, s.runs.size(), queue.size(), slots.size(),
                  args->gpus.empty() ? "" : " (GPUs " + args->gpus + ")");
 
-    const std::atomic<bool>& stop = install_stop_handlers();
+    StopRequest& stop = install_stop_handlers();
     std::map<pid_t, std::pair<size_t, size_t>> running;  // pid -> (run, slot)
+    std::mutex running_mutex;                            // the signal thread reads `running` on a second signal
+    // A first signal is forwarded by the loop below; a second one reaches the
+    // running runs at once too, which then stop without a final checkpoint.
+    const StopListener listener(&stop, [&](bool now) {
+      if (!now) return;
+      const std::lock_guard<std::mutex> lock(running_mutex);
+      for (const auto& [pid, unused] : running) ::kill(pid, SIGTERM);
+      spdlog::warn("second stop signal: {} running runs asked to stop at once; exiting", running.size());
+    });
     std::vector<bool> busy(slots.size(), false);
     size_t next = 0, failed = 0, finished_count = 0, busy_runs = 0;
     bool forwarded = false;
     while (next < queue.size() || !running.empty()) {
-      while (!stop && next < queue.size() && running.size() < slots.size()) {
+      while (!stop.requested() && next < queue.size() && running.size() < slots.size()) {
         const size_t slot = std::find(busy.begin(), busy.end(), false) - busy.begin();
         const SweepRun& r = s.runs[queue[next]];
         if (const std::string owner = run_in_use(s, r); !owner.empty()) {
@@ -216,12 +226,13 @@ void add_sweep_command(CLI::App& app) {
           ++next;
           continue;
         }
+        const std::lock_guard<std::mutex> lock(running_mutex);
         const pid_t pid = launch(s, r, slots[slot], omp_threads);
         busy[slot] = true;
         running[pid] = {queue[next++], slot};
         spdlog::info("start {}{} (pid {})", r.id, slots[slot].empty() ? "" : " on GPU " + slots[slot], pid);
       }
-      if (stop && !forwarded) {  // children of a terminal's Ctrl-C got SIGINT already; a second request is harmless
+      if (stop.requested() && !forwarded) {  // children of a terminal's Ctrl-C got SIGINT already; a second request is harmless
         for (const auto& [pid, unused] : running) ::kill(pid, SIGTERM);
         forwarded = true;
         spdlog::warn("stop requested: waiting for {} running runs to checkpoint", running.size());
@@ -238,10 +249,12 @@ void add_sweep_command(CLI::App& app) {
         if (errno == EINTR) continue;
         break;
       }
+      std::unique_lock<std::mutex> lock(running_mutex);
       const auto it = running.find(pid);
       if (it == running.end()) continue;
       const auto [run, slot] = it->second;
       running.erase(it);
+      lock.unlock();
       busy[slot] = false;
       const std::string dir = (fs::path(s.dir()) / s.runs[run].id).string();
       const int code = WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : -1;
@@ -258,7 +271,7 @@ void add_sweep_command(CLI::App& app) {
     const std::string md = write_summary(s, outcomes());
     std::cout << md.substr(0, md.find("\n## Runs")) << '\n';
     spdlog::info("summary: {}/summary.md, {}/summary.csv", s.dir(), s.dir());
-    if (stop) throw CLI::RuntimeError(kExitInterrupted);
+    if (stop.requested()) throw CLI::RuntimeError(kExitInterrupted);
     if (failed || busy_runs) {
       if (failed) spdlog::error("{} runs failed; see their console.log", failed);
       if (busy_runs) spdlog::error("{} runs are in use by other processes; run the sweep again when they end", busy_runs);

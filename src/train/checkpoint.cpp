@@ -99,9 +99,9 @@ void sync_directory(const fs::path& dir) {
 }
 
 FileSum sum_file(const fs::path& path) {
-  std::ifstream f(path, std::ios::binary);
   std::error_code ec;
   if (fs::is_directory(path, ec)) throw CheckpointError(path.filename().string() + " is a directory, not a file");
+  std::ifstream f(path, std::ios::binary);
   if (!f) throw CheckpointError("cannot read " + path.string() + ": " + std::strerror(errno));
   FileSum s;
   Fnv1a64 h;
@@ -118,9 +118,9 @@ FileSum sum_file(const fs::path& path) {
 }
 
 std::string read_text(const fs::path& path) {
-  std::ifstream f(path, std::ios::binary);
   std::error_code ec;
   if (fs::is_directory(path, ec)) throw CheckpointError(path.filename().string() + " is a directory, not a file");
+  std::ifstream f(path, std::ios::binary);
   if (!f) throw CheckpointError("cannot read " + path.string() + ": " + std::strerror(errno));
   return std::string(std::istreambuf_iterator<char>(f), {});
 }
@@ -175,6 +175,7 @@ json state_to_json(const TrainState& s) {
           {"spike", {{"skipped", s.skipped}, {"mean", s.spike_mean}, {"var", s.spike_var},
                      {"count", s.spike_count}}},
           {"last_val_loss", s.last_val_loss},
+          {"eval_pending", s.eval_pending},
           {"train_seconds", s.train_seconds},
           {"wall_seconds", s.wall_seconds}};
 }
@@ -191,6 +192,7 @@ TrainState state_from_json(const json& j) {
   s.spike_var = j.at("spike").at("var");
   s.spike_count = j.at("spike").at("count");
   s.last_val_loss = j.at("last_val_loss");
+  s.eval_pending = j.value("eval_pending", false);  // a checkpoint without the key has no cut evaluation
   s.train_seconds = j.at("train_seconds");
   s.wall_seconds = j.at("wall_seconds");
   return s;

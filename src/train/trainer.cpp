@@ -15,12 +15,14 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <mutex>
 #include <optional>
 
 #include "qattn/checkpoint.hpp"
 #include "qattn/data.hpp"
 #include "qattn/llmc_model.hpp"
 #include "qattn/optimizer.hpp"
+#include "qattn/stop_request.hpp"
 
 namespace qattn {
 
@@ -70,11 +72,15 @@ std::string fmt_or_empty(bool present, double x, const char* f = "{:.6f}") {
   return present ? fmt::format(fmt::runtime(f), x) : std::string();
 }
 
-double mean_val_loss(Backend& backend, DataLoader& val, int batches, int B, int T) {
+// The mean loss of the first `batches` val batches, or nothing when a stop is
+// requested before one of them: a long evaluation must not hold up a stop.
+std::optional<double> mean_val_loss(Backend& backend, DataLoader& val, int batches, int B, int T,
+                                    const StopRequest* stop) {
   std::vector<int32_t> in, tg;
   val.reset();
   double sum = 0;
   for (int i = 0; i < batches; ++i) {
+    if (stop && stop->requested()) return std::nullopt;
     val.next(in, tg);
     sum += backend.forward_loss(in.data(), tg.data(), B, T);
   }
@@ -112,10 +118,47 @@ std::ofstream open_csv(const std::string& path, const char* header, int64_t step
   return out;
 }
 
-void write_status(const std::string& run_dir, const json& status) {
-  write_file_atomically((fs::path(run_dir) / "status.json").string(),
-                        [&](std::ostream& f) { f << status.dump(2) << '\n'; });
-}
+// <run>/status.json, written by the lead rank from the training thread and,
+// on a second stop signal, from the signal thread: the writes are serialised,
+// and once a final state is written nothing overwrites it.
+class StatusFile {
+ public:
+  StatusFile(std::string run_dir, bool lead) : path_((fs::path(run_dir) / "status.json").string()), lead_(lead) {}
+
+  // Writes status (its "status" key says which); a final one ends the writes.
+  void write(const json& status) {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    if (final_) return;
+    latest_ = status;
+    final_ = status.at("status") != "running";
+    if (lead_) write_file_atomically(path_, [&](std::ostream& f) { f << status.dump(2) << '\n'; });
+  }
+  // Keeps status as the newest state without writing it (every step).
+  void note(const json& status) {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    if (!final_) latest_ = status;
+  }
+  // The newest state under another status and reason, written at once; nothing
+  // when no status was written yet (the run never started).
+  void end(const std::string& status, const std::string& reason) {
+    json s;
+    {
+      const std::lock_guard<std::mutex> lock(mutex_);
+      if (latest_.is_null() || final_) return;
+      s = latest_;
+    }
+    s["status"] = status;
+    s["reason"] = reason;
+    write(s);
+  }
+
+ private:
+  std::string path_;
+  bool lead_;
+  std::mutex mutex_;
+  json latest_;         // null until the first write
+  bool final_ = false;
+};
 
 // The checkpoint to continue from, per the resume mode (nullopt: start fresh),
 // and its directory in `dir` ("" when none). Only the lead rank (rank 0)
@@ -200,8 +243,10 @@ std::string to_string(RunStatus s) {
 
 std::string run_directory(const Config& cfg) { return (fs::path(cfg.log.out) / cfg.log.name).string(); }
 
-TrainResult train(const Config& cfg, Backend& backend, const std::string& run_dir,
-                  const TrainOptions& options) {
+namespace {
+
+TrainResult run_training(const Config& cfg, Backend& backend, const std::string& run_dir,
+                         const TrainOptions& options, StatusFile& status) {
   const auto wall_start = std::chrono::steady_clock::now();
   const TrainConfig& tc = cfg.train;
   const int B = tc.micro_batch, T = cfg.model.seq_len;
@@ -304,7 +349,7 @@ TrainResult train(const Config& cfg, Backend& backend, const std::string& run_di
     result.diverged = s == RunStatus::diverged;
     result.steps_done = st.step;
     result.last_val_loss = st.last_val_loss;
-    if (lead) write_status(run_dir, status_json(to_string(s)));
+    status.write(status_json(to_string(s)));
     return result;
   };
   auto save = [&] {
@@ -316,22 +361,51 @@ TrainResult train(const Config& cfg, Backend& backend, const std::string& run_di
     backend.get_adam_state(ck.adam_m, ck.adam_v);
     if (!lead) return;
     result.last_checkpoint = save_checkpoint(run_dir, ck, tc.keep_checkpoints);
-    write_status(run_dir, status_json("running"));
+    status.write(status_json("running"));
     log.info("checkpoint {}", result.last_checkpoint);
   };
-  auto evaluate = [&] {
-    st.last_val_loss = mean_val_loss(backend, val_data, cfg.eval.batches, B, T);
-    return st.last_val_loss;
+  // nullopt when a stop request cut the evaluation short.
+  auto evaluate = [&]() -> std::optional<double> {
+    const auto val = mean_val_loss(backend, val_data, cfg.eval.batches, B, T, options.stop);
+    if (val) st.last_val_loss = *val;
+    return val;
   };
-  if (lead) write_status(run_dir, status_json("running"));
+  auto stopped = [&](const std::string& reason) {
+    result.reason = reason;
+    log.warn("{}; resume with the same command", result.reason);
+    return finish(RunStatus::interrupted);
+  };
+  status.write(status_json("running"));
+  // The first stop signal is acknowledged at once; a second one ends the run
+  // now, with status.json saying so.
+  const StopListener listener(options.stop, [&](bool now) {
+    if (!now) {
+      log.warn("stop requested: stopping after the current step or evaluation, with a checkpoint; a second "
+               "signal stops at once");
+      return;
+    }
+    status.end("interrupted", "stopped at once by a second signal; resume continues from the newest checkpoint");
+    log.warn("stopped at once by a second signal (no final checkpoint)");
+  });
 
   if (resumed_step < 0) {  // step 0: the untrained model
-    const double val0 = evaluate();
-    metrics << "0,0,,," << fmt::format("{:.6f}", val0) << ",,,,,0,\n";
+    const auto val0 = evaluate();
+    if (!val0) return stopped("stopped by a signal during the evaluation of step 0 (no checkpoint)");
+    metrics << "0,0,,," << fmt::format("{:.6f}", *val0) << ",,,,,0,\n";
     metrics.flush();
-    log.info("step 0 | val loss {:.4f}", val0);
+    log.info("step 0 | val loss {:.4f}", *val0);
     if (diag.is_open())
       write_diag(diag, 0, backend.diagnostics(probe_in.data(), probe_tg.data(), B, T));
+  }
+
+  if (st.eval_pending) {  // the evaluation a stop request cut short, before the next step
+    const auto val = evaluate();
+    if (!val) return stopped(fmt::format("stopped by a signal during the evaluation of step {}", st.step));
+    st.eval_pending = false;
+    metrics << st.step << ',' << st.step * tc.tokens_per_step << ",,," << fmt::format("{:.6f}", *val) << ",,,,,"
+            << st.skipped << ",evaluation cut short by a stop signal; done on resume\n";
+    metrics.flush();
+    log.info("step {} | val loss {:.4f} (the evaluation a stop cut short)", st.step, *val);
   }
 
   const int64_t nan_step = injected_nan_step();
@@ -385,10 +459,12 @@ TrainResult train(const Config& cfg, Backend& backend, const std::string& run_di
     const double mfu = peak > 0 ? fpt * tok_s / peak : 0.0;
 
     const bool eval_now = (cfg.eval.every > 0 && step % cfg.eval.every == 0) || step == tc.steps;
-    const double val = eval_now ? evaluate() : 0.0;
-    const std::string event = skip ? fmt::format("spike: update skipped (z = {:.2f})", z) : "";
+    const std::optional<double> val = eval_now ? evaluate() : std::nullopt;
+    st.eval_pending = eval_now && !val;
+    std::string event = skip ? fmt::format("spike: update skipped (z = {:.2f})", z) : "";
+    if (st.eval_pending) event += std::string(event.empty() ? "" : "; ") + "evaluation cut short by a stop signal";
     metrics << step << ',' << step * tc.tokens_per_step << ',' << fmt::format("{:.6g}", lr) << ','
-            << fmt::format("{:.6f}", loss) << ',' << fmt_or_empty(eval_now, val) << ','
+            << fmt::format("{:.6f}", loss) << ',' << fmt_or_empty(val.has_value(), val.value_or(0.0)) << ','
             << fmt::format("{:.6f}", norm) << ',' << fmt::format("{:.2f}", ms) << ','
             << fmt::format("{:.0f}", tok_s) << ',' << fmt_or_empty(mfu > 0, mfu, "{:.4f}") << ','
             << st.skipped << ',' << event << '\n';
@@ -399,25 +475,36 @@ TrainResult train(const Config& cfg, Backend& backend, const std::string& run_di
     if (step % cfg.log.every == 0 || eval_now) {  // eval_now holds at the last step
       const double left_s = session_ms / session_steps * (tc.steps - step) / 1000.0;
       log.info("step {:>6}/{} | loss {:.4f}{} | norm {:.3f} | lr {:.2e} | {:.1f} ms | {:.0f} tok/s{} | {:.0f}s left",
-               step, tc.steps, loss, eval_now ? fmt::format(" | val {:.4f}", val) : "", norm, lr, ms,
+               step, tc.steps, loss, val ? fmt::format(" | val {:.4f}", *val) : "", norm, lr, ms,
                tok_s, mfu > 0 ? fmt::format(" | MFU {:.1f}%", 100 * mfu) : "", left_s);
     }
 
-    bool stop = options.stop && options.stop->load();
+    status.note(status_json("running"));
+    bool stop = options.stop && options.stop->requested();
     if (backend.world() > 1) {  // a signal may reach the ranks at different steps: stop together
       double requests = stop ? 1.0 : 0.0;
       backend.sum_over_ranks(&requests, 1);
       stop = requests > 0;
     }
     if ((tc.checkpoint_every > 0 && step % tc.checkpoint_every == 0) || step == tc.steps || stop) save();
-    if (stop && step < tc.steps) {
-      result.reason = fmt::format("stopped by a signal after step {}", step);
-      log.warn("{}; resume with the same command", result.reason);
-      return finish(RunStatus::interrupted);
-    }
+    if (stop && (step < tc.steps || st.eval_pending))
+      return stopped(fmt::format("stopped by a signal after step {}{}", step,
+                                 st.eval_pending ? " (its evaluation runs on resume)" : ""));
   }
   log.info("done: {} steps, final val loss {:.4f}, {:.1f} s in steps", st.step, st.last_val_loss, st.train_seconds);
   return finish(RunStatus::finished);
+}
+
+}  // namespace
+
+TrainResult train(const Config& cfg, Backend& backend, const std::string& run_dir, const TrainOptions& options) {
+  StatusFile status(run_dir, backend.rank() == 0);
+  try {
+    return run_training(cfg, backend, run_dir, options, status);
+  } catch (const std::exception& e) {
+    status.end("failed", e.what());  // a run that started ends in a final state
+    throw;
+  }
 }
 
 }  // namespace qattn
