@@ -164,6 +164,30 @@ TEST_CASE("the summary: mean of the last E evals, mean and std over seeds, gaps 
   CHECK_THAT(csv, Catch::Contains("kind=sage_seed=3,kind=sage,sage,3,diverged,"));
 }
 
+TEST_CASE("an interrupted run shows its last evaluation and its state, never a final val loss", "[sweep]") {
+  const auto d = scratch_dir("sweep_interrupted");
+  json j = {{"name", "s"}, {"base", "b.json"}, {"out", d.string()}, {"grid", {{"attention.kind", {"fpa", "sage"}}}}};
+  const Sweep s = expand_sweep(j, "");
+  fake_run(d / "s" / "kind=fpa", "finished", {2.5, 2.1});
+  fake_run(d / "s" / "kind=sage", "interrupted", {});  // stopped before its first evaluation after step 0
+  std::vector<RunOutcome> outcomes;
+  for (const auto& r : s.runs) outcomes.push_back(read_outcome((d / "s" / r.id).string(), s.eval_last));
+  CHECK(outcomes[0].final_val_loss == Approx(2.1));
+  CHECK(outcomes[1].status == "interrupted");
+  CHECK(std::isnan(outcomes[1].final_val_loss));  // not the step-0 loss as if it had finished
+  CHECK(outcomes[1].last_val_loss == Approx(9.0));
+  CHECK(outcomes[1].last_val_step == 0);
+  const std::string md = write_summary(s, outcomes);
+  CHECK_THAT(md, Catch::Contains("| kind=sage | **interrupted**; last evaluation 9.0000 at step 0 | 0 | 0 |  |"));
+  CHECK_THAT(md, Catch::Contains("| kind=sage | sage | 0/1 | — |"));
+
+  fake_run(d / "s" / "kind=sage", "interrupted", {3.0, 2.7});
+  const RunOutcome later = read_outcome((d / "s" / "kind=sage").string(), s.eval_last);
+  CHECK(std::isnan(later.final_val_loss));
+  CHECK(later.last_val_loss == Approx(2.7));
+  CHECK(later.last_val_step == 2);
+}
+
 TEST_CASE("qattn sweep runs a grid, records a divergence and skips finished runs", "[sweep][cli]") {
   const auto d = scratch_dir("sweep_cli");
   make_corpus(d);
