@@ -7,7 +7,8 @@
 // directory, the manifest (byte size and checksum of every file) last, then
 // the directory is renamed to its final name. A checkpoint is valid only when
 // its manifest exists and every file matches it, so a process killed at any
-// point never leaves a checkpoint that loads.
+// point never leaves a checkpoint that loads. The checksum is FNV-1a's 64-bit
+// arithmetic over each file's 64-bit little-endian words (docs/runs.md).
 #pragma once
 #include <cstdint>
 #include <nlohmann/json.hpp>

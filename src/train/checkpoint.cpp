@@ -29,8 +29,9 @@ constexpr int kFormatVersion = 1;
 constexpr const char* kStepPrefix = "step_";
 const char* const kFiles[] = {"config.json", "state.json", "params.bin", "adam_m.bin", "adam_v.bin"};
 
-// FNV-1a over 64-bit little-endian words (bytes for the tail): fast enough to
-// hash a GPT-2 124M checkpoint (1.5 GB) in about a second.
+// FNV-1a's 64-bit offset basis and prime over 64-bit little-endian words (then
+// the bytes of the tail): fast enough to hash a GPT-2 124M checkpoint (1.5 GB)
+// in about a second. Not byte-wise FNV-1a-64: docs/runs.md gives the exact rule.
 class Fnv1a64 {
  public:
   void update(const unsigned char* p, size_t n) {

@@ -124,6 +124,18 @@ TEST_CASE("a checkpoint round-trips and a damaged one never loads", "[checkpoint
   }
 }
 
+TEST_CASE("the manifest's checksum is FNV-1a-64 over 64-bit words, as docs/runs.md defines it", "[checkpoint]") {
+  const auto d = scratch_dir("ckpt_checksum");
+  Checkpoint ck = random_checkpoint(1, 3);
+  ck.params = {1.0f, 2.0f, 3.0f};  // bytes 0000803f 00000040 00004040: one word and a 4-byte tail
+  const std::string dir = save_checkpoint(d.string(), ck, 1);
+  const json manifest = json::parse(read_text(fs::path(dir) / "manifest.json"));
+  // Known answers from the documented rule (Python); byte-wise FNV-1a-64 of the
+  // same 12 bytes is 1de40d89811fe258, which is why the docs name the difference.
+  CHECK(manifest["files"]["params.bin"]["fnv1a64"] == "dbc0c7699c65204f");
+  CHECK(manifest["files"]["params.bin"]["bytes"] == 12);
+}
+
 TEST_CASE("only the newest keep_checkpoints survive, and dead temporaries go", "[checkpoint]") {
   const auto d = scratch_dir("ckpt_prune");
   fs::create_directories(fs::path(checkpoint_root(d.string())) / ".step_00000003.tmp");
