@@ -86,8 +86,8 @@ def load_runs(root):
             reader = csv.DictReader(f)
             rows = list(reader)
             columns = reader.fieldnames
-        # The sweep's varied keys are the columns between "setting" and "train.seed".
-        keys = columns[columns.index("setting") + 1:columns.index("train.seed")]
+        # The sweep's varied keys are the columns between "setting" and "status", the seed aside.
+        keys = [k for k in columns[columns.index("setting") + 1:columns.index("status")] if k != "train.seed"]
         labels = short_labels(rows, keys)
         runs = []
         for row in rows:
