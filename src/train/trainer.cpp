@@ -459,12 +459,14 @@ TrainResult run_training(const Config& cfg, Backend& backend, const std::string&
     const double mfu = peak > 0 ? fpt * tok_s / peak : 0.0;
 
     const bool eval_now = (cfg.eval.every > 0 && step % cfg.eval.every == 0) || step == tc.steps;
-    const std::optional<double> val = eval_now ? evaluate() : std::nullopt;
-    st.eval_pending = eval_now && !val;
+    const std::optional<double> evaluated = eval_now ? evaluate() : std::nullopt;
+    const bool has_val = evaluated.has_value();
+    const double val = has_val ? *evaluated : 0.0;
+    st.eval_pending = eval_now && !has_val;
     std::string event = skip ? fmt::format("spike: update skipped (z = {:.2f})", z) : "";
     if (st.eval_pending) event += std::string(event.empty() ? "" : "; ") + "evaluation cut short by a stop signal";
     metrics << step << ',' << step * tc.tokens_per_step << ',' << fmt::format("{:.6g}", lr) << ','
-            << fmt::format("{:.6f}", loss) << ',' << fmt_or_empty(val.has_value(), val.value_or(0.0)) << ','
+            << fmt::format("{:.6f}", loss) << ',' << fmt_or_empty(has_val, val) << ','
             << fmt::format("{:.6f}", norm) << ',' << fmt::format("{:.2f}", ms) << ','
             << fmt::format("{:.0f}", tok_s) << ',' << fmt_or_empty(mfu > 0, mfu, "{:.4f}") << ','
             << st.skipped << ',' << event << '\n';
@@ -475,7 +477,7 @@ TrainResult run_training(const Config& cfg, Backend& backend, const std::string&
     if (step % cfg.log.every == 0 || eval_now) {  // eval_now holds at the last step
       const double left_s = session_ms / session_steps * (tc.steps - step) / 1000.0;
       log.info("step {:>6}/{} | loss {:.4f}{} | norm {:.3f} | lr {:.2e} | {:.1f} ms | {:.0f} tok/s{} | {:.0f}s left",
-               step, tc.steps, loss, val ? fmt::format(" | val {:.4f}", *val) : "", norm, lr, ms,
+               step, tc.steps, loss, has_val ? fmt::format(" | val {:.4f}", val) : "", norm, lr, ms,
                tok_s, mfu > 0 ? fmt::format(" | MFU {:.1f}%", 100 * mfu) : "", left_s);
     }
 
