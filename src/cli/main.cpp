@@ -8,9 +8,11 @@
 #include <exception>
 #include <filesystem>
 #include <new>
+#include <stdexcept>
 
 #include "checks.hpp"
 #include "commands.hpp"
+#include "qattn/config.hpp"
 
 int main(int argc, char** argv) {
   CLI::App app{"qattn: GPT pre-training with low-bit attention (FPA, SageBwd INT8, K-interval)"};
@@ -39,9 +41,12 @@ int main(int argc, char** argv) {
   } catch (const std::bad_alloc&) {
     spdlog::error("out of memory (a model, batch or file larger than this machine holds)");
     return 1;
+  } catch (const std::invalid_argument& e) {  // a subcommand's own check of an argument
+    spdlog::error("{}", e.what());
+    return qattn::cli::kExitBadInput;
   } catch (const std::exception& e) {
     spdlog::error("{}", e.what());
-    return 1;
+    return dynamic_cast<const qattn::ConfigError*>(&e) ? qattn::cli::kExitBadInput : 1;
   }
   return 0;
 }

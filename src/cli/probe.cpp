@@ -3,6 +3,8 @@
 // include tokens after the query. Random q, k, v at the config's shape; tokens
 // from --from on are redrawn; the largest change of an output before --from is
 // reported per kind. FPA and K-interval must show exactly 0 (else exit 1).
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -66,7 +68,13 @@ Change probe(const AttentionConfig& attn, const ProbeArgs& a, int T, int d) {
 }
 
 void run_causality(const ProbeArgs& args_in) {
-  const Config cfg = load_config(args_in.config, args_in.sets);
+  Config cfg;
+  try {
+    cfg = load_config(args_in.config, args_in.sets);
+  } catch (const ConfigError& e) {
+    spdlog::error("{}: {}", args_in.config, e.what());
+    throw CLI::RuntimeError(kExitBadInput);
+  }
   ProbeArgs a = args_in;
   const int T = cfg.model.seq_len, d = cfg.model.head_dim();
   if (a.from < 0) a.from = T / 2;

@@ -81,6 +81,13 @@ TEST_CASE("a directory as config, 1e400 and duplicate keys are refused naming th
   r = qattn_outcome({"sweep", (d / "sweep.json").string(), "--dry-run"}, d / "log");
   CHECK(r.code == 2);
   CHECK_THAT(r.output, Catch::Contains("sweep.json: name: given twice"));
+  // Other subcommands that read a config answer the same way.
+  r = qattn_outcome({"probe", "causality", (d / "twice.json").string()}, d / "log");
+  CHECK(r.code == 2);
+  CHECK_THAT(r.output, Catch::Contains("twice.json: invalid config") && Catch::Contains("train.lr: given twice"));
+  r = qattn_outcome({"bench", "attention", "--shape", "1,2,64,64", "--set", "attention.kind=bogus"}, d / "log");
+  CHECK(r.code == 2);
+  CHECK_THAT(r.output, Catch::Contains("attention.kind: \"bogus\" is not allowed"));
 }
 
 TEST_CASE("validate checks the data as train does: globs, directories, unreadable shards, token ids",
