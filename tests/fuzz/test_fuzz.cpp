@@ -15,8 +15,10 @@
 
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <cstring>
 #include <fmt/format.h>
 #include <random>
+#include <tuple>
 
 #include "qattn/json_file.hpp"
 #include "run_helpers.hpp"
