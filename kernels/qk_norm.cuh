@@ -1,4 +1,4 @@
-// QK-norm (SPEC §2) on the q and k parts of the fused qkv activation, in place:
+// QK-norm (docs/attention-maths.md §3) on the q and k parts of the fused qkv activation, in place:
 // x <- gamma * x / sqrt(mean(x^2) + 1e-6) per head row of d values, gamma_q for
 // q and gamma_k for k (shared by heads). v is left alone.
 #pragma once

@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
-"""The SPEC §5 attention diagnostics of a sweep as markdown (SageBwd's Table 2).
+"""The attention diagnostics of a sweep as markdown (SageBwd's Table 2;
+docs/attention-maths.md §7).
 
     tools/diag_table.py SWEEP_DIR [--step N]
 
 For every run of the sweep (summary.csv) with a diag.csv: per layer at the last
-diagnostics step (or at step N), σ_Q and σ_K (RMS of q and k), max |S|, and for
-the quantised kinds the cosine similarity to FPA on the same inputs of O, P, dS,
-dQ, dK and dV, the quantity with the lowest cosine named: which one carries the
-error. A first table gives each run's worst layer, a short overview.
+diagnostics step (or at step N), its attention kind, σ_Q and σ_K (RMS of q and
+k), max |S|, and for the quantised kinds the cosine similarity to FPA on the
+same inputs of O, P, dS, dQ, dK and dV, the quantity with the lowest cosine
+named: which one carries the error. A first table gives each run's worst layer,
+a short overview.
 """
 import argparse
 import csv
@@ -50,7 +52,8 @@ def main():
     name = os.path.basename(os.path.normpath(a.sweep_dir))
     print(f"# Attention diagnostics: {name}\n")
     print("Per layer on the fixed probe batch (the first validation batch), against FPA on the same")
-    print("inputs (SPEC §5; SageBwd's Table 2). σ_Q, σ_K: RMS of q and k; cos: cosine similarity.\n")
+    print("inputs (attention-maths.md §7; SageBwd's Table 2). σ_Q, σ_K: RMS of q and k;")
+    print("cos: cosine similarity.\n")
     tables = []
     print("| run | status | step | worst layer | σ_Q | σ_K | max \\|S\\| | cos O | cos P | cos dS | cos dQ | cos dK | cos dV | lowest |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
@@ -70,12 +73,12 @@ def main():
               f"{float(row['k_rms']):.3f} | {float(row['max_abs_score']):.2f} | " + " | ".join(cells) + " |")
     for r, at, rows in tables:
         print(f"\n## {r['id']} (step {at})\n")
-        print("| layer | σ_Q | σ_K | max \\|S\\| | cos O | cos P | cos dS | cos dQ | cos dK | cos dV | lowest |")
-        print("|---|---|---|---|---|---|---|---|---|---|---|")
+        print("| layer | kind | σ_Q | σ_K | max \\|S\\| | cos O | cos P | cos dS | cos dQ | cos dK | cos dV | lowest |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|")
         for row in rows:
             c = cosines(row)
             cells = [f"{c[q]:.5f}" for q in QUANTITIES] + [worst(c)] if c else [""] * 7
-            print(f"| {row['layer']} | {float(row['q_rms']):.3f} | {float(row['k_rms']):.3f} | "
+            print(f"| {row['layer']} | {row.get('kind', '')} | {float(row['q_rms']):.3f} | {float(row['k_rms']):.3f} | "
                   f"{float(row['max_abs_score']):.2f} | " + " | ".join(cells) + " |")
 
 

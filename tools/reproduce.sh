@@ -20,6 +20,14 @@
 #                        still win); the run folder's name gets a hash of them
 #   --one-pass           run the sweep in file order; by default seed 1 of every
 #                        cell runs first, then the other seeds in cell order
+#   --results DIR        accumulate across machines: finished runs kept in
+#                        DIR/runs/<id>/ (status, metrics, diagnostics, config)
+#                        are restored before the sweep and skipped; every run
+#                        that finishes is added there, and the summary, plots
+#                        and diagnostics table of all of them are copied to DIR
+#   --run-seconds S      with --deadline: the longest a run takes; no run starts
+#                        later than S before the deadline (default: the longest
+#                        wall time among the finished runs, else 600)
 # Environment: QATTN_BIN (the qattn binary, default build/qattn).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -30,7 +38,7 @@ die() { echo "reproduce.sh: $*" >&2; exit 2; }
 PAPER=$1
 shift
 [[ $PAPER == kinterval || $PAPER == sagebwd ]] || die "PAPER '$PAPER' is not allowed; allowed: kinterval | sagebwd"
-SCALE=small TOKENS="" DEADLINE="" GPUS=0 DATA=1 SEED_PASSES=1
+SCALE=small TOKENS="" DEADLINE="" GPUS=0 DATA=1 SEED_PASSES=1 RESULTS="" RUN_SECONDS=""
 SETS=()
 while (($# > 0)); do
   case "$1" in
@@ -41,12 +49,15 @@ while (($# > 0)); do
     --no-data) DATA=0; shift ;;
     --set) SETS+=(--set "${2:?--set needs PATH=VALUE}"); shift 2 ;;
     --one-pass) SEED_PASSES=0; shift ;;
+    --results) RESULTS=${2:?--results needs a folder}; shift 2 ;;
+    --run-seconds) RUN_SECONDS=${2:?--run-seconds needs a number of seconds}; shift 2 ;;
     *) die "unknown option '$1'" ;;
   esac
 done
 [[ $SCALE == small || $SCALE == full ]] || die "--scale '$SCALE' is not allowed; allowed: small | full"
 [[ -z $TOKENS || $TOKENS =~ ^[0-9]+$ ]] || die "--tokens '$TOKENS' is not allowed; allowed: a token count"
 [[ -z $DEADLINE || $DEADLINE =~ ^[0-9]+$ ]] || die "--deadline '$DEADLINE' is not allowed; allowed: seconds since the epoch"
+[[ -z $RUN_SECONDS || $RUN_SECONDS =~ ^[0-9]+$ ]] || die "--run-seconds '$RUN_SECONDS' is not allowed; allowed: whole seconds"
 
 QATTN=${QATTN_BIN:-$ROOT/build/qattn}
 [[ -x $QATTN ]] || die "no qattn binary at $QATTN; build it (tools/build.sh) or set QATTN_BIN"
@@ -75,14 +86,24 @@ python3 tools/scale_sweep.py "$SOURCE" --out "$FIRST" ${TOKENS:+--tokens "$TOKEN
 SWEEP_DIR=runs/$NAME
 log "sweep $NAME ($SOURCE${TOKENS:+, $TOKENS tokens per run}) -> $SWEEP_DIR"
 
-# Runs a sweep file until it is done or the deadline passes (SIGTERM: the
-# running runs checkpoint and the sweep writes its summary).
+if [[ -n $RESULTS ]]; then
+  restored=$(python3 tools/results_store.py restore "$RESULTS" "$SWEEP_DIR") || die "restoring $RESULTS failed"
+  log "$restored"
+fi
+if [[ -n $DEADLINE && -z $RUN_SECONDS ]]; then
+  RUN_SECONDS=$(python3 tools/results_store.py longest "$SWEEP_DIR" 600)
+fi
+
+# Runs a sweep file until it is done or the deadline passes. No run starts
+# later than RUN_SECONDS before the deadline, so every run that starts can
+# finish; SIGTERM at the deadline makes a late one checkpoint.
 run_sweep() {
   local file=$1 left
   if [[ -n $DEADLINE ]]; then
     left=$((DEADLINE - $(date +%s)))
-    ((left > 5)) || { log "deadline reached; not starting $file"; return 0; }
-    timeout --signal=TERM --kill-after=30 "$left" "$QATTN" sweep "$file" --gpus "$GPUS" || log "sweep $file: exit $?"
+    ((left > RUN_SECONDS)) || { log "under ${RUN_SECONDS}s to the deadline; not starting $file"; return 0; }
+    timeout --signal=TERM --kill-after=30 "$left" "$QATTN" sweep "$file" --gpus "$GPUS" \
+      --start-until "$((DEADLINE - RUN_SECONDS))" || log "sweep $file: exit $?"
   else
     "$QATTN" sweep "$file" --gpus "$GPUS" || log "sweep $file: exit $?"
   fi
@@ -103,3 +124,7 @@ else
   log "no matplotlib here: no plots (run tools/plot.py $SWEEP_DIR where it is installed)"
 fi
 python3 tools/diag_table.py "$SWEEP_DIR" > "$SWEEP_DIR/diag.md" || log "diag_table.py failed"
+python3 tools/gap_table.py "$SWEEP_DIR" > "$SWEEP_DIR/gap_curve.md" || log "gap_table.py: no gap yet"
+if [[ -n $RESULTS ]]; then
+  log "$(python3 tools/results_store.py keep "$SWEEP_DIR" "$RESULTS")"
+fi

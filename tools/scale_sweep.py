@@ -3,12 +3,14 @@
 
     tools/scale_sweep.py SWEEP.json --out NEW.json [--tokens N] [--seeds 1,2] [--set PATH=VALUE]...
 
---tokens N sets train.tokens of every run to N and multiplies every step count
-of the sweep (train.warmup, eval.every, log.diag_every, train.checkpoint_every,
-in "set", "grid" and "zip") by N / (the sweep's own train.tokens), so that a
-shorter run keeps the same warmup fraction and about as many evaluations; the
-sweep's name gets the budget appended (kinterval_small -> kinterval_small_16M),
-so runs of different budgets never share a folder. --seeds keeps only the given
+--tokens N sets train.tokens of every run to N. The warmup and the evaluation
+interval stay as the sweep gives them, in steps (docs/reproducing.md: a warmup
+scaled down with the budget changes the run, not only its length); the
+diagnostics and checkpoint intervals (log.diag_every, train.checkpoint_every,
+in "set", "grid" and "zip") are multiplied by N / (the sweep's own
+train.tokens), so a run still takes as many of them. The sweep's name gets the
+budget appended (kinterval_small -> kinterval_small_16M), so runs of different
+budgets never share a folder. --seeds keeps only the given
 seeds (same name, same run ids: a later run of the full sweep skips them).
 --set PATH=VALUE adds an override to the sweep's "set" (VALUE parsed as JSON,
 a bare word is a string; the grid and zip still win for the keys they vary),
@@ -23,7 +25,9 @@ import os
 import re
 import sys
 
-STEP_KEYS = ("train.warmup", "eval.every", "log.diag_every", "train.checkpoint_every")
+# Step counts that scale with the budget. train.warmup and eval.every do not:
+# the protocol fixes them in steps.
+SCALED_STEP_KEYS = ("log.diag_every", "train.checkpoint_every")
 
 
 def load(path):
@@ -61,7 +65,7 @@ def main():
             sys.exit(f"scale_sweep.py: --tokens {a.tokens}: allowed: a positive token count")
         factor = a.tokens / old
         s["set"]["train.tokens"] = a.tokens
-        for key in STEP_KEYS:
+        for key in SCALED_STEP_KEYS:
             if key in s["set"]:
                 s["set"][key] = scaled(s["set"][key], factor, f"set.{key}")
             if key in s.get("grid", {}):

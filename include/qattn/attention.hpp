@@ -1,4 +1,4 @@
-// Attention kinds and their options, exactly as SPEC-attention.md names them.
+// Attention kinds and their options, as docs/attention-maths.md defines them.
 // The model never looks inside: it hands (q, k, v) per (batch, head) to the
 // backend's attention, which dispatches on AttentionConfig::kind.
 #pragma once
@@ -8,11 +8,11 @@
 namespace qattn {
 
 enum class AttentionKind { fpa, sage, kinterval };
-enum class Calibration { minmax, fwm };      // SPEC §4: grid from [min, max] or [max - W, max]
-enum class Rounding { nearest, lerp };       // SPEC §4: forward weights
-enum class Ste { weight, prob };             // SPEC §4: surrogate gradient for nearest
-enum class Precision { int8, bf16 };         // SPEC §3: operand precision of one matmul
-enum class BwdGranularity { rowcol, tile };  // SPEC §3: scales of P and dS in the backward
+enum class Calibration { minmax, fwm };      // §5.2: grid from [min, max] or [max - W, max]
+enum class Rounding { nearest, lerp };       // §5.4: forward weights
+enum class Ste { weight, prob };             // §5.8-5.9: surrogate gradient for nearest
+enum class Precision { int8, bf16 };         // §4.7: operand precision of one matmul
+enum class BwdGranularity { rowcol, tile };  // §4.6: scales of P and dS in the backward
 
 struct KIntervalOptions {
   int K = 4;                                   // intervals; K + 1 grid values

@@ -17,9 +17,10 @@ struct AdamWHyper {
   float lr, beta1, beta2, eps, weight_decay;
 };
 
-// SPEC §5: one row per layer of diag.csv.
+// Attention diagnostics (docs/attention-maths.md §7): one row per layer of diag.csv.
 struct LayerDiag {
   int layer = 0;
+  AttentionKind kind = AttentionKind::fpa;  // what the layer runs
   double q_rms = 0, k_rms = 0, max_abs_score = 0;
   bool compared = false;  // quantised kinds: the fields below are filled
   // cosine similarity and relative L2 error vs FPA on the same inputs
@@ -51,7 +52,8 @@ class Backend {
   // AdamW on every parameter; grads are multiplied by grad_mult first (clipping).
   // t is the 1-based step for bias correction.
   virtual void adamw_step(const AdamWHyper& h, float grad_mult, int64_t t) = 0;
-  // SPEC §5 diagnostics on a probe batch (forward + backward, no update).
+  // Attention diagnostics (docs/attention-maths.md §7) on a probe batch
+  // (forward + backward, no update).
   virtual std::vector<LayerDiag> diagnostics(const int32_t* inputs, const int32_t* targets, int B,
                                              int T) = 0;
   // Peak device memory the backend reserved, bytes (0 when not applicable).
@@ -73,7 +75,7 @@ class Backend {
 
 std::unique_ptr<Backend> make_cpu_backend(const Config& cfg);
 
-// SPEC §5 statistics of one layer from its attention inputs q, k, v and the
+// The attention-maths.md §7 statistics of one layer (running attention a) from its attention inputs q, k, v and the
 // gradient dout reaching its output, all (B, H, T, hd) fp32 on the host. Shared
 // by the backends (the CUDA one copies these to the host first).
 LayerDiag diagnose_layer(const AttentionConfig& a, int layer, int B, int H, int T, int hd,

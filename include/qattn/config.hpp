@@ -1,6 +1,6 @@
 // The run configuration: JSON sections model, attention, data, train, eval,
 // log, dist. Every key is validated; errors name the JSON path, the value and
-// what is allowed (DESIGN.md § Config).
+// what is allowed (docs/config.md).
 #pragma once
 #include <cstdint>
 #include <nlohmann/json.hpp>
@@ -18,8 +18,8 @@ struct ModelConfig {
   int heads = 12;
   int dim = 768;           // channels C; head_dim = dim / heads
   int seq_len = 1024;      // T
-  bool qk_norm = false;    // SPEC §2
-  std::string init_from;   // llm.c model file to start from ("": random init)
+  bool qk_norm = false;    // docs/attention-maths.md §3
+  std::string init_from;   // llm.c model file or HF GPT-2 directory to start from ("": random init)
   int head_dim() const { return dim / heads; }
 };
 
@@ -60,16 +60,29 @@ struct LogConfig {
   int64_t every = 1;       // steps between console lines
   std::string out = "runs";// parent folder of the run directory
   std::string name;        // run name (default: config file stem)
-  int64_t diag_every = 0;  // steps between SPEC §5 diagnostics (0: off)
+  int64_t diag_every = 0;  // steps between diagnostics, attention-maths.md §7 (0: off)
 };
 
 struct DistConfig {
   int zero_stage = 1;      // 0: all-reduce, 1: optimizer state sharded
 };
 
+// One entry of attention.layers: layers first .. last (inclusive) run
+// `attention` in place of the global kind and options. Its fields start from
+// the global ones, so an entry states only what differs.
+struct LayerAttention {
+  std::string key;            // as written: "0", "1-10"
+  int first = 0, last = 0;
+  AttentionConfig attention;
+};
+
 struct Config {
   ModelConfig model;
-  AttentionConfig attention;
+  AttentionConfig attention;  // the global kind and options
+  std::vector<LayerAttention> attention_layers;  // attention.layers, sorted by first layer
+  // The attention layer l runs: its attention.layers entry, else the global one.
+  const AttentionConfig& attention_of(int layer) const;
+  std::vector<AttentionConfig> attention_per_layer() const;  // model.layers entries
   DataConfig data;
   TrainConfig train;
   EvalConfig eval;
@@ -94,8 +107,12 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
 Config config_from_json(const nlohmann::json& j, const std::string& source = "",
                         int world_size = 1);
 // Only the "attention" section of j (absent: the defaults), validated as in a
-// full config; for tools that need no run (qattn bench attention). Throws ConfigError.
+// full config but without attention.layers (one kind); for tools that need no
+// run (qattn bench attention). Throws ConfigError.
 AttentionConfig attention_config_from_json(const nlohmann::json& j);
+// "fpa", or for per-layer kinds e.g. "sage (layers 0, 11: fpa)": for logs.
+std::string describe_attention(const Config& c);
+
 // Applies one "a.b.c=value" override to j (creating objects as needed).
 void apply_override(nlohmann::json& j, const std::string& assignment);
 

@@ -1,4 +1,4 @@
-// Several processes, one per GPU (DESIGN.md § Several GPUs): who this process
+// Several processes, one per GPU (docs/distributed.md): who this process
 // is (the launcher's environment), the TCP rendezvous that hands every rank the
 // NCCL unique id, and the local launcher behind `qattn train --nproc N`.
 // Everything here is plain POSIX and runs (and is tested) without a GPU; the

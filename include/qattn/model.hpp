@@ -47,6 +47,12 @@ struct ParamLayout {
 // biases 0, QK-norm gains 1. Deterministic in the seed.
 void init_params(const ModelConfig& m, uint64_t seed, std::vector<float>& params);
 
+// The parameters of model `from` for model `to`, which has the same sizes but
+// a context of at most from.seq_len: wpe keeps its first to.seq_len rows (how
+// a model file made for a longer context starts a shorter run).
+std::vector<float> params_for_context(const ModelConfig& from, const std::vector<float>& params,
+                                      const ModelConfig& to);
+
 // FLOPs per token for MFU (llm.c's formula): 6 N + 6 L C T.
 double flops_per_token(const ModelConfig& m);
 size_t num_parameters(const ModelConfig& m);

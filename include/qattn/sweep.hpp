@@ -85,12 +85,29 @@ RunOutcome read_outcome(const std::string& run_dir, int eval_last);
 // Mean of the last `count` values (all of them when fewer).
 double mean_of_last(const std::vector<double>& xs, int count);
 
+// A gap paired by seed: the final val loss of a run minus its baseline's with
+// the same seed, over the seeds where both finished. The interval is Student's
+// t at 95% over those n differences (n - 1 degrees of freedom); the gap is
+// significant when the interval excludes 0 (docs/reproducing.md).
+struct PairedGap {
+  int n = 0;
+  double mean = std::numeric_limits<double>::quiet_NaN();
+  double std = std::numeric_limits<double>::quiet_NaN();  // sample std (n - 1); NaN for n < 2
+  double ci_low = std::numeric_limits<double>::quiet_NaN(), ci_high = std::numeric_limits<double>::quiet_NaN();
+  bool significant() const { return n >= 2 && (ci_low > 0 || ci_high < 0); }
+};
+PairedGap paired_gap(const std::vector<double>& differences);
+
+// The 97.5% quantile of Student's t with `df` degrees of freedom (df >= 1).
+double student_t_975(int df);
+
 struct SettingStats {
   std::string setting, baseline;
   int runs = 0, finished = 0, diverged = 0;
   double mean = std::numeric_limits<double>::quiet_NaN();  // over finished runs' final val loss
   double std = std::numeric_limits<double>::quiet_NaN();   // sample std (n - 1); NaN for n < 2
   double gap = std::numeric_limits<double>::quiet_NaN();   // mean - baseline's mean, nats
+  PairedGap paired;                                        // by seed, against the baseline
 };
 
 // Per setting, in the order settings first appear in s.runs.

@@ -37,8 +37,8 @@ void attention_forward(const AttentionConfig& cfg, const AttentionShape& s,
 // buffer the forward of the same qkv left. Deterministic: no atomics whose
 // order changes the result.
 void attention_backward(const AttentionConfig& cfg, const AttentionShape& s,
-                        const __nv_bfloat16* qkv, const __nv_bfloat16* o,
-                        const __nv_bfloat16* dout, const float* stats, const void* saved,
-                        __nv_bfloat16* dqkv, void* workspace, cudaStream_t stream);
+                        const __nv_bfloat16* qkv, const __nv_bfloat16* o, const __nv_bfloat16* dout,
+                        const float* stats, const void* saved, __nv_bfloat16* dqkv, void* workspace,
+                        cudaStream_t stream);
 
 }  // namespace qattn::cuda

@@ -3,9 +3,9 @@
 #include <string>
 
 #include "attention/attention.cuh"
-#include "attention/fpa.cuh"
-#include "attention/kinterval.cuh"
-#include "attention/sage.cuh"
+#include "attention/fpa/fpa.cuh"
+#include "attention/kinterval/kinterval.cuh"
+#include "attention/sage/sage.cuh"
 
 namespace qattn::cuda {
 namespace {
@@ -27,14 +27,30 @@ void check_shape(const AttentionShape& s) {
 
 }  // namespace
 
+// Every per-kind function is a switch over the kind with no default, built with
+// -Werror=switch: a new kind does not compile until each of them handles it.
 int attention_row_stats(const AttentionConfig& cfg, int head_dim) {
-  if (cfg.kind == AttentionKind::kinterval) return kinterval_row_stats(cfg.kinterval, head_dim);
-  if (cfg.kind == AttentionKind::sage) return sage_row_stats(cfg.sage);
-  return 1;  // L = m + log l of c q.k
+  switch (cfg.kind) {
+    case AttentionKind::fpa:
+      return 1;  // L = m + log l of c q.k
+    case AttentionKind::sage:
+      return sage_row_stats(cfg.sage);
+    case AttentionKind::kinterval:
+      return kinterval_row_stats(cfg.kinterval, head_dim);
+  }
+  unknown_kind(cfg.kind);
 }
 
 size_t attention_saved_bytes(const AttentionConfig& cfg, const AttentionShape& s) {
-  return cfg.kind == AttentionKind::sage ? sage_saved_bytes(cfg.sage, s) : 0;
+  switch (cfg.kind) {
+    case AttentionKind::fpa:
+      return 0;
+    case AttentionKind::sage:
+      return sage_saved_bytes(cfg.sage, s);
+    case AttentionKind::kinterval:
+      return 0;
+  }
+  unknown_kind(cfg.kind);
 }
 
 size_t attention_workspace_bytes(const AttentionConfig& cfg, const AttentionShape& s) {

@@ -83,14 +83,21 @@ void print_options(const AttentionConfig& cfg) {
                 to_string(k.ste).c_str(), k.detach_extrema ? " detach_extrema" : "",
                 k.ste_window_mask ? " ste_window_mask" : "");
   };
-  if (cfg.kind == AttentionKind::kinterval) kinterval("kinterval", cfg.kinterval);
-  if (cfg.kind != AttentionKind::sage) return;
-  const SagePrecision& p = cfg.sage.precision;
-  std::printf("sage: qk=%s pv=%s dv=%s dp=%s dq=%s dk=%s bwd_granularity=%s smooth_k=%d smooth_q=%d\n",
-              to_string(p.qk).c_str(), to_string(p.pv).c_str(), to_string(p.dv).c_str(), to_string(p.dp).c_str(),
-              to_string(p.dq).c_str(), to_string(p.dk).c_str(), to_string(cfg.sage.bwd_granularity).c_str(),
-              cfg.sage.smooth_k, cfg.sage.smooth_q);
-  if (cfg.sage.softmax) kinterval("sage softmax kinterval", *cfg.sage.softmax);
+  switch (cfg.kind) {
+    case AttentionKind::fpa:
+      return;  // no options
+    case AttentionKind::kinterval:
+      return kinterval("kinterval", cfg.kinterval);
+    case AttentionKind::sage: {
+      const SagePrecision& p = cfg.sage.precision;
+      std::printf("sage: qk=%s pv=%s dv=%s dp=%s dq=%s dk=%s bwd_granularity=%s smooth_k=%d smooth_q=%d\n",
+                  to_string(p.qk).c_str(), to_string(p.pv).c_str(), to_string(p.dv).c_str(),
+                  to_string(p.dp).c_str(), to_string(p.dq).c_str(), to_string(p.dk).c_str(),
+                  to_string(cfg.sage.bwd_granularity).c_str(), cfg.sage.smooth_k, cfg.sage.smooth_q);
+      if (cfg.sage.softmax) kinterval("sage softmax kinterval", *cfg.sage.softmax);
+      return;
+    }
+  }
 }
 
 AttentionShape parse_shape(const std::string& text) {

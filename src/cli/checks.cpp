@@ -7,6 +7,7 @@
 
 #include "qattn/config.hpp"
 #include "qattn/data.hpp"
+#include "qattn/hf_model.hpp"
 #include "qattn/llmc_model.hpp"
 
 namespace qattn::cli {
@@ -40,7 +41,7 @@ CLI::Validator number_range(double lo, double hi, bool hi_open) {
 
 bool is_input_error(const std::exception& e) {
   return dynamic_cast<const ConfigError*>(&e) || dynamic_cast<const DataError*>(&e) ||
-         dynamic_cast<const LlmcError*>(&e);
+         dynamic_cast<const LlmcError*>(&e) || dynamic_cast<const HfError*>(&e);
 }
 
 }  // namespace qattn::cli

@@ -24,7 +24,7 @@ CLI::Validator integer_range(int64_t lo, int64_t hi);
 CLI::Validator number_range(double lo, double hi, bool hi_open = false);
 
 // True for the errors about what the user gave: a config (ConfigError), the
-// data it names (DataError) or its model.init_from (LlmcError).
+// data it names (DataError) or its model.init_from (LlmcError, HfError).
 bool is_input_error(const std::exception& e);
 
 }  // namespace qattn::cli

@@ -1,5 +1,5 @@
 // qattn probe causality CONFIG: does a kind let later tokens change earlier
-// outputs? SPEC §3's last paragraph: sage's per-block scales and the K mean mu_K
+// outputs? docs/attention-maths.md §4.11: sage's per-block scales and the K mean mu_K
 // include tokens after the query. Random q, k, v at the config's shape; tokens
 // from --from on are redrawn; the largest change of an output before --from is
 // reported per kind. FPA and K-interval must show exactly 0 (else exit 1).

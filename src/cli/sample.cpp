@@ -1,7 +1,9 @@
-// qattn sample --checkpoint DIR --prompt TEXT --tokens N [--temperature T --top-k K --seed S]
+// qattn sample --checkpoint DIR --prompt TEXT --tokens N [--temperature T --top-k K --seed S --ids]
 // Generates text from a checkpoint with the CPU model: the context is
 // end-of-text + the prompt, each new token is drawn from the softmax of the
 // last position's logits / T over the K most likely tokens (T = 0: greedy).
+// --ids prints the new tokens' ids instead of text, for comparing with
+// another implementation token for token (tools/dev/hf_check.sh).
 #include <algorithm>
 #include <cmath>
 #include <iostream>
@@ -57,6 +59,7 @@ void add_sample_command(CLI::App& app) {
     int tokens = 200, top_k = 40;
     double temperature = 1.0;
     uint64_t seed = 1337;
+    bool ids = false;
   };
   auto args = std::make_shared<Args>();
   CLI::App* cmd = app.add_subcommand("sample", "Generate text from a checkpoint");
@@ -76,11 +79,12 @@ void add_sample_command(CLI::App& app) {
   cmd->add_option("--tokenizer", args->tokenizer, "auto (from model.vocab), bytes or gpt2")
       ->check(CLI::IsMember({"auto", "bytes", "gpt2"}))
       ->capture_default_str();
+  cmd->add_flag("--ids", args->ids, "print the generated token ids, space-separated, instead of the text");
   cmd->add_option("--vocab", args->vocab_dir, "gpt2: directory with encoder.json and vocab.bpe")->capture_default_str();
   cmd->callback([args] {
     const Checkpoint ck = load_checkpoint(resolve_checkpoint(args->checkpoint));
     const Config cfg = config_of_checkpoint(ck.config);
-    cpu::Gpt2<float> model(cfg.model, cfg.attention);
+    cpu::Gpt2<float> model(cfg.model, cfg.attention_per_layer());
     if (ck.params.size() != model.params.size())
       throw CheckpointError("sample: the checkpoint holds " + std::to_string(ck.params.size()) +
                             " parameters; its config's model has " + std::to_string(model.params.size()));
@@ -91,7 +95,7 @@ void add_sample_command(CLI::App& app) {
     for (uint16_t t : tokenizer->encode(args->prompt)) context.push_back(t);
     std::mt19937_64 rng(args->seed);
     const int V = cfg.model.vocab, T_max = cfg.model.seq_len;
-    std::cout << args->prompt << std::flush;
+    if (!args->ids) std::cout << args->prompt << std::flush;
     for (int n = 0; n < args->tokens; ++n) {
       // The last seq_len tokens; the targets are unused but the forward computes a loss.
       const int T = std::min<int>(static_cast<int>(context.size()), T_max);
@@ -101,7 +105,10 @@ void add_sample_command(CLI::App& app) {
                                     args->temperature, args->top_k, rng);
       context.push_back(next);
       const uint16_t tok = static_cast<uint16_t>(next);
-      std::cout << tokenizer->decode({&tok, 1}) << std::flush;
+      if (args->ids)
+        std::cout << (n ? " " : "") << next << std::flush;
+      else
+        std::cout << tokenizer->decode({&tok, 1}) << std::flush;
     }
     std::cout << '\n';
   });

@@ -1,11 +1,14 @@
-// qattn sweep SWEEP.json [--dry-run] [--summary] [--gpus LIST | --jobs N]
+// qattn sweep SWEEP.json [--dry-run] [--summary] [--gpus LIST | --jobs N] [--start-until EPOCH_S]
 // Runs every run of a sweep as a child `qattn train` process (stdout and
 // stderr to <run>/console.log): one per GPU with CUDA_VISIBLE_DEVICES when
 // --gpus is given, else N at a time on the CPU. Finished and diverged runs are
 // skipped, the others (re)started; `qattn train` resumes from their checkpoints.
+// --start-until starts no run after that time and lets the running ones
+// finish: a machine lent for a fixed time runs only runs that can end on it.
 // Exit codes: 0 all runs finished or diverged, 1 some failed or were busy
 // (another process holds their run directory), 2 bad sweep or config, 4
-// stopped by SIGINT/SIGTERM (running children checkpoint first).
+// stopped by SIGINT/SIGTERM (running children checkpoint first) or runs left
+// unstarted by --start-until.
 #include <fcntl.h>
 #include <spdlog/spdlog.h>
 #include <sys/wait.h>
@@ -135,6 +138,7 @@ void add_sweep_command(CLI::App& app) {
   struct Args {
     std::string sweep, gpus;
     int jobs = 1;
+    int64_t start_until = 0;
     bool dry_run = false, summary_only = false;
   };
   auto args = std::make_shared<Args>();
@@ -147,6 +151,9 @@ void add_sweep_command(CLI::App& app) {
       ->check(integer_range(1, 1024))
       ->excludes(gpus)
       ->capture_default_str();
+  cmd->add_option("--start-until", args->start_until,
+                  "start no run after this time (seconds since the epoch, `date +%s`); running runs finish")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   cmd->callback([args] {
     Sweep s;
     try {
@@ -216,8 +223,13 @@ void add_sweep_command(CLI::App& app) {
     std::vector<bool> busy(slots.size(), false);
     size_t next = 0, failed = 0, finished_count = 0, busy_runs = 0;
     bool forwarded = false;
-    while (next < queue.size() || !running.empty()) {
-      while (!stop.requested() && next < queue.size() && running.size() < slots.size()) {
+    const auto may_start = [&] {
+      return !stop.requested() && (args->start_until == 0 ||
+                       std::chrono::system_clock::now() < std::chrono::system_clock::time_point(
+                                                              std::chrono::seconds(args->start_until)));
+    };
+    while ((may_start() && next < queue.size()) || !running.empty()) {
+      while (may_start() && next < queue.size() && running.size() < slots.size()) {
         const size_t slot = std::find(busy.begin(), busy.end(), false) - busy.begin();
         const SweepRun& r = s.runs[queue[next]];
         if (const std::string owner = run_in_use(s, r); !owner.empty()) {
@@ -272,6 +284,10 @@ void add_sweep_command(CLI::App& app) {
     std::cout << md.substr(0, md.find("\n## Runs")) << '\n';
     spdlog::info("summary: {}/summary.md, {}/summary.csv", s.dir(), s.dir());
     if (stop.requested()) throw CLI::RuntimeError(kExitInterrupted);
+    if (next < queue.size()) {
+      spdlog::warn("--start-until passed: {} runs not started; run the sweep again to start them", queue.size() - next);
+      throw CLI::RuntimeError(kExitInterrupted);
+    }
     if (failed || busy_runs) {
       if (failed) spdlog::error("{} runs failed; see their console.log", failed);
       if (busy_runs) spdlog::error("{} runs are in use by other processes; run the sweep again when they end", busy_runs);

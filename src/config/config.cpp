@@ -1,9 +1,11 @@
 // Config: JSON -> validated structs + the effective JSON (defaults filled in).
 #include "qattn/config.hpp"
 
+#include <algorithm>
 #include <filesystem>
 #include <limits>
 #include <regex>
+#include <string_view>
 
 #include "qattn/json_file.hpp"
 #include "reader.hpp"
@@ -85,18 +87,24 @@ void read_sage(ObjectReader r, SageOptions& s, std::vector<std::string>& warning
     sm.string("kind", kind);
     if (kind != "kinterval" && kind != "exact")
       sm.error("kind", "\"" + kind + "\" is not allowed; allowed: \"exact\" | \"kinterval\"");
-    // The remaining keys are the kinterval options; read them from the same object.
-    KIntervalOptions k;
+    // The remaining keys are the kinterval options; read them from the same
+    // object, starting from the block s already has (an attention.layers
+    // entry inherits the global one).
+    KIntervalOptions k = s.softmax.value_or(KIntervalOptions{});
     read_kinterval(std::move(sm), k);  // "kind" was asked above, so it is not unknown
     if (kind == "kinterval")
       s.softmax = k;
-    else if (options_given)
-      warnings.push_back("attention.sage.softmax: K-interval options unused, kind is \"exact\"");
+    else
+      s.softmax.reset();
+    if (kind == "exact" && options_given)
+      warnings.push_back(r.path_of("softmax") + ": K-interval options unused, kind is \"exact\"");
   }
   r.finish();
 }
 
-void read_attention(ObjectReader r, AttentionConfig& a, std::vector<std::string>& warnings) {
+// The kind and options of one attention object into a, whose fields hold the
+// defaults (the built-in ones; for an attention.layers entry the global ones).
+void read_attention_options(ObjectReader& r, AttentionConfig& a, std::vector<std::string>& warnings) {
   r.choice("kind", a.kind, {{"fpa", AttentionKind::fpa},
                             {"sage", AttentionKind::sage},
                             {"kinterval", AttentionKind::kinterval}});
@@ -105,11 +113,79 @@ void read_attention(ObjectReader r, AttentionConfig& a, std::vector<std::string>
   read_sage(r.object("sage"), a.sage, warnings);
   read_kinterval(r.object("kinterval"), a.kinterval);
   if (ste_given && a.kinterval.rounding == Rounding::lerp)
-    warnings.push_back("attention.kinterval.ste: unused with rounding \"lerp\" (lerp has an exact gradient)");
-  if (a.kind != AttentionKind::sage && r.has("sage"))
-    warnings.push_back("attention.sage: ignored, attention.kind is \"" + to_string(a.kind) + "\"");
-  if (a.kind != AttentionKind::kinterval && r.has("kinterval"))
-    warnings.push_back("attention.kinterval: ignored, attention.kind is \"" + to_string(a.kind) + "\"");
+    warnings.push_back(r.path_of("kinterval") + ".ste: unused with rounding \"lerp\" (lerp has an exact gradient)");
+}
+
+// "N" or "A-B" (decimal digits only) -> [first, last]; false when malformed.
+bool parse_layer_range(const std::string& s, int& first, int& last) {
+  auto number = [](std::string_view t, int& out) {
+    if (t.empty() || t.size() > 9 || t.find_first_not_of("0123456789") != std::string_view::npos) return false;
+    out = std::stoi(std::string(t));
+    return true;
+  };
+  const auto dash = s.find('-');
+  if (dash == std::string::npos) return number(s, first) && number(s, last);
+  return number(std::string_view(s).substr(0, dash), first) && number(std::string_view(s).substr(dash + 1), last);
+}
+
+// attention.layers: {"N" or "A-B": attention object} over model.layers layers.
+void read_layers(ObjectReader& r, const AttentionConfig& global, int num_layers, std::vector<LayerAttention>& out,
+                 std::vector<std::string>& warnings) {
+  r.known("layers");
+  if (!r.has("layers")) return;  // and the effective config gets no empty object
+  const nlohmann::json* in = r.raw("layers");
+  ObjectReader layers = r.object("layers");
+  if (!in->is_object()) return;  // reported by the reader
+  const std::string allowed = "allowed: \"N\" or \"A-B\" with 0 <= A <= B < model.layers = " +
+                              std::to_string(num_layers);
+  for (const auto& [key, value] : in->items()) {
+    LayerAttention e{key, 0, 0, global};
+    ObjectReader o = layers.object(key);
+    read_attention_options(o, e.attention, warnings);
+    for (const auto& [name, kind] : {std::pair{"sage", AttentionKind::sage}, {"kinterval", AttentionKind::kinterval}})
+      if (e.attention.kind != kind && o.has(name))
+        warnings.push_back(o.path_of(name) + ": ignored, the kind of these layers is \"" +
+                           to_string(e.attention.kind) + "\"");
+    o.finish();
+    if (!parse_layer_range(key, e.first, e.last)) {
+      layers.error(key, "\"" + key + "\" is not a layer or a range of layers; " + allowed);
+    } else if (e.first > e.last) {
+      layers.error(key, "the range is empty (" + std::to_string(e.first) + " > " + std::to_string(e.last) + "); " +
+                            allowed);
+    } else if (e.last >= num_layers) {
+      layers.error(key, "layer " + std::to_string(e.last) + " is out of range; " + allowed);
+    } else {
+      out.push_back(std::move(e));
+    }
+  }
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  size_t reach = 0;  // the entry so far that reaches furthest
+  for (size_t i = 1; i < out.size(); ++i) {
+    if (out[i].first <= out[reach].last)
+      layers.error(out[i].key, "overlaps attention.layers." + out[reach].key + " (layer " +
+                                   std::to_string(out[i].first) + " is in both); allowed: each layer in at most one entry");
+    if (out[i].last > out[reach].last) reach = i;
+  }
+  layers.finish();
+}
+
+// The attention section. layers: where attention.layers is read (null: the
+// key is not allowed, as for a single kind).
+void read_attention(ObjectReader r, AttentionConfig& a, std::vector<LayerAttention>* layers, int num_layers,
+                    std::vector<std::string>& warnings) {
+  read_attention_options(r, a, warnings);
+  if (layers) read_layers(r, a, num_layers, *layers, warnings);
+  // An options object is ignored when no layer runs its kind (entries of
+  // attention.layers start from the global options, so they use them).
+  auto runs = [&](AttentionKind k) {
+    if (a.kind == k) return true;
+    return layers && std::any_of(layers->begin(), layers->end(),
+                                 [k](const LayerAttention& e) { return e.attention.kind == k; });
+  };
+  const std::string no_entry = layers && !layers->empty() ? " and no attention.layers entry runs it" : "";
+  for (const auto& [name, kind] : {std::pair{"sage", AttentionKind::sage}, {"kinterval", AttentionKind::kinterval}})
+    if (!runs(kind) && r.has(name))
+      warnings.push_back(r.path_of(name) + ": ignored, attention.kind is \"" + to_string(a.kind) + "\"" + no_entry);
   r.finish();
 }
 
@@ -185,7 +261,7 @@ Config config_from_json(const json& j, const std::string& source, int world_size
   std::vector<std::string> errors;
   ObjectReader root(&j, c.effective, "", errors);
   read_model(root.object("model"), c.model);
-  read_attention(root.object("attention"), c.attention, c.warnings);
+  read_attention(root.object("attention"), c.attention, &c.attention_layers, c.model.layers, c.warnings);
   {
     ObjectReader d = root.object("data");
     d.string("train", c.data.train);
@@ -227,9 +303,30 @@ AttentionConfig attention_config_from_json(const json& j) {
   json effective;
   std::vector<std::string> errors, warnings;
   ObjectReader root(&j, effective, "", errors);
-  read_attention(root.object("attention"), a, warnings);
+  read_attention(root.object("attention"), a, nullptr, 0, warnings);
   if (!errors.empty()) throw ConfigError(errors);
   return a;
+}
+
+const AttentionConfig& Config::attention_of(int layer) const {
+  for (const LayerAttention& e : attention_layers)
+    if (layer >= e.first && layer <= e.last) return e.attention;
+  return attention;
+}
+
+std::vector<AttentionConfig> Config::attention_per_layer() const {
+  std::vector<AttentionConfig> out;
+  for (int l = 0; l < model.layers; ++l) out.push_back(attention_of(l));
+  return out;
+}
+
+std::string describe_attention(const Config& c) {
+  std::string s = to_string(c.attention.kind);
+  if (c.attention_layers.empty()) return s;
+  s += " (layers ";
+  for (size_t i = 0; i < c.attention_layers.size(); ++i)
+    s += (i ? ", " : "") + c.attention_layers[i].key + ": " + to_string(c.attention_layers[i].attention.kind);
+  return s + ")";
 }
 
 void apply_override(json& j, const std::string& assignment) {

@@ -28,6 +28,9 @@ class ObjectReader {
   void choice(const std::string& key, E& out, const std::vector<std::pair<std::string, E>>& allowed);
   // A nested object; returns a reader for it (absent -> all defaults).
   ObjectReader object(const std::string& key);
+  // Marks a key read by other means as known (when absent, the effective
+  // config gets nothing for it).
+  void known(const std::string& key) { asked_.insert(key); }
   // Reports every key of the input that no accessor asked for.
   void finish();
 

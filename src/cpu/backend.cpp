@@ -13,7 +13,7 @@ namespace {
 class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(const Config& c)
-      : cfg_(c), model_(c.model, c.attention), m_(model_.layout().total, 0.0f),
+      : cfg_(c), model_(c.model, c.attention_per_layer()), m_(model_.layout().total, 0.0f),
         v_(model_.layout().total, 0.0f) {
     init_params(c.model, c.train.seed, model_.params);
   }
@@ -60,7 +60,7 @@ class CpuBackend final : public Backend {
     std::vector<LayerDiag> out;
     for (int l = 0; l < cfg_.model.layers; ++l) {
       const auto& io = model_.attention_io()[l];
-      out.push_back(diagnose_layer(cfg_.attention, l, B, H, T, hd, io.q.data(), io.k.data(),
+      out.push_back(diagnose_layer(cfg_.attention_of(l), l, B, H, T, hd, io.q.data(), io.k.data(),
                                    io.v.data(), io.dout.data()));
     }
     return out;
@@ -78,6 +78,7 @@ LayerDiag diagnose_layer(const AttentionConfig& a, int layer, int B, int H, int 
                          const float* q, const float* k, const float* v, const float* dout) {
   LayerDiag d;
   d.layer = layer;
+  d.kind = a.kind;
   const size_t n = static_cast<size_t>(B) * H * T * hd;
   double sq = 0, sk = 0;
   for (size_t i = 0; i < n; ++i) {

@@ -5,6 +5,8 @@
 #include "qattn/cpu/gpt2.hpp"
 
 #include <algorithm>
+#include <stdexcept>
+#include <string>
 
 #include "qattn/cpu/attention.hpp"
 #include "qattn/cpu/ops.hpp"
@@ -40,7 +42,15 @@ void merge_heads(F* out, const F* x, int B, int T, int H, int hd, int stride, in
 }  // namespace
 
 template <typename F>
-Gpt2<F>::Gpt2(const ModelConfig& m, const AttentionConfig& a) : m_(m), a_(a), layout_(m) {
+Gpt2<F>::Gpt2(const ModelConfig& m, const AttentionConfig& a)
+    : Gpt2(m, std::vector<AttentionConfig>(static_cast<size_t>(m.layers), a)) {}
+
+template <typename F>
+Gpt2<F>::Gpt2(const ModelConfig& m, std::vector<AttentionConfig> per_layer)
+    : m_(m), attention_(std::move(per_layer)), layout_(m) {
+  if (attention_.size() != static_cast<size_t>(m.layers))
+    throw std::invalid_argument("cpu::Gpt2: " + std::to_string(attention_.size()) + " attention configs for " +
+                                std::to_string(m.layers) + " layers");
   params.assign(layout_.total, F(0));
   grads.assign(layout_.total, F(0));
 }
@@ -72,11 +82,11 @@ void Gpt2<F>::resize(int B, int T) {
     a.ln1.resize(BT * C), a.ln1_mean.resize(BT), a.ln1_rstd.resize(BT);
     a.qkv.resize(BT * 3 * C);
     if (m_.qk_norm) a.q_raw.resize(BT * C), a.k_raw.resize(BT * C), a.q_rrms.resize(BHT), a.k_rrms.resize(BHT);
-    a.atty_bh.resize(BT * C), a.atty.resize(BT * C), a.residual2.resize(BT * C);
+    a.atty.resize(BT * C), a.residual2.resize(BT * C);
     a.ln2.resize(BT * C), a.ln2_mean.resize(BT), a.ln2_rstd.resize(BT);
     a.fch.resize(BT * 4 * C), a.fch_gelu.resize(BT * 4 * C), a.residual3.resize(BT * C);
     auto& io = attn_io_[l];
-    io.q.resize(BT * C), io.k.resize(BT * C), io.v.resize(BT * C), io.dout.resize(BT * C);
+    io.q.resize(BT * C), io.k.resize(BT * C), io.v.resize(BT * C), io.o.resize(BT * C), io.dout.resize(BT * C);
   }
   lnf_.resize(BT * C), lnf_mean_.resize(BT), lnf_rstd_.resize(BT);
   logits_.resize(BT * m_.vocab), losses_.resize(BT);
@@ -116,9 +126,9 @@ F Gpt2<F>::forward(const int32_t* inputs, const int32_t* targets, int B, int T) 
 #pragma omp parallel for
     for (int bh = 0; bh < B * H; ++bh) {
       const size_t o = static_cast<size_t>(bh) * T * hd;  // one (b, h): (T, hd)
-      attention_forward(a_, T, hd, io.q.data() + o, io.k.data() + o, io.v.data() + o, a.atty_bh.data() + o);
+      attention_forward(attention_[l], T, hd, io.q.data() + o, io.k.data() + o, io.v.data() + o, io.o.data() + o);
     }
-    merge_heads(a.atty.data(), a.atty_bh.data(), B, T, H, hd, C, 0);
+    merge_heads(a.atty.data(), io.o.data(), B, T, H, hd, C, 0);
     matmul_forward(tmp.data(), a.atty.data(), param(P_ATTPROJW, l), param(P_ATTPROJB, l), N, C, C);
     residual_forward(a.residual2.data(), residual, tmp.data(), tmp.size());
     layernorm_forward(a.ln2.data(), a.ln2_mean.data(), a.ln2_rstd.data(), a.residual2.data(),
@@ -173,8 +183,8 @@ void Gpt2<F>::backward(F grad_scale) {
 #pragma omp parallel for
     for (int bh = 0; bh < B * H; ++bh) {
       const size_t o = static_cast<size_t>(bh) * T * hd;
-      attention_backward(a_, T, hd, io.q.data() + o, io.k.data() + o, io.v.data() + o,
-                         a.atty_bh.data() + o, io.dout.data() + o, dq.data() + o, dk.data() + o,
+      attention_backward(attention_[l], T, hd, io.q.data() + o, io.k.data() + o, io.v.data() + o,
+                         io.o.data() + o, io.dout.data() + o, dq.data() + o, dk.data() + o,
                          dv.data() + o);
     }
     if (m_.qk_norm) {  // back through QK-norm to the projection's q and k

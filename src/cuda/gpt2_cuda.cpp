@@ -1,6 +1,6 @@
 // The CUDA backend: GPT-2 on one GPU, llm.c style. bf16 parameters and
-// activations, fp32 master weights, gradients and AdamW state (DESIGN.md §
-// Numerics). The vocabulary is padded to a multiple of 128 inside the backend
+// activations, fp32 master weights, gradients and AdamW state (docs/design.md,
+// "Numerics of the CUDA backend"). The vocabulary is padded to a multiple of 128 inside the backend
 // (padded rows of wte are zero and never trained); parameters cross the
 // Backend interface in the canonical unpadded ParamLayout. Every activation
 // lives in one arena sized for the largest micro-batch seen (the config's at
@@ -123,13 +123,17 @@ struct Activations {
   int32_t* bucket_position;  // (N)
   float* norm;        // (blocks) squared grad norm of each owned range
 
-  void carve(Arena& a, const ModelConfig& m, const AttentionConfig& att, int Vp, int B, int T,
-             int owned_ranges) {
+  // att: each layer's attention, which sizes its saved statistics and buffer.
+  void carve(Arena& a, const ModelConfig& m, const std::vector<AttentionConfig>& att, int Vp, int B,
+             int T, int owned_ranges) {
     const size_t N = static_cast<size_t>(B) * T, C = m.dim, L = m.layers, H = m.heads;
     const size_t qk = m.qk_norm ? 1 : 0;
+    const cuda::AttentionShape shape{B, m.heads, T, m.head_dim()};
     encoded = a.take<bf16>(N * C);
     layers.resize(L);
-    for (auto& l : layers) {
+    size_t workspace = 0;  // shared by the layers: the largest any of them needs
+    for (size_t i = 0; i < L; ++i) {
+      LayerActivations& l = layers[i];
       l.ln1 = a.take<bf16>(N * C);
       l.ln1_mean = a.take<float>(N);
       l.ln1_rstd = a.take<float>(N);
@@ -137,8 +141,9 @@ struct Activations {
       l.qk_raw = a.take<bf16>(qk * N * 2 * C);
       l.qk_rrms = a.take<float>(qk * N * 2 * H);
       l.atty = a.take<bf16>(N * C);
-      l.att_stats = a.take<float>(N * H * cuda::attention_row_stats(att, m.head_dim()));
-      l.att_saved = a.take<char>(cuda::attention_saved_bytes(att, {B, m.heads, T, m.head_dim()}));
+      l.att_stats = a.take<float>(N * H * cuda::attention_row_stats(att[i], m.head_dim()));
+      l.att_saved = a.take<char>(cuda::attention_saved_bytes(att[i], shape));
+      workspace = std::max(workspace, cuda::attention_workspace_bytes(att[i], shape));
       l.residual2 = a.take<bf16>(N * C);
       l.ln2 = a.take<bf16>(N * C);
       l.ln2_mean = a.take<float>(N);
@@ -161,8 +166,7 @@ struct Activations {
                                        cuda::layernorm_backward_scratch_floats(iN, m.dim),
                                        cuda::qk_norm_backward_scratch_floats(iN, m.heads, m.head_dim()),
                                        cuda::global_norm_scratch_floats()}));
-    attention_workspace =
-        a.take<char>(cuda::attention_workspace_bytes(att, {B, m.heads, T, m.head_dim()}));
+    attention_workspace = a.take<char>(workspace);
     inputs = a.take<int32_t>(N);
     targets = a.take<int32_t>(N);
     bucket_token = a.take<int32_t>(N);
@@ -202,7 +206,7 @@ class CudaBackend final : public Backend {
  public:
   // comm: null on one GPU; else this rank's communicator (the device is set).
   CudaBackend(const Config& cfg, std::unique_ptr<cuda::DeviceComm> comm)
-      : cfg_(cfg), m_(cfg.model), layout_(cfg.model),
+      : cfg_(cfg), m_(cfg.model), attention_(cfg.attention_per_layer()), layout_(cfg.model),
         Vp_(static_cast<int>(round_up(cfg.model.vocab, kVocabMultiple))),
         comm_(std::move(comm)), sharded_(comm_ && cfg.dist.zero_stage == 1),
         dev_layout_(layout_, m_.layers, static_cast<size_t>(Vp_) * cfg.model.dim,
@@ -393,7 +397,7 @@ class CudaBackend final : public Backend {
               v[bht] = __bfloat162float(qkv[row * 3 * C + 2 * C + col]);
               dO[bht] = __bfloat162float(dout[l][row * C + col]);
             }
-      out.push_back(diagnose_layer(cfg_.attention, l, B, H, T, hd, q.data(), k.data(), v.data(),
+      out.push_back(diagnose_layer(attention_[l], l, B, H, T, hd, q.data(), k.data(), v.data(),
                                    dO.data()));
     }
     return out;
@@ -508,7 +512,7 @@ class CudaBackend final : public Backend {
     const size_t N = static_cast<size_t>(B) * T;
     const int ranges = static_cast<int>(dev_layout_.owned().size());
     Arena measure;
-    acts_.carve(measure, m_, cfg_.attention, Vp_, B, T, ranges);
+    acts_.carve(measure, m_, attention_, Vp_, B, T, ranges);
     if (measure.used() > arena_bytes_ || N > staging_tokens_) {
       sync("the work before the activations grow");  // nothing in flight uses the old buffers
     }
@@ -524,7 +528,7 @@ class CudaBackend final : public Backend {
       staging_tokens_ = N;
     }
     Arena arena(static_cast<char*>(arena_));
-    acts_.carve(arena, m_, cfg_.attention, Vp_, B, T, ranges);
+    acts_.carve(arena, m_, attention_, Vp_, B, T, ranges);
   }
 
   // Copies the batch to the device; for a backward, also the encoder's token
@@ -597,7 +601,7 @@ class CudaBackend final : public Backend {
         cuda::qk_norm_forward(a.qkv, a.qk_raw, a.qk_rrms, param(P_QGAMMA, l), param(P_KGAMMA, l),
                               N, H, hd, stream_);
       }
-      cuda::attention_forward(cfg_.attention, {B, H, T, hd}, a.qkv, a.atty, a.att_stats,
+      cuda::attention_forward(attention_[l], {B, H, T, hd}, a.qkv, a.atty, a.att_stats,
                               a.att_saved, stream_);
       // residual2 = residual + atty . W^T + b: the add rides in cuBLASLt's C input.
       matmuls_->forward(a.residual2, a.atty, param(P_ATTPROJW, l), param(P_ATTPROJB, l), residual,
@@ -655,7 +659,7 @@ class CudaBackend final : public Backend {
                                    cudaMemcpyDeviceToHost, stream_));
       }
       bf16* dqkv = acts_.dbig;  // (N, 3C): the MLP's gradient is no longer needed
-      cuda::attention_backward(cfg_.attention, {B, H, T, hd}, a.qkv, a.atty, acts_.datty,
+      cuda::attention_backward(attention_[l], {B, H, T, hd}, a.qkv, a.atty, acts_.datty,
                                a.att_stats, a.att_saved, dqkv, acts_.attention_workspace, stream_);
       if (m_.qk_norm) {
         cuda::qk_norm_backward(dqkv, grad(P_QGAMMA, l), grad(P_KGAMMA, l), a.qk_raw, a.qk_rrms,
@@ -683,6 +687,7 @@ class CudaBackend final : public Backend {
 
   Config cfg_;
   ModelConfig m_;
+  std::vector<AttentionConfig> attention_;  // per layer (attention.layers applied)
   ParamLayout layout_;
   int Vp_;
   int device_ = 0;

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "float_bits.hpp"
 #include "qattn/model.hpp"
 
 namespace qattn {
@@ -16,21 +17,6 @@ namespace {
 
 constexpr int kHeaderInts = 256;
 constexpr int kLlmcTensors = P_QGAMMA;  // llm.c's 16 tensors: ParamLayout up to lnfb
-
-uint16_t bf16_from_float(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, 4);
-  if ((u & 0x7F800000u) == 0x7F800000u && (u & 0x007FFFFFu)) return static_cast<uint16_t>((u >> 16) | 0x40);  // quiet NaN
-  u += 0x7FFFu + ((u >> 16) & 1u);  // round to nearest, ties to even
-  return static_cast<uint16_t>(u >> 16);
-}
-
-float float_from_bf16(uint16_t h) {
-  const uint32_t u = static_cast<uint32_t>(h) << 16;
-  float x;
-  std::memcpy(&x, &u, 4);
-  return x;
-}
 
 // Element count of each tensor in the file: ParamLayout's, except wte, which
 // has padded_vocab rows.
@@ -195,13 +181,7 @@ std::vector<float> params_from_llmc_model(const std::string& path, const ModelCo
       throw LlmcError("model.init_from = " + std::string(e.what()));
     }
   }();
-  // Same tensors; only wpe may be longer in the file: keep its first seq_len rows.
-  const ParamLayout ours(m), theirs(file.model);
-  std::vector<float> params(ours.total);
-  for (int t = 0; t < kLlmcTensors; ++t)
-    std::copy_n(file.params.begin() + static_cast<std::ptrdiff_t>(theirs.offset[t]), ours.size[t],
-                params.begin() + static_cast<std::ptrdiff_t>(ours.offset[t]));
-  return params;
+  return params_for_context(file.model, file.params, m);
 }
 
 }  // namespace qattn

@@ -1,4 +1,5 @@
 // GPT-2 parameter layout, init and FLOP count, shared by every backend.
+#include <algorithm>
 #include <cmath>
 #include <random>
 
@@ -42,6 +43,16 @@ void init_params(const ModelConfig& m, uint64_t seed, std::vector<float>& params
     const float scale = (t == P_ATTPROJW || t == P_FCPROJW) ? residual_scale : 1.0f;
     for (size_t i = 0; i < n; ++i) p[i] = ones ? 1.0f : matrix ? normal(rng) * scale : 0.0f;
   }
+}
+
+std::vector<float> params_for_context(const ModelConfig& from, const std::vector<float>& params,
+                                      const ModelConfig& to) {
+  const ParamLayout ours(to), theirs(from);
+  std::vector<float> out(ours.total);
+  for (int t = 0; t < P_COUNT; ++t)
+    std::copy_n(params.begin() + static_cast<std::ptrdiff_t>(theirs.offset[t]), ours.size[t],
+                out.begin() + static_cast<std::ptrdiff_t>(ours.offset[t]));
+  return out;
 }
 
 size_t num_parameters(const ModelConfig& m) { return ParamLayout(m).total; }

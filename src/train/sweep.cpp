@@ -9,9 +9,11 @@
 #include <filesystem>
 #include <fmt/format.h>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <set>
 #include <sstream>
+#include <stdexcept>
 
 namespace qattn {
 
@@ -365,6 +367,44 @@ RunOutcome read_outcome(const std::string& run_dir, int eval_last) {
   return o;
 }
 
+double student_t_975(int df) {
+  if (df < 1) throw std::invalid_argument("student_t_975: df " + std::to_string(df) + " is not allowed; allowed: >= 1");
+  // Exact to the printed digits for df <= 30; beyond, linear in 1/df between
+  // the tabulated 40, 60, 120 and the normal quantile.
+  static constexpr double small[30] = {12.7062, 4.3027, 3.1824, 2.7764, 2.5706, 2.4469, 2.3646, 2.3060,
+                                       2.2622,  2.2281, 2.2010, 2.1788, 2.1604, 2.1448, 2.1314, 2.1199,
+                                       2.1098,  2.1009, 2.0930, 2.0860, 2.0796, 2.0739, 2.0687, 2.0639,
+                                       2.0595,  2.0555, 2.0518, 2.0484, 2.0452, 2.0423};
+  if (df <= 30) return small[df - 1];
+  static constexpr std::pair<double, double> large[] = {{30, 2.0423}, {40, 2.0211}, {60, 2.0003}, {120, 1.9799}};
+  const double x = 1.0 / df;
+  for (size_t i = 1; i < std::size(large); ++i) {
+    if (df <= large[i].first) {
+      const double x0 = 1.0 / large[i - 1].first, x1 = 1.0 / large[i].first;
+      return large[i - 1].second + (x - x0) / (x1 - x0) * (large[i].second - large[i - 1].second);
+    }
+  }
+  const double x0 = 1.0 / 120;
+  return 1.95996 + x / x0 * (1.9799 - 1.95996);
+}
+
+PairedGap paired_gap(const std::vector<double>& differences) {
+  PairedGap g;
+  g.n = static_cast<int>(differences.size());
+  if (g.n == 0) return g;
+  double sum = 0;
+  for (double d : differences) sum += d;
+  g.mean = sum / g.n;
+  if (g.n < 2) return g;
+  double ss = 0;
+  for (double d : differences) ss += (d - g.mean) * (d - g.mean);
+  g.std = std::sqrt(ss / (g.n - 1));
+  const double half = student_t_975(g.n - 1) * g.std / std::sqrt(static_cast<double>(g.n));
+  g.ci_low = g.mean - half;
+  g.ci_high = g.mean + half;
+  return g;
+}
+
 std::vector<SettingStats> setting_stats(const Sweep& s, const std::vector<RunOutcome>& outcomes) {
   std::vector<SettingStats> stats;
   std::map<std::string, size_t> where;
@@ -395,8 +435,13 @@ std::vector<SettingStats> setting_stats(const Sweep& s, const std::vector<RunOut
       st.std = std::sqrt(ss / (xs.size() - 1));
     }
   }
-  for (auto& st : stats)
+  std::map<std::string, std::vector<double>> differences;
+  for (size_t i = 0; i < s.runs.size(); ++i)
+    if (const double d = run_gap(s, outcomes, i); std::isfinite(d)) differences[s.runs[i].setting].push_back(d);
+  for (auto& st : stats) {
     if (!st.baseline.empty() && where.count(st.baseline)) st.gap = st.mean - stats[where[st.baseline]].mean;
+    st.paired = paired_gap(differences[st.setting]);
+  }
   return stats;
 }
 
@@ -424,7 +469,8 @@ std::string write_summary(const Sweep& s, const std::vector<RunOutcome>& outcome
   csv << "id,setting";
   for (const auto& k : s.keys) csv << ',' << csv_field(k);
   csv << ",status,reason,steps,tokens,final_val_loss,wall_s,tokens_per_s,skipped,baseline,gap_nats,"
-         "setting_finished,setting_mean,setting_std,setting_gap_nats\n";
+         "setting_finished,setting_mean,setting_std,setting_gap_nats,paired_n,paired_gap_mean,paired_gap_std,"
+         "paired_gap_ci95_low,paired_gap_ci95_high,paired_gap_significant\n";
   for (size_t i = 0; i < s.runs.size(); ++i) {
     const SweepRun& r = s.runs[i];
     const RunOutcome& o = outcomes[i];
@@ -437,7 +483,10 @@ std::string write_summary(const Sweep& s, const std::vector<RunOutcome>& outcome
         << csv_field(r.is_baseline ? "(baseline)" : r.baseline) << ','
         << fmt_num(run_gap(s, outcomes, i), "{:.6f}") << ',' << st.finished << ','
         << fmt_num(st.mean, "{:.6f}") << ',' << fmt_num(st.std, "{:.6f}") << ','
-        << fmt_num(st.gap, "{:.6f}") << '\n';
+        << fmt_num(st.gap, "{:.6f}") << ',' << st.paired.n << ',' << fmt_num(st.paired.mean, "{:.6f}") << ','
+        << fmt_num(st.paired.std, "{:.6f}") << ',' << fmt_num(st.paired.ci_low, "{:.6f}") << ','
+        << fmt_num(st.paired.ci_high, "{:.6f}") << ',' << (st.paired.n >= 2 ? (st.paired.significant() ? "yes" : "no") : "")
+        << '\n';
   }
 
   std::ostringstream md;
@@ -446,10 +495,10 @@ std::string write_summary(const Sweep& s, const std::vector<RunOutcome>& outcome
   md << "## Settings\n\n| setting |";
   for (const auto& k : s.keys)
     if (k != kSeedKey) md << ' ' << md_cell(k) << " |";
-  md << " finished | val loss (mean ± std) | gap to baseline | diverged |\n|---|";
+  md << " finished | val loss (mean ± std) | paired gap (mean ± std) | 95% CI | n | significant | diverged |\n|---|";
   for (const auto& k : s.keys)
     if (k != kSeedKey) md << "---|";
-  md << "---|---|---|---|\n";
+  md << "---|---|---|---|---|---|---|\n";
   for (const auto& st : stats) {
     const SweepRun* first = nullptr;
     for (const auto& r : s.runs)
@@ -459,10 +508,15 @@ std::string write_summary(const Sweep& s, const std::vector<RunOutcome>& outcome
       if (k != kSeedKey) md << ' ' << md_cell(value_text(first->overrides, k)) << " |";
     md << ' ' << st.finished << '/' << st.runs << " | "
        << (std::isfinite(st.mean) ? fmt_num(st.mean) + (std::isfinite(st.std) ? " ± " + fmt_num(st.std) : "") : "—")
-       << " | "
-       << (first->is_baseline ? std::string("baseline")
-                              : std::isfinite(st.gap) ? fmt::format("{:+.4f}", st.gap) : std::string("—"))
-       << " | " << (st.diverged ? "**" + std::to_string(st.diverged) + " diverged**" : std::string()) << " |\n";
+       << " | ";
+    const PairedGap& g = st.paired;
+    if (first->is_baseline)
+      md << "baseline | | | ";
+    else
+      md << (g.n ? fmt::format("{:+.4f}", g.mean) + (g.n > 1 ? fmt::format(" ± {:.4f}", g.std) : "") : "—") << " | "
+         << (g.n > 1 ? fmt::format("[{:+.4f}, {:+.4f}]", g.ci_low, g.ci_high) : "") << " | " << g.n << " | "
+         << (g.n > 1 ? (g.significant() ? "**yes**" : "no") : "") << " | ";
+    md << (st.diverged ? "**" + std::to_string(st.diverged) + " diverged**" : std::string()) << " |\n";
   }
   md << "\n## Runs\n\n| run | status | steps | tokens | final val loss | gap | wall s | tokens/s | skipped |\n"
         "|---|---|---|---|---|---|---|---|---|\n";

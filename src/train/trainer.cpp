@@ -1,8 +1,9 @@
 // The training loop. One optimizer step = grad_accum micro-batches of
 // (micro_batch, seq_len) tokens, then the divergence check, the loss-spike
 // rule, clip, AdamW, a metrics row, and on their schedules an evaluation, the
-// SPEC §5 diagnostics and a checkpoint. A run continues from its newest valid
-// checkpoint bit-exactly: the checkpoint holds everything the loop reads.
+// attention diagnostics (docs/attention-maths.md §7) and a checkpoint. A run
+// continues from its newest valid checkpoint bit-exactly: the checkpoint holds
+// everything the loop reads.
 #include "qattn/atomic_file.hpp"
 #include "qattn/trainer.hpp"
 
@@ -20,6 +21,7 @@
 
 #include "qattn/checkpoint.hpp"
 #include "qattn/data.hpp"
+#include "qattn/hf_model.hpp"
 #include "qattn/llmc_model.hpp"
 #include "qattn/optimizer.hpp"
 #include "qattn/stop_request.hpp"
@@ -34,7 +36,7 @@ namespace {
 constexpr const char* kMetricsHeader =
     "step,tokens,lr,train_loss,val_loss,grad_norm,step_ms,tokens_per_s,mfu,skipped,event\n";
 constexpr const char* kDiagHeader =
-    "step,layer,q_rms,k_rms,max_abs_score,cos_o,cos_p,cos_ds,cos_dq,cos_dk,cos_dv,"
+    "step,layer,kind,q_rms,k_rms,max_abs_score,cos_o,cos_p,cos_ds,cos_dq,cos_dk,cos_dv,"
     "rel_o,rel_p,rel_ds,rel_dq,rel_dk,rel_dv\n";
 
 // Loss-spike rule: exponential moving mean and variance of the train loss
@@ -89,7 +91,7 @@ std::optional<double> mean_val_loss(Backend& backend, DataLoader& val, int batch
 
 void write_diag(std::ofstream& csv, int64_t step, const std::vector<LayerDiag>& rows) {
   for (const auto& d : rows) {
-    csv << step << ',' << d.layer << ',' << d.q_rms << ',' << d.k_rms << ',' << d.max_abs_score;
+    csv << step << ',' << d.layer << ',' << to_string(d.kind) << ',' << d.q_rms << ',' << d.k_rms << ',' << d.max_abs_score;
     const double cmp[12] = {d.cos_o, d.cos_p, d.cos_ds, d.cos_dq, d.cos_dk, d.cos_dv,
                             d.rel_o, d.rel_p, d.rel_ds, d.rel_dq, d.rel_dk, d.rel_dv};
     for (double x : cmp) csv << ',' << (d.compared ? fmt::format("{:.8g}", x) : std::string());
@@ -99,7 +101,7 @@ void write_diag(std::ofstream& csv, int64_t step, const std::vector<LayerDiag>& 
 }
 
 // Opens a CSV for appending after resuming at `step`: rows of later steps
-// (written after the checkpoint by the session that died) are dropped.
+// (written after the checkpoint by the process that died) are dropped.
 // A fresh run (step < 0) starts the file anew.
 std::ofstream open_csv(const std::string& path, const char* header, int64_t step) {
   std::string kept = header;
@@ -193,6 +195,17 @@ std::optional<Checkpoint> checkpoint_to_resume(const Config& cfg, const std::str
   return ck;
 }
 
+// What train checks of model.init_from before it starts: an llm.c file from its
+// header and size, a Hugging Face directory by reading it (its checks need the
+// tensors). Throws LlmcError / HfError naming model.init_from.
+void check_init_from(const ModelConfig& m) {
+  if (m.init_from.empty()) return;
+  if (is_model_dir(m.init_from))
+    params_from_hf_model(m.init_from, m);
+  else
+    check_llmc_model(m.init_from, m);
+}
+
 // Runs f, prefixing a DataError with the config key and glob it came from.
 template <class F>
 auto naming_key(bool train, const Config& cfg, F&& f) {
@@ -229,7 +242,7 @@ void check_run_inputs(const Config& cfg, int world) {
                       cfg.model.seq_len);
     });
   }
-  if (!cfg.model.init_from.empty()) check_llmc_model(cfg.model.init_from, cfg.model);
+  check_init_from(cfg.model);
 }
 
 std::string to_string(RunStatus s) {
@@ -258,7 +271,7 @@ TrainResult run_training(const Config& cfg, Backend& backend, const std::string&
   // start leaves no trace
   DataLoader train_data = open_data(cfg, /*train=*/true, backend.rank(), backend.world());
   DataLoader val_data = open_data(cfg, /*train=*/false, 0, 1);
-  if (!cfg.model.init_from.empty()) check_llmc_model(cfg.model.init_from, cfg.model);
+  check_init_from(cfg.model);
 
   // ---- resume or start fresh (decided before anything in run_dir is written)
   if (options.resume == ResumeMode::require && !fs::is_directory(run_dir))
@@ -294,13 +307,13 @@ TrainResult run_training(const Config& cfg, Backend& backend, const std::string&
   const double peak = backend.peak_flops() * backend.world();  // 0: unknown, no MFU
   log.info("run {} | backend {} | {} parameters | {} layers x {} dim x {} heads, T {} | attention {}",
            cfg.log.name, backend.name(), num_parameters(cfg.model), cfg.model.layers,
-           cfg.model.dim, cfg.model.heads, T, to_string(cfg.attention.kind));
+           cfg.model.dim, cfg.model.heads, T, describe_attention(cfg));
   log.info("data: train {} tokens, val {} tokens | {} tokens/step = {} x {} x {} accum x {} ranks | {} steps",
            train_data.num_tokens(), val_data.num_tokens(), tc.tokens_per_step, B, T,
            tc.grad_accum, backend.world(), tc.steps);
   if (backend.memory_bytes()) log.info("device memory reserved: {:.2f} GiB", backend.memory_bytes() / 1073741824.0);
 
-  // ---- state: from the checkpoint, from an llm.c model file, or fresh
+  // ---- state: from the checkpoint, from a model file or directory, or fresh
   TrainState st;
   st.data_seed = tc.seed;
   if (resume) {
@@ -311,8 +324,10 @@ TrainResult run_training(const Config& cfg, Backend& backend, const std::string&
     log.info("resumed from checkpoint of step {} (epoch {}, batch {})", st.step, st.data_epoch, st.data_cursor);
     resume.reset();  // free the host copy
   } else if (!cfg.model.init_from.empty()) {
-    backend.set_params(params_from_llmc_model(cfg.model.init_from, cfg.model));
-    log.info("initialised from llm.c model file {}", cfg.model.init_from);
+    const bool hf = is_model_dir(cfg.model.init_from);
+    backend.set_params(hf ? params_from_hf_model(cfg.model.init_from, cfg.model)
+                          : params_from_llmc_model(cfg.model.init_from, cfg.model));
+    log.info("initialised from {} {}", hf ? "Hugging Face model directory" : "llm.c model file", cfg.model.init_from);
   }
   const double wall_before = st.wall_seconds;
   auto wall_now = [&] {

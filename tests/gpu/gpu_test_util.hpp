@@ -1,5 +1,6 @@
-// Helpers for the GPU tests: device buffers, fresh random inputs (seed printed
-// on failure), poisoning, bf16 rounding, relative L2 error.
+// Helpers for the GPU tests: device buffers, fresh random inputs (the run's
+// seed printed, QATTN_TEST_SEED replays it), poisoning, bf16 rounding,
+// relative L2 error.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -7,6 +8,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <random>
 #include <vector>
@@ -21,7 +23,9 @@ using cuda::bf16;
 template <typename T>
 class DeviceBuffer {
  public:
-  explicit DeviceBuffer(size_t n) : n_(n) { CUDA_CHECK(cudaMalloc(&p_, std::max<size_t>(n, 1) * sizeof(T))); }
+  explicit DeviceBuffer(size_t n) : n_(n) {
+    CUDA_CHECK(cudaMalloc(&p_, std::max<size_t>(n, 1) * sizeof(T)));
+  }
   ~DeviceBuffer() { cudaFree(p_); }
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
@@ -45,24 +49,44 @@ class DeviceBuffer {
   size_t n_;
 };
 
-// A generator seeded afresh each run; the seed is printed, and QATTN_TEST_SEED=<seed>
-// replays a run's inputs (same test filter, same order).
-inline std::mt19937_64& rng() {
-  static std::mt19937_64 gen = [] {
+// The run's seed: fresh each run and printed, or QATTN_TEST_SEED=<seed>, which
+// replays a run's inputs.
+inline uint64_t test_seed() {
+  static const uint64_t seed = [] {
     const char* replay = std::getenv("QATTN_TEST_SEED");
-    const uint64_t seed = replay ? std::strtoull(replay, nullptr, 10) : std::random_device{}();
-    std::printf("gpu tests: random seed %llu%s\n", static_cast<unsigned long long>(seed),
+    const uint64_t s = replay ? std::strtoull(replay, nullptr, 10) : std::random_device{}();
+    std::printf("gpu tests: random seed %llu%s\n", static_cast<unsigned long long>(s),
                 replay ? " (QATTN_TEST_SEED)" : "");
-    return std::mt19937_64(seed);
+    return s;
   }();
+  return seed;
+}
+
+// One generator from the run's seed for the whole run: a test replays with the
+// same seed, test filter and order.
+inline std::mt19937_64& rng() {
+  static std::mt19937_64 gen(test_seed());
   return gen;
 }
 
-inline std::vector<float> randn(size_t n, float scale = 1.0f, float mean = 0.0f) {
+// A generator of its own for item `index` of a list (the attention cases), from
+// the run's seed: the item replays with the same seed whatever else runs.
+inline std::mt19937_64 item_rng(uint64_t index) {
+  const uint64_t seed = test_seed();
+  std::seed_seq seq{static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32),
+                    static_cast<uint32_t>(index), static_cast<uint32_t>(index >> 32)};
+  return std::mt19937_64(seq);
+}
+
+inline std::vector<float> randn(size_t n, std::mt19937_64& gen, float scale = 1.0f,
+                                float mean = 0.0f) {
   std::normal_distribution<float> d(mean, scale);
   std::vector<float> v(n);
-  for (auto& x : v) x = d(rng());
+  for (auto& x : v) x = d(gen);
   return v;
+}
+inline std::vector<float> randn(size_t n, float scale = 1.0f, float mean = 0.0f) {
+  return randn(n, rng(), scale, mean);
 }
 inline std::vector<int32_t> random_tokens(size_t n, int V) {
   std::uniform_int_distribution<int32_t> d(0, V - 1);
@@ -101,12 +125,12 @@ void poison_shared_memory();
 
 // ψ's level of each (x[i], s[i]) on the device by quant.cuh's quantise_level (a
 // reciprocal per scale) and by quantise_level_by_division (quant_levels.cu).
-void quant_levels(const std::vector<float>& x, const std::vector<float>& s, std::vector<uint32_t>& by_reciprocal,
-                  std::vector<uint32_t>& by_division);
+void quant_levels(const std::vector<float>& x, const std::vector<float>& s,
+                  std::vector<uint32_t>& by_reciprocal, std::vector<uint32_t>& by_division);
 // ψ's scale and its inverse of weights whose largest magnitude is amax[i], as
 // the kernels compute them (scales_of_amax), and the level amax itself gets
 // (quant_levels.cu).
-void weight_scales(const std::vector<float>& amax, std::vector<float>& scale, std::vector<float>& inv,
-                   std::vector<int>& top_level);
+void weight_scales(const std::vector<float>& amax, std::vector<float>& scale,
+                   std::vector<float>& inv, std::vector<int>& top_level);
 
 }  // namespace qattn::test

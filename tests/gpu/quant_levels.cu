@@ -8,8 +8,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "attention/int8_operands.cuh"
-#include "attention/quant.cuh"
+#include "attention/sage/int8_operands.cuh"
+#include "attention/sage/quant.cuh"
 
 // quant_levels is declared in gpu_test_util.hpp, not included here so that
 // Catch2 stays out of nvcc.

@@ -1,4 +1,4 @@
-// Where the K-interval softmax (SPEC §4) jumps, for the GPU tests that compare
+// Where the K-interval softmax (docs/attention-maths.md §5) jumps, for the GPU tests that compare
 // it with the fp64 CPU reference. Its weights are discontinuous in the scores:
 // nearest rounding at every u = a + ½, lerp's derivative at every grid point,
 // fwm's window edge at u = 0 (weights below it are 0), and the routing target

@@ -1,29 +1,27 @@
-// SageBwd INT8 attention on the GPU (SPEC §3), on fresh random inputs (seed
-// printed by gpu_test_util.hpp), outputs poisoned with NaN first:
-// - the quantisation pre-pass against SPEC §3 computed here in fp64 (levels
-//   equal except within 1e-4 of a rounding tie, scales to fp32 rounding, the
-//   transposed copy exact, μ_K, μ_Q, smooth_q's bias, δ; padded rows zero in
-//   every copy), and its levels by reciprocal equal to those by division;
-// - forward and backward against the CPU sage reference (fp64, same bf16
-//   inputs, same quantisation decisions), four option sets, tail tiles;
-//   the backward deterministic;
+// The special tests of SageBwd INT8 attention on the GPU, which need code of
+// their own (its comparisons with the CPU sage reference, plain and with the
+// K-interval softmax block, are cases of test_attention.cpp), on fresh random
+// inputs (seed printed by gpu_test_util.hpp), outputs poisoned with NaN first:
+// - the quantisation pre-pass against its definition computed here in fp64
+//   (levels equal except within 1e-4 of a rounding tie, scales to fp32
+//   rounding, the transposed copy exact, μ_K, μ_Q, smooth_q's bias, δ; padded
+//   rows zero in every copy), its levels by reciprocal equal to those by
+//   division, and ψ's weight scales over the whole float range;
 // - all six products bf16 against the CUDA FPA kernel;
 // - the Gaussian accuracy table (T = 4096) against fp64 FPA, as SageBwd's Table 1;
 // - causality: how much changing future tokens moves past outputs;
-// - the K-interval softmax block (SPEC §4 composition) against the CPU sage
-//   reference with the same block: every calibration x rounding x ste at
-//   K in {4, 16}, d in {64, 128}, T in {64, 1000}, and the other options once,
-//   on grid-exact inputs kept off the softmax's discontinuities; its two
-//   families on the same inputs agree (row grids bit for bit);
-// - both families (mma.sync everywhere; on Hopper wgmma for the forward with
+// - with the K-interval block, detach_extrema changes nothing under the
+//   probability STE;
+// - the two families (mma.sync everywhere; on Hopper wgmma for the forward with
 //   qk = pv = int8, for dQ with qk = dq = int8, and for dK/dV with qk = dv = dk
-//   = int8, both with dp = bf16, rowcol) in every check against the CPU
-//   reference, and against each other: same quantised operands and scales, so
-//   they agree to fp32 order (forward, dV) or to the bf16 dP product's sum
-//   order (dQ, dK); the wgmma dQ stable over poisoned shared memory at 32-96 heads;
+//   = int8, both with dp = bf16, rowcol) against each other: same quantised
+//   operands and scales, so they agree to fp32 order (forward, dV) or to the
+//   bf16 dP product's sum order (dQ, dK); the wgmma forward's conditional
+//   rescale; the wgmma dQ stable over poisoned shared memory at 32-96 heads;
 // - every mma.sync tile shape (SageTiles: 4 or 8 warps per kernel) computes the
 //   default shape's outputs bit for bit, plain sage and with the K-interval block,
 //   on shapes with an odd number of 64-row blocks (a 128-row tile half past T);
+// - each layer's backward reads its own saved buffer, the scratch shared;
 // - options the kernels cannot run are refused with the option's name.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -41,277 +39,47 @@
 #include <vector>
 
 #include "attention/attention.cuh"
-#include "attention/quant.cuh"
 #include "attention/reference_check.hpp"
-#include "attention/sage.cuh"
-#include "gpu_test_util.hpp"
+#include "attention/sage/quant.cuh"
+#include "attention/sage/sage.cuh"
+#include "attention_harness.hpp"
 #include "qattn/cpu/attention.hpp"
-#include "softmax_discontinuities.hpp"
 
 namespace {
 
 using qattn::AttentionConfig;
-using qattn::AttentionKind;
 using qattn::BwdGranularity;
 using qattn::Calibration;
 using qattn::KIntervalOptions;
 using qattn::Precision;
-using qattn::SagePrecision;
 using qattn::Rounding;
 using qattn::SageOptions;
 using qattn::Ste;
 using qattn::cuda::AttentionShape;
 using qattn::cuda::FpaKernels;
+using qattn::test::AttentionBuffers;
+using qattn::test::composed_config;
 using qattn::test::DeviceBuffer;
+using qattn::test::element;
+using qattn::test::errors_against_cpu;
+using qattn::test::GpuRun;
+using qattn::test::head_size;
+using qattn::test::qkv_size;
+using qattn::test::run_gpu;
+using qattn::test::sage_config;
+using qattn::test::slot_of;
 using bf16 = __nv_bfloat16;
 
-AttentionConfig sage_config(const SageOptions& opt = {}) {
-  AttentionConfig cfg;
-  cfg.kind = AttentionKind::sage;
-  cfg.sage = opt;
-  return cfg;
-}
-
-size_t qkv_size(const AttentionShape& s) { return static_cast<size_t>(s.B) * s.T * 3 * s.H * s.d; }
-size_t head_size(const AttentionShape& s) { return static_cast<size_t>(s.B) * s.T * s.H * s.d; }
-
-// qkv (B, T, 3, H, d) with Q, K ~ N(0, sigma²) (plus k_mean on K: what smooth_k
-// removes) and V ~ N(0, 1), rounded to bf16.
+// The harness's inputs from the run's generator (qattn::test::rng()).
 std::vector<bf16> random_qkv(const AttentionShape& s, float sigma, float k_mean = 0.0f) {
-  std::vector<float> x = qattn::test::randn(qkv_size(s));
-  const size_t hd = static_cast<size_t>(s.H) * s.d;
-  for (size_t i = 0; i < x.size(); ++i) {
-    const size_t slot = (i / hd) % 3;
-    if (slot < 2) x[i] *= sigma;
-    if (slot == 1) x[i] += k_mean;
-  }
-  return qattn::test::to_bf16(x);
-}
-// Q, K, V whose int8 quantisation is exact, on the GPU and in fp64 alike: every
-// entry is n / 64 with n an integer (n ~ N(0, (64 sigma)²), |n| <= 126), and
-// channel 0 is ±127 / 64 in every row, so each 64-row block's scale is exactly
-// 1/64 and x / scale = n with no .5 to round either way. In every 64-row
-// block the later half of the block's tokens of Q and K is the negation of the
-// first half (grid_exact_pair), so the means that K-smoothing (over T) and
-// Q-smoothing (per block) subtract are exactly 0, in fp32 as in fp64, and
-// smooth_q's bias is 0: both sides quantise the same levels with any option.
-// (The quantised softmax is discontinuous: one int8 level that the fp32
-// pre-pass and the fp64 reference round differently moves a score across a
-// grid boundary, which changes a weight by a factor e^Δ.)
-// Channel ch of a grid-exact entry drawn from x ~ N(0, 1).
-float grid_exact_value(float x, size_t ch, float sigma) {
-  const float n = ch == 0 ? (x < 0 ? -127.0f : 127.0f) : std::clamp(std::round(x * sigma * 64.0f), -126.0f, 126.0f);
-  return n / 64.0f;
-}
-// Token t's place in the pairs of its 64-row block (T even, so every block has
-// an even number of rows): half the block's rows, and whether t is in the later
-// half, the negation of token t - half.
-struct GridExactPair {
-  int half;
-  bool negated;
-};
-GridExactPair grid_exact_pair(const AttentionShape& s, int t) {
-  const int block0 = t / qattn::cuda::kSageBlock * qattn::cuda::kSageBlock;
-  const int half = std::min(qattn::cuda::kSageBlock, s.T - block0) / 2;
-  return {half, t - block0 >= half};
-}
-std::vector<bf16> grid_exact_qkv(const AttentionShape& s, float sigma) {
-  REQUIRE(s.T % 2 == 0);
-  const std::vector<float> x = qattn::test::randn(qkv_size(s));
-  std::vector<float> out(x.size());
-  const size_t hd = static_cast<size_t>(s.H) * s.d;
-  for (size_t i = 0; i < x.size(); ++i) {
-    const int t = static_cast<int>(i / (3 * hd) % s.T);  // i / (3 hd) = b T + t
-    const bool query_or_key = (i / hd) % 3 < 2;
-    const GridExactPair pair = grid_exact_pair(s, t);
-    if (query_or_key && pair.negated)
-      out[i] = -out[i - static_cast<size_t>(pair.half) * 3 * hd];
-    else
-      out[i] = grid_exact_value(x[i], i % s.d, sigma);
-  }
-  return qattn::test::to_bf16(out);
-}
-// Draws again, grid-exact, each query row of grid_exact_qkv with a score near a
-// discontinuity of the K-interval softmax o (softmax_discontinuities.hpp): the
-// earlier token's q of its pair, and the negation with it, until neither row
-// has one.
-void keep_grid_exact_rows_off_discontinuities(const KIntervalOptions& o, const AttentionShape& s,
-                                              std::vector<bf16>& qkv, float sigma) {
-  const size_t token = static_cast<size_t>(3) * s.H * s.d;
-  for (int b = 0; b < s.B; ++b)
-    for (int h = 0; h < s.H; ++h)
-      for (int t = 0; t < s.T; ++t) {
-        const GridExactPair pair = grid_exact_pair(s, t);
-        if (pair.negated) continue;  // drawn with its pair's earlier token
-        bf16* first = &qkv[(static_cast<size_t>(b) * s.T + t) * token + static_cast<size_t>(h) * s.d];
-        bf16* second = first + static_cast<size_t>(pair.half) * token;
-        for (int draws = 0; qattn::test::near_discontinuity(o, s, qkv, b, h, t) ||
-                            qattn::test::near_discontinuity(o, s, qkv, b, h, t + pair.half);) {
-          REQUIRE(++draws <= 1000);  // a row that never clears its margin: degenerate inputs
-          const std::vector<float> x = qattn::test::randn(s.d);
-          for (int ch = 0; ch < s.d; ++ch) {
-            const float v = grid_exact_value(x[ch], ch, sigma);
-            first[ch] = __float2bfloat16(v);
-            second[ch] = __float2bfloat16(-v);
-          }
-        }
-      }
+  return qattn::test::normal_qkv(s, sigma, sigma, k_mean, qattn::test::rng());
 }
 std::vector<bf16> random_heads(const AttentionShape& s) {
-  return qattn::test::to_bf16(qattn::test::randn(head_size(s)));
-}
-
-// Element (b, t, slot, h, x) of a (B, T, nslots, H, d) tensor as float.
-float element(const std::vector<bf16>& v, const AttentionShape& s, int nslots, int b, int t, int slot,
-              int h, int x) {
-  return __bfloat162float(v[(((static_cast<size_t>(b) * s.T + t) * nslots + slot) * s.H + h) * s.d + x]);
-}
-// One slot of a (B, T, 3, H, d) tensor as (B, T, H, d) floats.
-std::vector<float> slot_of(const std::vector<bf16>& v, const AttentionShape& s, int slot) {
-  std::vector<float> out;
-  out.reserve(head_size(s));
-  for (int b = 0; b < s.B; ++b)
-    for (int t = 0; t < s.T; ++t)
-      for (int h = 0; h < s.H; ++h)
-        for (int x = 0; x < s.d; ++x) out.push_back(element(v, s, 3, b, t, slot, h, x));
-  return out;
-}
-
-// Outputs of one forward + backward on the GPU.
-struct GpuRun {
-  std::vector<bf16> o, dqkv;  // (B, T, H, d), (B, T, 3, H, d)
-  std::vector<float> stats;   // (B, H, T, row_stats): what the forward saved
-};
-
-// Device buffers of one attention call: the inputs uploaded; the outputs, the
-// saved statistics and buffer and the workspace poisoned with NaN, so that
-// anything read before it is written shows.
-struct AttentionBuffers {
-  DeviceBuffer<bf16> qkv, o, dout, dqkv;  // (B, T, 3, H, d), (B, T, H, d), (B, T, H, d), (B, T, 3, H, d)
-  DeviceBuffer<float> stats;              // (B, H, T, row_stats)
-  DeviceBuffer<unsigned char> saved;      // the forward's quantised Q, K, V (attention_saved_bytes)
-  DeviceBuffer<unsigned char> work;       // the backward's scratch
-  AttentionBuffers(const AttentionConfig& cfg, const AttentionShape& s, const std::vector<bf16>& qkv_in,
-                   const std::vector<bf16>& dout_in)
-      : qkv(qkv_size(s)), o(head_size(s)), dout(head_size(s)), dqkv(qkv_size(s)),
-        stats(static_cast<size_t>(s.B) * s.H * s.T * qattn::cuda::attention_row_stats(cfg, s.d)),
-        saved(qattn::cuda::attention_saved_bytes(cfg, s)),
-        work(qattn::cuda::attention_workspace_bytes(cfg, s)) {
-    qkv.upload(qkv_in);
-    dout.upload(dout_in);
-    o.poison();
-    stats.poison();
-    saved.poison();
-    dqkv.poison();
-    work.poison();
-  }
-};
-
-// The sage kernels that have a wgmma version (sage.cuh, SageTiles): the forward
-// with qk = pv = int8; dQ with qk = dq = int8, dK/dV with qk = dv = dk = int8,
-// both with dp = bf16 and rowcol.
-bool wgmma_forward_runs(const SageOptions& opt) {
-  return opt.precision.qk == Precision::int8 && opt.precision.pv == Precision::int8;
-}
-bool wgmma_dq_runs(const SageOptions& opt) {
-  const qattn::SagePrecision& pr = opt.precision;
-  return pr.qk == Precision::int8 && pr.dq == Precision::int8 && pr.dp == Precision::bf16 &&
-         opt.bwd_granularity == BwdGranularity::rowcol;
-}
-bool wgmma_dkdv_runs(const SageOptions& opt) {
-  const qattn::SagePrecision& pr = opt.precision;
-  return pr.qk == Precision::int8 && pr.dv == Precision::int8 && pr.dk == Precision::int8 &&
-         pr.dp == Precision::bf16 && opt.bwd_granularity == BwdGranularity::rowcol;
-}
-// The default tiles with each kernel that has a wgmma version on `family`
-// (wgmma only where it runs these options; the others on mma.sync).
-qattn::cuda::SageTiles family_tiles(const SageOptions& opt, const AttentionShape& s, FpaKernels family) {
-  qattn::cuda::SageTiles tiles = qattn::cuda::sage_default_tiles(s);
-  if (family == FpaKernels::automatic) return tiles;  // as attention_forward runs it
-  const bool wgmma = family == FpaKernels::wgmma;
-  tiles.forward_kernels = wgmma && !wgmma_forward_runs(opt) ? FpaKernels::mma_sync : family;
-  tiles.dq_kernels = wgmma && !wgmma_dq_runs(opt) ? FpaKernels::mma_sync : family;
-  tiles.dkdv_kernels = wgmma && !wgmma_dkdv_runs(opt) ? FpaKernels::mma_sync : family;
-  return tiles;
-}
-
-// The families that can run sage with these options here: mma.sync, and wgmma
-// (family_tiles) where the device and build have sm_90a and some kernel runs on it.
-std::vector<std::pair<FpaKernels, const char*>> sage_families(const SageOptions& opt) {
-  std::vector<std::pair<FpaKernels, const char*>> families = {{FpaKernels::mma_sync, "mma.sync"}};
-  if (wgmma_forward_runs(opt) || wgmma_dq_runs(opt) || wgmma_dkdv_runs(opt)) {
-    if (qattn::cuda::fpa_wgmma_available())
-      families.push_back({FpaKernels::wgmma, "wgmma"});
-    else
-      std::printf("sage: no sm_90a device or build, the wgmma kernels are not checked\n");
-  }
-  return families;
-}
-
-// Forward, then backward twice (sage: on the given family, family_tiles;
-// automatic as attention_forward picks it): the two gradients must agree bit
-// for bit. The scratch is poisoned before each backward (only the saved buffer
-// carries anything from the forward), and before the second Q and K of qkv too
-// (the backward reads Q̂, K̂ from the saved buffer, only V in place).
-GpuRun run_gpu(const AttentionConfig& cfg, const AttentionShape& s, const std::vector<bf16>& qkv,
-               const std::vector<bf16>& dout, FpaKernels family = FpaKernels::automatic) {
-  AttentionBuffers b(cfg, s, qkv, dout);
-  const qattn::cuda::SageTiles tiles = family_tiles(cfg.sage, s, family);
-  if (cfg.kind == AttentionKind::sage)
-    qattn::cuda::sage_forward(cfg.sage, s, b.qkv.get(), b.o.get(), b.stats.get(), b.saved.get(), nullptr, tiles);
-  else
-    qattn::cuda::attention_forward(cfg, s, b.qkv.get(), b.o.get(), b.stats.get(), b.saved.get(), nullptr);
-  auto backward = [&] {
-    b.dqkv.poison();
-    b.work.poison();
-    if (cfg.kind == AttentionKind::sage)
-      qattn::cuda::sage_backward(cfg.sage, s, b.qkv.get(), b.o.get(), b.dout.get(), b.stats.get(), b.saved.get(), b.dqkv.get(),
-                                 b.work.get(), nullptr, tiles);
-    else
-      qattn::cuda::attention_backward(cfg, s, b.qkv.get(), b.o.get(), b.dout.get(), b.stats.get(), b.saved.get(),
-                                      b.dqkv.get(), b.work.get(), nullptr);
-    return b.dqkv.download();
-  };
-  GpuRun r{b.o.download(), backward(), b.stats.download()};
-  if (cfg.kind == AttentionKind::sage) {  // Q and K of qkv poisoned: only V may be read from it
-    std::vector<bf16> v_only = qkv;
-    const size_t slot = static_cast<size_t>(s.H) * s.d;
-    for (size_t i = 0; i < v_only.size(); ++i)
-      if ((i / slot) % 3 != 2) v_only[i] = __ushort_as_bfloat16(0xFFFF);
-    b.qkv.upload(v_only);
-  }
-  const std::vector<bf16> again = backward();
-  CHECK(std::memcmp(again.data(), r.dqkv.data(), again.size() * sizeof(bf16)) == 0);
-  return r;
-}
-
-// A GPU run's O, dQ, dK, dV against the CPU reference of the same config, as
-// relative L2 errors over every head (the heads in parallel: the fp64
-// reference is the cost; summed in head order).
-qattn::cuda::AttentionErrors errors_against_cpu(const AttentionConfig& cfg, const AttentionShape& s,
-                                                const std::vector<bf16>& qkv, const std::vector<bf16>& dout,
-                                                const GpuRun& run) {
-  std::vector<qattn::cuda::AttentionErrorSums> per_head(s.B * s.H);
-#pragma omp parallel for schedule(dynamic)
-  for (int bh = 0; bh < s.B * s.H; ++bh)
-    per_head[bh] =
-        qattn::cuda::compare_head_with_cpu(cfg, s, bh / s.H, bh % s.H, qkv, dout, run.o, run.dqkv, nullptr);
-  qattn::cuda::AttentionErrorSums sums;
-  for (const auto& e : per_head) sums.add(e);
-  return qattn::cuda::relative_errors(sums);
-}
-// Plain sage's bounds against the CPU reference on random inputs: bf16 outputs
-// (~3e-3) plus int8 levels that flip where fp32 and fp64 straddle a .5
-// (measured in three H200 runs: O <= 3.8e-3, dQ/dK/dV <= 5.8e-3). NaN fails them.
-void check_sage_errors(const qattn::cuda::AttentionErrors& e) {
-  CHECK(e.o < 1e-2);
-  CHECK(e.dq < 2e-2);
-  CHECK(e.dk < 2e-2);
-  CHECK(e.dv < 2e-2);
+  return qattn::test::normal_heads(s, qattn::test::rng());
 }
 
 // ---------------------------------------------------------------------------
-// The pre-pass against SPEC §3 in fp64.
+// The pre-pass against docs/attention-maths.md §4.1-§4.4 in fp64.
 
 // One quantised operand of the workspace, copied to the host.
 struct HostOperand {
@@ -327,12 +95,15 @@ HostOperand download(const qattn::cuda::QuantOperand& x, const qattn::cuda::Sage
   CUDA_CHECK(cudaMemcpy(h.i8.data(), x.i8, n, cudaMemcpyDeviceToHost));
   CUDA_CHECK(cudaMemcpy(h.i8t.data(), x.i8t, n, cudaMemcpyDeviceToHost));
   CUDA_CHECK(cudaMemcpy(h.bf.data(), x.bf, n * sizeof(bf16), cudaMemcpyDeviceToHost));
-  CUDA_CHECK(cudaMemcpy(h.scale.data(), x.scale, h.scale.size() * sizeof(float), cudaMemcpyDeviceToHost));
+  CUDA_CHECK(
+      cudaMemcpy(h.scale.data(), x.scale, h.scale.size() * sizeof(float), cudaMemcpyDeviceToHost));
   return h;
 }
 
 // The larger of two errors, NaN if either is (std::max drops a NaN second argument).
-double worst_of(double a, double b) { return std::isnan(a) || std::isnan(b) ? NAN : std::max(a, b); }
+double worst_of(double a, double b) {
+  return std::isnan(a) || std::isnan(b) ? NAN : std::max(a, b);
+}
 
 // Copies n floats of the device buffer x to the host.
 std::vector<float> download_floats(const float* x, size_t n) {
@@ -341,7 +112,8 @@ std::vector<float> download_floats(const float* x, size_t n) {
   return h;
 }
 
-// value(bh, t, x) is the SPEC's quantised value in fp64 (c·(Q − μ_Q), K − μ_K, V, dO).
+// value(bh, t, x) is the quantised value of docs/attention-maths.md §4.1-§4.3 in fp64 (c·(Q − μ_Q),
+// K − μ_K, V, dO).
 template <typename Value>
 void check_operand(const char* name, const HostOperand& got, const qattn::cuda::SageWorkspace& ws,
                    const AttentionShape& s, Value value) {
@@ -350,11 +122,13 @@ void check_operand(const char* name, const HostOperand& got, const qattn::cuda::
   // GPU vs fp64 here (and bf16 inputs make exact ties common, e.g. c·q / scale =
   // 127 q / max|q| with c cancelling). fp32's error is ~127 x 6e-8 ≈ 1e-5 levels,
   // so any other difference is a bug. Padded rows (t >= T) are zero, bit for bit.
-  long long levels = 0, ties = 0, off_by_one = 0, worse = 0, transposed_wrong = 0, padding_nonzero = 0;
+  long long levels = 0, ties = 0, off_by_one = 0, worse = 0, transposed_wrong = 0,
+            padding_nonzero = 0;
   double worst_scale = 0, worst_bf16 = 0;
   for (int bh = 0; bh < s.B * s.H; ++bh)
     for (int blk = 0; blk < ws.blocks; ++blk) {
-      const int t0 = blk * qattn::cuda::kSageBlock, rows = std::min(qattn::cuda::kSageBlock, s.T - t0);
+      const int t0 = blk * qattn::cuda::kSageBlock,
+                rows = std::min(qattn::cuda::kSageBlock, s.T - t0);
       double amax = 0;
       for (int r = 0; r < rows; ++r)
         for (int x = 0; x < d; ++x) amax = std::max(amax, std::abs(value(bh, t0 + r, x)));
@@ -370,7 +144,8 @@ void check_operand(const char* name, const HostOperand& got, const qattn::cuda::
               if (qattn::cuda::kPermuted(p) == r % 16) return p;
             return -1;
           }();
-          transposed_wrong += got.i8t[(static_cast<size_t>(bh) * d + x) * ws.Tp + t0 + pos] != got.i8[at];
+          transposed_wrong +=
+              got.i8t[(static_cast<size_t>(bh) * d + x) * ws.Tp + t0 + pos] != got.i8[at];
           if (r >= rows) {
             uint16_t bf_bits;
             std::memcpy(&bf_bits, &got.bf[at], sizeof bf_bits);
@@ -378,19 +153,22 @@ void check_operand(const char* name, const HostOperand& got, const qattn::cuda::
             continue;
           }
           const double v = value(bh, t0 + r, x);
-          const long long diff = std::llabs(static_cast<long long>(got.i8[at]) - std::llround(v / scale));
+          const long long diff =
+              std::llabs(static_cast<long long>(got.i8[at]) - std::llround(v / scale));
           const double u = std::abs(v / scale);
           const bool near_tie = std::abs(u - std::floor(u) - 0.5) < 1e-4;
           ++levels;
           ties += near_tie;
           off_by_one += diff == 1 && !near_tie;
           worse += diff > 1;
-          worst_bf16 = worst_of(worst_bf16, std::abs(__bfloat162float(got.bf[at]) - v) / std::max(amax, 1e-30));
+          worst_bf16 = worst_of(worst_bf16,
+                                std::abs(__bfloat162float(got.bf[at]) - v) / std::max(amax, 1e-30));
         }
     }
-  std::printf("  %-4s levels %lld (%lld near a tie): off by one elsewhere %lld, worse %lld; max rel "
-              "scale error %.1e; bf16 copy max error %.1e of max|X|; padded entries not zero %lld\n",
-              name, levels, ties, off_by_one, worse, worst_scale, worst_bf16, padding_nonzero);
+  std::printf(
+      "  %-4s levels %lld (%lld near a tie): off by one elsewhere %lld, worse %lld; max rel "
+      "scale error %.1e; bf16 copy max error %.1e of max|X|; padded entries not zero %lld\n",
+      name, levels, ties, off_by_one, worse, worst_scale, worst_bf16, padding_nonzero);
   INFO(name);
   CHECK(worse == 0);
   CHECK(off_by_one == 0);
@@ -402,7 +180,7 @@ void check_operand(const char* name, const HostOperand& got, const qattn::cuda::
 
 }  // namespace
 
-TEST_CASE("sage pre-pass: quantised c(Q - mu_Q), K - mu_K, V, dO, scales, means, bias and delta per SPEC 3",
+TEST_CASE("sage pre-pass: quantised c(Q - mu_Q), K - mu_K, V, dO, scales, means, bias and delta",
           "[sage]") {
   struct Case {
     AttentionShape s;
@@ -416,7 +194,8 @@ TEST_CASE("sage pre-pass: quantised c(Q - mu_Q), K - mu_K, V, dO, scales, means,
     cases.push_back({{1, 2, 1000, d}, false, true});
     cases.push_back({{1, 2, 1000, d}, true, true});
     cases.push_back({{2, 3, 129, d}, true, false});
-    cases.push_back({{1, 1, 4100, d}, true, true});  // 65 query blocks: two tiles of the bias kernel
+    cases.push_back(
+        {{1, 1, 4100, d}, true, true});  // 65 query blocks: two tiles of the bias kernel
   }
   for (const Case& cs : cases) {
     const AttentionShape& s = cs.s;
@@ -424,9 +203,10 @@ TEST_CASE("sage pre-pass: quantised c(Q - mu_Q), K - mu_K, V, dO, scales, means,
     SageOptions opt;
     opt.smooth_q = cs.smooth_q;
     opt.smooth_k = cs.smooth_k;
-    std::printf("pre-pass B=%d H=%d T=%d d=%d smooth_q=%d smooth_k=%d\n", s.B, s.H, s.T, d, cs.smooth_q,
-                cs.smooth_k);
-    const std::vector<bf16> qkv = random_qkv(s, 2.0f, 0.5f), o = random_heads(s), dout = random_heads(s);
+    std::printf("pre-pass B=%d H=%d T=%d d=%d smooth_q=%d smooth_k=%d\n", s.B, s.H, s.T, d,
+                cs.smooth_q, cs.smooth_k);
+    const std::vector<bf16> qkv = random_qkv(s, 2.0f, 0.5f), o = random_heads(s),
+                            dout = random_heads(s);
     DeviceBuffer<bf16> d_qkv(qkv_size(s)), d_o(head_size(s)), d_dout(head_size(s));
     const qattn::cuda::SageCopies every_copy{};
     DeviceBuffer<unsigned char> saved(qattn::cuda::sage_saved_bytes(opt, s, every_copy)),
@@ -438,7 +218,8 @@ TEST_CASE("sage pre-pass: quantised c(Q - mu_Q), K - mu_K, V, dO, scales, means,
     work.poison();
     const auto ws = qattn::cuda::sage_workspace(opt, s, saved.get(), work.get(), every_copy);
     qattn::cuda::sage_quantise_inputs(opt, s, d_qkv.get(), ws, every_copy, nullptr);
-    qattn::cuda::sage_quantise_gradient(opt, s, d_qkv.get(), d_o.get(), d_dout.get(), ws, every_copy, nullptr);
+    qattn::cuda::sage_quantise_gradient(opt, s, d_qkv.get(), d_o.get(), d_dout.get(), ws,
+                                        every_copy, nullptr);
     CUDA_CHECK(cudaDeviceSynchronize());
 
     const int heads = s.B * s.H, block = qattn::cuda::kSageBlock;
@@ -447,21 +228,27 @@ TEST_CASE("sage pre-pass: quantised c(Q - mu_Q), K - mu_K, V, dO, scales, means,
       return static_cast<double>(element(v, s, nslots, bh / s.H, t, slot, bh % s.H, x));
     };
     // μ_K over all T (0 without smooth_k), μ_Q over each block's valid rows, in fp64.
-    std::vector<double> mu_k(static_cast<size_t>(heads) * d, 0.0), mu_q(mu_k.size() * ws.blocks, 0.0);
+    std::vector<double> mu_k(static_cast<size_t>(heads) * d, 0.0),
+        mu_q(mu_k.size() * ws.blocks, 0.0);
     for (int bh = 0; bh < heads; ++bh)
       for (int x = 0; x < d; ++x) {
-        for (int t = 0; cs.smooth_k && t < s.T; ++t) mu_k[bh * d + x] += in(qkv, 3, 1, bh, t, x) / s.T;
+        for (int t = 0; cs.smooth_k && t < s.T; ++t)
+          mu_k[bh * d + x] += in(qkv, 3, 1, bh, t, x) / s.T;
         for (int blk = 0; cs.smooth_q && blk < ws.blocks; ++blk) {
           const int t0 = blk * block, rows = std::min(block, s.T - t0);
-          for (int t = t0; t < t0 + rows; ++t) mu_q[(bh * ws.blocks + blk) * d + x] += in(qkv, 3, 0, bh, t, x) / rows;
+          for (int t = t0; t < t0 + rows; ++t)
+            mu_q[(bh * ws.blocks + blk) * d + x] += in(qkv, 3, 0, bh, t, x) / rows;
         }
       }
-    const auto key = [&](int bh, int t, int x) { return in(qkv, 3, 1, bh, t, x) - mu_k[bh * d + x]; };
+    const auto key = [&](int bh, int t, int x) {
+      return in(qkv, 3, 1, bh, t, x) - mu_k[bh * d + x];
+    };
     check_operand("Q", download(ws.q, ws, s), ws, s, [&](int bh, int t, int x) {
       return c * (in(qkv, 3, 0, bh, t, x) - mu_q[(bh * ws.blocks + t / block) * d + x]);
     });
     check_operand("K", download(ws.k, ws, s), ws, s, key);
-    check_operand("V", download(ws.v, ws, s), ws, s, [&](int bh, int t, int x) { return in(qkv, 3, 2, bh, t, x); });
+    check_operand("V", download(ws.v, ws, s), ws, s,
+                  [&](int bh, int t, int x) { return in(qkv, 3, 2, bh, t, x); });
     check_operand("dO", download(ws.dout, ws, s), ws, s,
                   [&](int bh, int t, int x) { return in(dout, 1, 0, bh, t, x); });
 
@@ -491,7 +278,8 @@ TEST_CASE("sage pre-pass: quantised c(Q - mu_Q), K - mu_K, V, dO, scales, means,
 
     // smooth_q's bias c·μ_Qi·(K_t − μ_K) per query block i and key t, 0 past T.
     if (cs.smooth_q) {
-      const std::vector<float> bias = download_floats(ws.query_bias, static_cast<size_t>(heads) * ws.blocks * ws.Tp);
+      const std::vector<float> bias =
+          download_floats(ws.query_bias, static_cast<size_t>(heads) * ws.blocks * ws.Tp);
       double worst_bias = 0;
       long long padding_nonzero = 0;
       for (int bh = 0; bh < heads; ++bh)
@@ -510,8 +298,8 @@ TEST_CASE("sage pre-pass: quantised c(Q - mu_Q), K - mu_K, V, dO, scales, means,
             }
             worst_bias = worst_of(worst_bias, std::abs(got - ref) / norm);
           }
-      std::printf("  bias max error %.1e of sum|c mu_Q (K - mu_K)|, padded entries not zero %lld\n", worst_bias,
-                  padding_nonzero);
+      std::printf("  bias max error %.1e of sum|c mu_Q (K - mu_K)|, padded entries not zero %lld\n",
+                  worst_bias, padding_nonzero);
       CHECK(worst_bias < 1e-4);
       CHECK(padding_nonzero == 0);
     }
@@ -553,18 +341,30 @@ TEST_CASE("sage pre-pass: ψ's levels by reciprocal equal those by division", "[
   x.reserve(static_cast<size_t>(kScales) * kPerScale);
   s.reserve(x.capacity());
   for (int si = 0; si < kScales; ++si) {
-    const float amax = std::ldexp(0.5f + 0.5f * std::abs(unit(gen)), static_cast<int>(exponent(gen)));
+    const float amax =
+        std::ldexp(0.5f + 0.5f * std::abs(unit(gen)), static_cast<int>(exponent(gen)));
     const float scale = amax / 127.0f;
     for (int k = 0; k < kPerScale; ++k) {
-      const float tie = (static_cast<float>(level(gen)) + 0.5f) * scale, whole = static_cast<float>(level(gen)) * scale;
+      const float tie = (static_cast<float>(level(gen)) + 0.5f) * scale,
+                  whole = static_cast<float>(level(gen)) * scale;
       const float toward = k % 2 ? INFINITY : -INFINITY;
       float v = 0.0f;
       switch (k % 5) {
-        case 0: v = unit(gen) * amax; break;
-        case 1: v = tie; break;
-        case 2: v = std::nextafter(tie, toward); break;
-        case 3: v = whole; break;
-        case 4: v = std::nextafter(whole, toward); break;
+        case 0:
+          v = unit(gen) * amax;
+          break;
+        case 1:
+          v = tie;
+          break;
+        case 2:
+          v = std::nextafter(tie, toward);
+          break;
+        case 3:
+          v = whole;
+          break;
+        case 4:
+          v = std::nextafter(whole, toward);
+          break;
       }
       x.push_back(std::max(-amax, std::min(amax, v)));
       s.push_back(scale);
@@ -583,21 +383,35 @@ TEST_CASE("sage pre-pass: ψ's levels by reciprocal equal those by division", "[
   CHECK(differ == 0);
 }
 
-TEST_CASE("sage: ψ's weight scales from amax over the whole float range (scales_of_amax)", "[sage]") {
+TEST_CASE("sage: ψ's weight scales from amax over the whole float range (scales_of_amax)",
+          "[sage]") {
   // Below 2^-100 a row counts as zero (s = 1, every level 0); from there to
   // FLT_MAX, s = amax·(1/127) in fp32 (IEEE, as the CPU computes it), 1/s within
   // one ulp of the exact reciprocal of that s, and amax itself at level 127.
   // 2^126 and above: where 127·rcp(amax) would be flushed to zero.
-  std::vector<float> amax{0.0f, 1e-45f, 0x1p-126f, 0x1p-101f, std::nextafter(0x1p-100f, 0.0f), 0x1p-100f,
-                          std::nextafter(0x1p-100f, 1.0f), 1e-30f, 1.0f / 127.0f, 1.0f, 127.0f, 256.0f,
-                          0x1p126f, 0x1p127f, std::numeric_limits<float>::max()};
+  std::vector<float> amax{0.0f,
+                          1e-45f,
+                          0x1p-126f,
+                          0x1p-101f,
+                          std::nextafter(0x1p-100f, 0.0f),
+                          0x1p-100f,
+                          std::nextafter(0x1p-100f, 1.0f),
+                          1e-30f,
+                          1.0f / 127.0f,
+                          1.0f,
+                          127.0f,
+                          256.0f,
+                          0x1p126f,
+                          0x1p127f,
+                          std::numeric_limits<float>::max()};
   std::mt19937_64& gen = qattn::test::rng();
   std::uniform_real_distribution<double> log2_amax(-110.0, 128.0);
   for (int i = 0; i < 100000; ++i) amax.push_back(static_cast<float>(std::exp2(log2_amax(gen))));
   std::vector<float> scale, inv;
   std::vector<int> top;
   qattn::test::weight_scales(amax, scale, inv, top);
-  auto ulps = [](float got, double want) {  // distance in units of the last place of want as a float
+  auto ulps = [](float got,
+                 double want) {  // distance in units of the last place of want as a float
     const float w = static_cast<float>(want);
     return std::fabs(static_cast<double>(got) - want) / (std::nextafter(w, INFINITY) - w);
   };
@@ -609,240 +423,50 @@ TEST_CASE("sage: ψ's weight scales from amax over the whole float range (scales
     const bool ok = zero ? scale[i] == 1.0f && inv[i] == 1.0f && top[i] == 0
                          : scale[i] == s_want && ulps(inv[i], 1.0 / s_want) <= 1.0 && top[i] == 127;
     if (!ok && bad++ < 5)
-      std::printf("  amax %a: s %a (want %a), 1/s %a (want %a), level %d\n", amax[i], scale[i], s_want, inv[i],
-                  1.0 / s_want, top[i]);
+      std::printf("  amax %a: s %a (want %a), 1/s %a (want %a), level %d\n", amax[i], scale[i],
+                  s_want, inv[i], 1.0 / s_want, top[i]);
   }
   std::printf("psi weight scales: %zu amax values, %lld outside the bounds\n", amax.size(), bad);
   CHECK(bad == 0);
 }
 
-TEST_CASE("sage on the GPU matches the CPU sage reference, forward and backward", "[sage]") {
-  struct Case {
-    const char* name;
-    SageOptions opt;
-  };
-  SageOptions smooth_q_tile, dp_int8, all_bf16, no_smoothing;
-  smooth_q_tile.smooth_q = true;
-  smooth_q_tile.bwd_granularity = BwdGranularity::tile;
-  dp_int8.precision.dp = Precision::int8;
-  for (Precision* p : {&all_bf16.precision.qk, &all_bf16.precision.pv, &all_bf16.precision.dv,
-                       &all_bf16.precision.dp, &all_bf16.precision.dq, &all_bf16.precision.dk})
-    *p = Precision::bf16;
-  no_smoothing.smooth_k = false;
-  const Case cases[] = {{"default", {}},
-                        {"smooth_q + tile", smooth_q_tile},
-                        {"dp int8", dp_int8},
-                        {"all bf16", all_bf16},
-                        {"no smoothing", no_smoothing}};
-  // The default on every shape (one tile, tail tiles, two batches); the other
-  // option sets on a tail shape per head dim (the fp64 reference is the cost).
-  // T = 65 and 1000: tail tiles (neither a multiple of 64 nor of 128).
-  const std::vector<AttentionShape> all_shapes{{1, 2, 64, 64},    {1, 2, 1000, 64},  {1, 3, 65, 128},
-                                               {1, 2, 1000, 128}, {2, 1, 1024, 128}};
-  const std::vector<AttentionShape> few_shapes{{1, 2, 1000, 64}, {1, 1, 1000, 128}};
-  for (const Case& c : cases)
-    for (const AttentionShape& s : &c == &cases[0] ? all_shapes : few_shapes)
-      for (const auto& [family, family_name] : sage_families(c.opt)) {
-        const AttentionConfig cfg = sage_config(c.opt);
-        const std::vector<bf16> qkv = random_qkv(s, 1.0f, 0.3f), dout = random_heads(s);
-        const auto e = errors_against_cpu(cfg, s, qkv, dout, run_gpu(cfg, s, qkv, dout, family));
-        std::printf("sage vs CPU sage  %-16s %-8s B=%d H=%d T=%4d d=%3d  rel L2: o %.2e  dq %.2e  dk %.2e  dv %.2e\n",
-                    c.name, family_name, s.B, s.H, s.T, s.d, e.o, e.dq, e.dk, e.dv);
-        INFO(c.name << " family " << family_name << " B=" << s.B << " H=" << s.H << " T=" << s.T << " d=" << s.d);
-        check_sage_errors(e);
-      }
-}
-
-// c·Q and K near 1e-20, so that s_Q·s_K (about 1e-44) is below the smallest
-// normal float: the exact softmax's backward takes the scores in units of the
-// sums and smooth_q's bias in those units (HopperScores::backward_unit), whose
-// reciprocal of s_Q·s_K was inf there, and the bias NaN.
-TEST_CASE("sage with c·Q and K so small that s_Q·s_K is subnormal matches the CPU reference", "[sage]") {
-  SageOptions smooth_q;
-  smooth_q.smooth_q = true;
-  for (const SageOptions& opt : {SageOptions{}, smooth_q})
-    for (const AttentionShape& s : {AttentionShape{1, 2, 1000, 64}, AttentionShape{1, 2, 1000, 128}})
-      for (const auto& [family, family_name] : sage_families(opt)) {
-        const AttentionConfig cfg = sage_config(opt);
-        const std::vector<bf16> qkv = random_qkv(s, 1e-20f, 3e-21f), dout = random_heads(s);
-        const auto e = errors_against_cpu(cfg, s, qkv, dout, run_gpu(cfg, s, qkv, dout, family));
-        std::printf("sage, Q and K ~ 1e-20  smooth_q %d %-8s T=%d d=%3d  rel L2: o %.2e  dq %.2e  dk %.2e  dv %.2e\n",
-                    opt.smooth_q, family_name, s.T, s.d, e.o, e.dq, e.dk, e.dv);
-        INFO("smooth_q " << opt.smooth_q << " family " << family_name << " d=" << s.d);
-        check_sage_errors(e);
-      }
-}
-
-namespace {
-
-// Sage (default options unless `sage` says otherwise) with a K-interval softmax block.
-AttentionConfig composed_config(const KIntervalOptions& k, SageOptions sage = {}) {
-  sage.softmax = k;
-  return sage_config(sage);
-}
-
-std::string describe(const AttentionConfig& cfg, const AttentionShape& s) {
-  const KIntervalOptions& k = *cfg.sage.softmax;
-  const qattn::SagePrecision& p = cfg.sage.precision;
-  return "K=" + std::to_string(k.K) + " " + qattn::to_string(k.calibration) + " " + qattn::to_string(k.rounding) +
-         " ste=" + qattn::to_string(k.ste) + (k.detach_extrema ? " detach" : "") +
-         (k.ste_window_mask ? " mask" : "") + " dp=" + qattn::to_string(p.dp) + " " +
-         qattn::to_string(cfg.sage.bwd_granularity) + (cfg.sage.smooth_q ? " smooth_q" : "") + " (B,H,T,d)=(" +
-         std::to_string(s.B) + "," + std::to_string(s.H) + "," + std::to_string(s.T) + "," + std::to_string(s.d) +
-         ")";
-}
-
-}  // namespace
-
-TEST_CASE("sage with the K-interval softmax block matches the CPU sage reference with the same block",
-          "[sage][sage-kinterval]") {
-  struct Case {
-    AttentionConfig cfg;
-    AttentionShape s;
-    FpaKernels family = FpaKernels::mma_sync;
-    const char* family_name = "";
-    std::vector<bf16> qkv, dout;
-    GpuRun run;
-    qattn::cuda::AttentionErrors e;
-  };
-  std::vector<Case> cases;
-  // T = 64: one tile, two heads; T = 1000: a tail tile, one head (the fp64
-  // reference costs O(T² d) per head).
-  const std::vector<AttentionShape> shapes{{1, 2, 64, 64}, {1, 1, 1000, 64}, {1, 2, 64, 128}, {1, 1, 1000, 128}};
-  for (const int K : {4, 16})
-    for (const Calibration cal : {Calibration::minmax, Calibration::fwm})
-      for (const Rounding rounding : {Rounding::nearest, Rounding::lerp})
-        for (const Ste ste : {Ste::weight, Ste::prob})
-          for (const AttentionShape& s : shapes) {
-            KIntervalOptions k;
-            k.K = K, k.calibration = cal, k.rounding = rounding, k.ste = ste;
-            cases.push_back({composed_config(k), s});
-          }
-  // The remaining options once each, on a tail shape; fwm + nearest + weight,
-  // where the window mask and the path through m both act.
-  KIntervalOptions fwm_weight;
-  fwm_weight.K = 16, fwm_weight.calibration = Calibration::fwm, fwm_weight.rounding = Rounding::nearest;
-  fwm_weight.ste = Ste::weight;
-  KIntervalOptions detach = fwm_weight, mask = fwm_weight, minmax_lerp;
-  detach.detach_extrema = true;
-  mask.ste_window_mask = true;
-  minmax_lerp.K = 4;  // the defaults: minmax, lerp (both calibration terms)
-  SageOptions dp_int8, tile, smooth_q;
-  dp_int8.precision.dp = Precision::int8;
-  tile.bwd_granularity = BwdGranularity::tile;
-  smooth_q.smooth_q = true;
-  const AttentionShape tail{1, 1, 1000, 64};
-  for (const AttentionConfig& cfg :
-       {composed_config(detach), composed_config(mask), composed_config(fwm_weight, dp_int8),
-        composed_config(minmax_lerp, dp_int8), composed_config(fwm_weight, tile), composed_config(minmax_lerp, tile),
-        composed_config(minmax_lerp, smooth_q)})
-    cases.push_back({cfg, tail});
-  // Each case on every family, on the same inputs. Scores of standard deviation
-  // ~2 (Q, K ~ N(0, 1.5²)): fwm's 8-nat window cuts keys off. Grid-exact Q, K, V:
-  // both sides quantise them to the same levels.
-  std::vector<Case> per_family;
-  for (Case& c : cases) {
-    c.qkv = grid_exact_qkv(c.s, 1.5f);
-    keep_grid_exact_rows_off_discontinuities(*c.cfg.sage.softmax, c.s, c.qkv, 1.5f);
-    c.dout = random_heads(c.s);
-    for (const auto& [family, family_name] : sage_families(c.cfg.sage)) {
-      per_family.push_back(c);
-      per_family.back().family = family, per_family.back().family_name = family_name;
-    }
-  }
-  cases = std::move(per_family);
-  for (Case& c : cases) c.run = run_gpu(c.cfg, c.s, c.qkv, c.dout, c.family);
-#pragma omp parallel for schedule(dynamic)
-  for (size_t i = 0; i < cases.size(); ++i) {
-    Case& c = cases[i];
-    c.e = errors_against_cpu(c.cfg, c.s, c.qkv, c.dout, c.run);  // the heads' loop nested: serial
-  }
-  for (const Case& c : cases) {
-    std::printf("sage+kinterval vs CPU  %-62s %-8s rel L2: o %.2e  dq %.2e  dk %.2e  dv %.2e\n",
-                describe(c.cfg, c.s).c_str(), c.family_name, c.e.o, c.e.dq, c.e.dk, c.e.dv);
-    INFO(describe(c.cfg, c.s) << " family " << c.family_name);
-    // Grid-exact inputs: Q, K, V quantise to the same levels on both sides, so
-    // what is left is bf16 outputs and the P̃ / dS levels (measured <= 2.2e-3 in
-    // two H200 runs, 2026-11-29): 1e-2 for all four, tighter than plain sage's
-    // 2e-2 for the gradients, whose pre-pass levels flip. Their scores are
-    // integers times one scale, so a grid coordinate u lands exactly on a
-    // rounding boundary now and then, where fp32 and fp64 may round apart: until
-    // 2026-12-01 one case missed 1e-2 for seed 4059917141 (K = 16 minmax nearest
-    // probability STE, (1, 2, 64, 128): O 1.13e-2, dV 1.05e-2), most likely that
-    // way (not replayed), so the query rows near a discontinuity are drawn again
-    // (above). With smooth_q dQ and dK once missed it too (seed 3758732659,
-    // 2026-12-01, seventh session's device call 9: 9.85e-3 and 1.06e-2 on both
-    // families) while the inputs' means vanished over T only: μ_Q per block was
-    // not 0, so Q − μ_Q was off the grid and fp32 and fp64 could round a level
-    // apart, and a row's argmax or argmin (its calibration terms) with it. Now
-    // the means vanish per block (grid_exact_pair) and the bound holds for
-    // smooth_q too.
-    CHECK(c.e.o < 1e-2);
-    CHECK(c.e.dq < 1e-2);
-    CHECK(c.e.dk < 1e-2);
-    CHECK(c.e.dv < 1e-2);
-  }
-  // The families against each other on the same inputs. Their int8 scores are
-  // the same integers times the same fp32 scale, so each row's grid (its max and
-  // min, their indices, and what follows from them) must be the same bits, and
-  // every weight the same; O then differs by the fp32 order of the sums (Ẑ, P̂V̂).
-  for (size_t i = 1; i < cases.size(); ++i) {
-    const Case &a = cases[i - 1], &b = cases[i];
-    if (a.qkv != b.qkv || a.family == b.family) continue;  // not two families of one case
-    INFO(describe(b.cfg, b.s) << ": " << a.family_name << " against " << b.family_name);
-    constexpr int kFields = 8;  // kinterval::RowStats, in this order:
-    REQUIRE(qattn::cuda::attention_row_stats(b.cfg, b.s.d) == kFields);
-    static const char* const kField[kFields] = {"u_offset", "u_scale", "step", "rho", "w_base", "inv_z", "argmax", "argmin"};
-    int mismatched_rows = 0;
-    for (size_t row = 0; row * kFields < a.run.stats.size(); ++row)
-      for (int f = 0; f < kFields; ++f) {
-        const float x = a.run.stats[row * kFields + f], y = b.run.stats[row * kFields + f];
-        const bool same = f == 5 ? std::fabs(x - y) <= 1e-6f * std::fabs(x) : std::memcmp(&x, &y, 4) == 0;
-        if (same) continue;
-        if (++mismatched_rows <= 4)
-          std::printf("sage+kinterval families  %s: row %zu %s %a against %a\n", describe(b.cfg, b.s).c_str(),
-                      row, kField[f], x, y);
-        break;
-      }
-    const double o = qattn::test::rel_l2(qattn::test::to_float(b.run.o), qattn::test::to_float(a.run.o));
-    const double dv = qattn::test::rel_l2(slot_of(b.run.dqkv, b.s, 2), slot_of(a.run.dqkv, b.s, 2));
-    std::printf("sage+kinterval families  %-62s rel L2: o %.2e  dv %.2e, rows whose grid differs %d\n",
-                describe(b.cfg, b.s).c_str(), o, dv, mismatched_rows);
-    CHECK(mismatched_rows == 0);
-    CHECK(o < 1e-3);
-  }
-}
-
-TEST_CASE("sage with the K-interval block: detach_extrema changes nothing under the probability STE",
-          "[sage][sage-kinterval]") {
+TEST_CASE(
+    "sage with the K-interval block: detach_extrema changes nothing under the probability STE",
+    "[sage][sage-kinterval]") {
   const AttentionShape s{1, 2, 1000, 64};
   KIntervalOptions prob;
   prob.rounding = Rounding::nearest, prob.ste = Ste::prob;
   KIntervalOptions detached = prob;
   detached.detach_extrema = true;
   const std::vector<bf16> qkv = random_qkv(s, 1.5f, 0.3f), dout = random_heads(s);
-  const GpuRun a = run_gpu(composed_config(prob), s, qkv, dout), b = run_gpu(composed_config(detached), s, qkv, dout);
+  const GpuRun a = run_gpu(composed_config(prob), s, qkv, dout),
+               b = run_gpu(composed_config(detached), s, qkv, dout);
   CHECK(std::memcmp(a.o.data(), b.o.data(), a.o.size() * sizeof(bf16)) == 0);
   CHECK(std::memcmp(a.dqkv.data(), b.dqkv.data(), a.dqkv.size() * sizeof(bf16)) == 0);
 }
 
-TEST_CASE("sage with all six products bf16 equals the CUDA FPA kernel within bf16 rounding", "[sage]") {
+TEST_CASE("sage with all six products bf16 equals the CUDA FPA kernel within bf16 rounding",
+          "[sage]") {
   SageOptions all_bf16;
   for (Precision* p : {&all_bf16.precision.qk, &all_bf16.precision.pv, &all_bf16.precision.dv,
                        &all_bf16.precision.dp, &all_bf16.precision.dq, &all_bf16.precision.dk})
     *p = Precision::bf16;
   for (const bool smooth_k : {true, false})
-    for (const AttentionShape& s : {AttentionShape{1, 2, 1000, 64}, AttentionShape{1, 2, 1024, 128}}) {
+    for (const AttentionShape& s :
+         {AttentionShape{1, 2, 1000, 64}, AttentionShape{1, 2, 1024, 128}}) {
       all_bf16.smooth_k = smooth_k;
       const std::vector<bf16> qkv = random_qkv(s, 1.0f, 0.3f), dout = random_heads(s);
       const GpuRun fpa = run_gpu(AttentionConfig{}, s, qkv, dout);
       const GpuRun sage = run_gpu(sage_config(all_bf16), s, qkv, dout);
-      const double o = qattn::test::rel_l2(qattn::test::to_float(sage.o), qattn::test::to_float(fpa.o));
+      const double o =
+          qattn::test::rel_l2(qattn::test::to_float(sage.o), qattn::test::to_float(fpa.o));
       double grads[3];
       for (int slot = 0; slot < 3; ++slot)
         grads[slot] = qattn::test::rel_l2(slot_of(sage.dqkv, s, slot), slot_of(fpa.dqkv, s, slot));
-      std::printf("sage all-bf16 vs FPA  smooth_k=%d T=%4d d=%3d  rel L2: o %.2e  dq %.2e  dk %.2e  dv %.2e\n",
-                  smooth_k, s.T, s.d, o, grads[0], grads[1], grads[2]);
+      std::printf(
+          "sage all-bf16 vs FPA  smooth_k=%d T=%4d d=%3d  rel L2: o %.2e  dq %.2e  dk %.2e  dv "
+          "%.2e\n",
+          smooth_k, s.T, s.d, o, grads[0], grads[1], grads[2]);
       INFO("smooth_k=" << smooth_k << " T=" << s.T << " d=" << s.d);
       // Each side ~3e-3 from exact (bf16 operands and outputs); sage also rounds
       // c·Q (d = 128) and K − μ_K to bf16 where FPA reads Q and K exactly.
@@ -866,20 +490,24 @@ Agreement agreement(const std::vector<float>& got, const std::vector<double>& re
 }
 
 // One (T, d) head of a (1, T, nslots, 1, d) tensor.
-std::vector<double> head_values(const std::vector<bf16>& v, const AttentionShape& s, int nslots, int slot) {
+std::vector<double> head_values(const std::vector<bf16>& v, const AttentionShape& s, int nslots,
+                                int slot) {
   std::vector<double> out(static_cast<size_t>(s.T) * s.d);
   for (int t = 0; t < s.T; ++t)
-    for (int x = 0; x < s.d; ++x) out[static_cast<size_t>(t) * s.d + x] = element(v, s, nslots, 0, t, slot, 0, x);
+    for (int x = 0; x < s.d; ++x)
+      out[static_cast<size_t>(t) * s.d + x] = element(v, s, nslots, 0, t, slot, 0, x);
   return out;
 }
-std::vector<float> head_floats(const std::vector<bf16>& v, const AttentionShape& s, int nslots, int slot) {
+std::vector<float> head_floats(const std::vector<bf16>& v, const AttentionShape& s, int nslots,
+                               int slot) {
   const std::vector<double> d = head_values(v, s, nslots, slot);
   return std::vector<float>(d.begin(), d.end());
 }
 
 }  // namespace
 
-TEST_CASE("sage accuracy on Gaussian inputs against fp64 FPA (SageBwd Table 1 setting)", "[sage][accuracy]") {
+TEST_CASE("sage accuracy on Gaussian inputs against fp64 FPA (SageBwd Table 1 setting)",
+          "[sage][accuracy]") {
   struct Setting {
     int d;
     float sigma;
@@ -896,21 +524,25 @@ TEST_CASE("sage accuracy on Gaussian inputs against fp64 FPA (SageBwd Table 1 se
   for (size_t i = 0; i < settings.size(); ++i) {
     Setting& st = settings[i];
     const AttentionShape s{1, 1, 4096, st.d};
-    const auto q = head_values(st.qkv, s, 3, 0), k = head_values(st.qkv, s, 3, 1), v = head_values(st.qkv, s, 3, 2);
+    const auto q = head_values(st.qkv, s, 3, 0), k = head_values(st.qkv, s, 3, 1),
+               v = head_values(st.qkv, s, 3, 2);
     const auto dout = head_values(st.dout, s, 1, 0);
     const size_t n = static_cast<size_t>(s.T) * s.d;
     st.o.resize(n), st.dq.resize(n), st.dk.resize(n), st.dv.resize(n);
     const AttentionConfig fpa;
     qattn::cpu::attention_forward(fpa, s.T, s.d, q.data(), k.data(), v.data(), st.o.data());
-    qattn::cpu::attention_backward(fpa, s.T, s.d, q.data(), k.data(), v.data(), st.o.data(), dout.data(),
-                                   st.dq.data(), st.dk.data(), st.dv.data());
+    qattn::cpu::attention_backward(fpa, s.T, s.d, q.data(), k.data(), v.data(), st.o.data(),
+                                   dout.data(), st.dq.data(), st.dk.data(), st.dv.data());
   }
 
   SageOptions tile, dp_int8;
   tile.bwd_granularity = BwdGranularity::tile;
   dp_int8.precision.dp = Precision::int8;
-  std::printf("Gaussian accuracy, T=4096, B=H=1, Q,K ~ N(0, sigma^2), V, dO ~ N(0, 1); vs fp64 FPA\n");
-  std::printf("| d | sigma | options | cos O | cos dQ | cos dK | cos dV | rel O | rel dQ | rel dK | rel dV |\n");
+  std::printf(
+      "Gaussian accuracy, T=4096, B=H=1, Q,K ~ N(0, sigma^2), V, dO ~ N(0, 1); vs fp64 FPA\n");
+  std::printf(
+      "| d | sigma | options | cos O | cos dQ | cos dK | cos dV | rel O | rel dQ | rel dK | rel dV "
+      "|\n");
   std::printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
   for (const Setting& st : settings) {
     const AttentionShape s{1, 1, 4096, st.d};
@@ -927,8 +559,9 @@ TEST_CASE("sage accuracy on Gaussian inputs against fp64 FPA (SageBwd Table 1 se
       const Agreement dq = agreement(head_floats(run.dqkv, s, 3, 0), st.dq);
       const Agreement dk = agreement(head_floats(run.dqkv, s, 3, 1), st.dk);
       const Agreement dv = agreement(head_floats(run.dqkv, s, 3, 2), st.dv);
-      std::printf("| %d | %g | %s | %.5f | %.5f | %.5f | %.5f | %.2e | %.2e | %.2e | %.2e |\n", st.d, st.sigma,
-                  var.name, o.cos, dq.cos, dk.cos, dv.cos, o.rel, dq.rel, dk.rel, dv.rel);
+      std::printf("| %d | %g | %s | %.5f | %.5f | %.5f | %.5f | %.2e | %.2e | %.2e | %.2e |\n",
+                  st.d, st.sigma, var.name, o.cos, dq.cos, dk.cos, dv.cos, o.rel, dq.rel, dk.rel,
+                  dv.rel);
       if (st.sigma == 1.0f && vi == 0) {
         INFO("d=" << st.d << " sigma=1 default options");
         CHECK(o.cos >= 0.9995);
@@ -940,7 +573,7 @@ TEST_CASE("sage accuracy on Gaussian inputs against fp64 FPA (SageBwd Table 1 se
   }
 }
 
-TEST_CASE("sage causality: how far future tokens move past outputs (SPEC 3 known property)", "[sage]") {
+TEST_CASE("sage causality: how far future tokens move past outputs (per-block scales)", "[sage]") {
   const AttentionShape s{1, 1, 1024, 64};
   const std::vector<bf16> qkv = random_qkv(s, 1.0f, 0.3f), dout = random_heads(s);
   SageOptions no_smooth_k;
@@ -948,14 +581,15 @@ TEST_CASE("sage causality: how far future tokens move past outputs (SPEC 3 known
   struct Case {
     const char* name;
     AttentionConfig cfg;
-    int cut;       // tokens t >= cut are redrawn
-    bool exact;    // past outputs must not change at all
+    int cut;     // tokens t >= cut are redrawn
+    bool exact;  // past outputs must not change at all
   };
-  const Case cases[] = {{"fpa", AttentionConfig{}, 500, true},
-                        {"sage smooth_k off, cut at a block edge", sage_config(no_smooth_k), 512, true},
-                        {"sage smooth_k off, cut inside a block", sage_config(no_smooth_k), 500, false},
-                        {"sage default, cut at a block edge", sage_config(), 512, false},
-                        {"sage default, cut inside a block", sage_config(), 500, false}};
+  const Case cases[] = {
+      {"fpa", AttentionConfig{}, 500, true},
+      {"sage smooth_k off, cut at a block edge", sage_config(no_smooth_k), 512, true},
+      {"sage smooth_k off, cut inside a block", sage_config(no_smooth_k), 500, false},
+      {"sage default, cut at a block edge", sage_config(), 512, false},
+      {"sage default, cut inside a block", sage_config(), 500, false}};
   for (const Case& c : cases) {
     std::vector<bf16> changed = qkv;
     const std::vector<bf16> fresh = random_qkv(s, 1.0f, 0.3f);
@@ -967,11 +601,12 @@ TEST_CASE("sage causality: how far future tokens move past outputs (SPEC 3 known
       const double x = __bfloat162float(a.o[i]), y = __bfloat162float(b.o[i]);
       err += (x - y) * (x - y), ref += x * x, worst = std::max(worst, std::abs(x - y));
     }
-    std::printf("causality  %-40s past rows 0..%d: rel L2 change of O %.2e, max |change| %.2e\n", c.name,
-                c.cut - 1, std::sqrt(err / ref), worst);
+    std::printf("causality  %-40s past rows 0..%d: rel L2 change of O %.2e, max |change| %.2e\n",
+                c.name, c.cut - 1, std::sqrt(err / ref), worst);
     INFO(c.name);
     if (c.exact) CHECK(err == 0.0);
-    CHECK(std::sqrt(err / ref) < 5e-2);  // the leak redraws quantisation noise; signal would be O(1)
+    CHECK(std::sqrt(err / ref) <
+          5e-2);  // the leak redraws quantisation noise; signal would be O(1)
   }
 }
 
@@ -984,18 +619,21 @@ struct FamilyRun {
   std::vector<bf16> o, dqkv;
   std::vector<float> stats;
 };
-FamilyRun run_families(const AttentionConfig& cfg, const AttentionShape& s, const std::vector<bf16>& qkv,
-                       const std::vector<bf16>& dout, FpaKernels forward, FpaKernels dq, FpaKernels dkdv) {
+FamilyRun run_families(const AttentionConfig& cfg, const AttentionShape& s,
+                       const std::vector<bf16>& qkv, const std::vector<bf16>& dout,
+                       FpaKernels forward, FpaKernels dq, FpaKernels dkdv) {
   AttentionBuffers b(cfg, s, qkv, dout);
   qattn::cuda::SageTiles tiles = qattn::cuda::sage_default_tiles(s);
   tiles.forward_kernels = forward;
-  qattn::cuda::sage_forward(cfg.sage, s, b.qkv.get(), b.o.get(), b.stats.get(), b.saved.get(), nullptr, tiles);
+  qattn::cuda::sage_forward(cfg.sage, s, b.qkv.get(), b.o.get(), b.stats.get(), b.saved.get(),
+                            nullptr, tiles);
   FamilyRun r{b.o.download(), {}, b.stats.download()};
   tiles.forward_kernels = FpaKernels::mma_sync;
-  qattn::cuda::sage_forward(cfg.sage, s, b.qkv.get(), b.o.get(), b.stats.get(), b.saved.get(), nullptr, tiles);
+  qattn::cuda::sage_forward(cfg.sage, s, b.qkv.get(), b.o.get(), b.stats.get(), b.saved.get(),
+                            nullptr, tiles);
   tiles.dq_kernels = dq, tiles.dkdv_kernels = dkdv;
-  qattn::cuda::sage_backward(cfg.sage, s, b.qkv.get(), b.o.get(), b.dout.get(), b.stats.get(), b.saved.get(), b.dqkv.get(),
-                             b.work.get(), nullptr, tiles);
+  qattn::cuda::sage_backward(cfg.sage, s, b.qkv.get(), b.o.get(), b.dout.get(), b.stats.get(),
+                             b.saved.get(), b.dqkv.get(), b.work.get(), nullptr, tiles);
   r.dqkv = b.dqkv.download();
   return r;
 }
@@ -1008,7 +646,8 @@ struct Difference {
   bool identical() const { return same == count; }
 };
 template <typename T>
-Difference difference(const std::vector<T>& x, const std::vector<T>& y, size_t first, size_t stride, size_t count) {
+Difference difference(const std::vector<T>& x, const std::vector<T>& y, size_t first, size_t stride,
+                      size_t count) {
   Difference d{0, 0, 0, 0, 0};
   double ref = 0;
   for (size_t i = first; i < x.size(); i += stride)
@@ -1027,7 +666,8 @@ Difference difference(const std::vector<T>& x, const std::vector<T>& y, size_t f
 std::vector<Difference> slot_differences(const std::vector<bf16>& x, const std::vector<bf16>& y,
                                          const AttentionShape& s) {
   const size_t hd = static_cast<size_t>(s.H) * s.d;
-  return {difference(x, y, 0, 3 * hd, hd), difference(x, y, hd, 3 * hd, hd), difference(x, y, 2 * hd, 3 * hd, hd)};
+  return {difference(x, y, 0, 3 * hd, hd), difference(x, y, hd, 3 * hd, hd),
+          difference(x, y, 2 * hd, 3 * hd, hd)};
 }
 
 // The cases and shapes both family comparisons run: tail tiles (65, 1000), an
@@ -1044,7 +684,8 @@ std::vector<FamilyCase> family_cases() {
   no_smoothing.smooth_k = false;
   KIntervalOptions minmax_lerp, fwm_weight, prob;
   minmax_lerp.K = 4;
-  fwm_weight.K = 16, fwm_weight.calibration = Calibration::fwm, fwm_weight.rounding = Rounding::nearest;
+  fwm_weight.K = 16, fwm_weight.calibration = Calibration::fwm,
+  fwm_weight.rounding = Rounding::nearest;
   fwm_weight.ste = Ste::weight;
   prob.rounding = Rounding::nearest, prob.ste = Ste::prob;
   return {{"default", sage_config()},
@@ -1055,7 +696,7 @@ std::vector<FamilyCase> family_cases() {
           {"kinterval prob ste", composed_config(prob)}};
 }
 const std::vector<AttentionShape> kFamilyShapes{
-    {1, 2, 64, 64},  {1, 3, 65, 64},   {2, 2, 1000, 64},  {1, 2, 192, 64},   {1, 2, 64, 128},
+    {1, 2, 64, 64},  {1, 3, 65, 64},    {2, 2, 1000, 64}, {1, 2, 192, 64},  {1, 2, 64, 128},
     {1, 3, 65, 128}, {2, 2, 1000, 128}, {1, 2, 192, 128}, {1, 2, 4096, 128}};
 
 template <typename T>
@@ -1090,22 +731,25 @@ bool wgmma_checked(const char* what) {
 // the order of dP's fp32 sums (bf16 products), which moves dŜ levels alike. A
 // wrong fragment layout, swizzle or mask would differ by O(1). With the
 // K-interval block dK, dV are compared too (they read the dQ kernel's row terms).
-TEST_CASE("sage: the wgmma and mma.sync families agree, forward and dQ", "[sage][sage-wgmma][sage-kinterval]") {
+TEST_CASE("sage: the wgmma and mma.sync families agree, forward and dQ",
+          "[sage][sage-wgmma][sage-kinterval]") {
   if (!wgmma_checked("the wgmma forward and dQ kernels are")) return;
   for (const FamilyCase& c : family_cases())
     for (const AttentionShape& s : kFamilyShapes) {
       const std::vector<bf16> qkv = random_qkv(s, 1.5f, 0.3f), dout = random_heads(s);
-      const FamilyRun mma =
-          run_families(c.cfg, s, qkv, dout, FpaKernels::mma_sync, FpaKernels::mma_sync, FpaKernels::mma_sync);
-      const FamilyRun wg =
-          run_families(c.cfg, s, qkv, dout, FpaKernels::wgmma, FpaKernels::wgmma, FpaKernels::mma_sync);
+      const FamilyRun mma = run_families(c.cfg, s, qkv, dout, FpaKernels::mma_sync,
+                                         FpaKernels::mma_sync, FpaKernels::mma_sync);
+      const FamilyRun wg = run_families(c.cfg, s, qkv, dout, FpaKernels::wgmma, FpaKernels::wgmma,
+                                        FpaKernels::mma_sync);
       const Difference o = difference(mma.o, wg.o, 0, 1, 1);
       const std::vector<Difference> slot = slot_differences(mma.dqkv, wg.dqkv, s);
       const size_t l_off = stats_off(mma.stats, wg.stats);
-      std::printf("sage wgmma vs mma.sync  %-40s (B,H,T,d)=(%d,%d,%4d,%3d): same bits O %zu/%zu dQ %zu/%zu; rel L2 "
-                  "O %.1e dQ %.1e dK %.1e dV %.1e; max |diff| O %.1e dQ %.1e; stats off by > 1e-4: %zu\n",
-                  c.name, s.B, s.H, s.T, s.d, o.same, o.count, slot[0].same, slot[0].count, o.rel, slot[0].rel,
-                  slot[1].rel, slot[2].rel, o.worst, slot[0].worst, l_off);
+      std::printf(
+          "sage wgmma vs mma.sync  %-40s (B,H,T,d)=(%d,%d,%4d,%3d): same bits O %zu/%zu dQ "
+          "%zu/%zu; rel L2 "
+          "O %.1e dQ %.1e dK %.1e dV %.1e; max |diff| O %.1e dQ %.1e; stats off by > 1e-4: %zu\n",
+          c.name, s.B, s.H, s.T, s.d, o.same, o.count, slot[0].same, slot[0].count, o.rel,
+          slot[0].rel, slot[1].rel, slot[2].rel, o.worst, slot[0].worst, l_off);
       INFO(c.name << " (B,H,T,d)=(" << s.B << "," << s.H << "," << s.T << "," << s.d << ")");
       CHECK(o.rel < 1e-3);
       CHECK(o.worst < 2e-2);
@@ -1114,8 +758,10 @@ TEST_CASE("sage: the wgmma and mma.sync families agree, forward and dQ", "[sage]
     }
 }
 
-TEST_CASE("sage forward: rows whose max grows across key blocks (the conditional rescale) match the CPU reference",
-          "[sage]") {
+TEST_CASE(
+    "sage forward: rows whose max grows across key blocks (the conditional rescale) match the CPU "
+    "reference",
+    "[sage]") {
   // The wgmma forward moves a row's reference max (rescaling l and O) only when
   // the row's max has grown by more than 2^8 in P̃ (update_rescaling_rarely);
   // below that P̃ runs up to 2^8 against a stale reference. Keys scaled by a
@@ -1123,13 +769,14 @@ TEST_CASE("sage forward: rows whose max grows across key blocks (the conditional
   // short of the threshold; the CPU reference rescales at every block.
   if (!wgmma_checked("the wgmma forward's conditional rescale is")) return;
   const AttentionConfig cfg = sage_config(SageOptions{});
-  for (const AttentionShape& s : {AttentionShape{1, 2, 1000, 64}, AttentionShape{1, 2, 1000, 128}}) {
+  for (const AttentionShape& s :
+       {AttentionShape{1, 2, 1000, 64}, AttentionShape{1, 2, 1000, 128}}) {
     std::vector<float> x = qattn::test::randn(qkv_size(s));
     const size_t hd = static_cast<size_t>(s.H) * s.d;
     for (size_t i = 0; i < x.size(); ++i) {
       const size_t t = i / (3 * hd) % s.T, slot = (i / hd) % 3;
-      if (slot == 0) x[i] *= 2.0f;                                              // Q
-      if (slot == 1) x[i] *= 0.25f + 3.0f * static_cast<float>(t) / s.T;       // K, ramped
+      if (slot == 0) x[i] *= 2.0f;                                        // Q
+      if (slot == 1) x[i] *= 0.25f + 3.0f * static_cast<float>(t) / s.T;  // K, ramped
     }
     const std::vector<bf16> qkv = qattn::test::to_bf16(x), dout = random_heads(s);
     // How often the fp64 scores of head 0 move a row's reference under the
@@ -1138,7 +785,8 @@ TEST_CASE("sage forward: rows whose max grows across key blocks (the conditional
     const double c = 1.0 / std::sqrt(static_cast<double>(s.d));
     std::vector<double> mean_k(s.d, 0.0);  // smooth_k subtracts the token mean of K
     for (int t = 0; t < s.T; ++t)
-      for (int ch = 0; ch < s.d; ++ch) mean_k[ch] += __bfloat162float(qkv[(t * 3 + 1) * hd + ch]) / s.T;
+      for (int ch = 0; ch < s.d; ++ch)
+        mean_k[ch] += __bfloat162float(qkv[(t * 3 + 1) * hd + ch]) / s.T;
     for (int q = 0; q < s.T; q += 7) {
       double reference = -INFINITY;
       for (int k0 = 0; k0 <= q; k0 += 64) {
@@ -1146,7 +794,8 @@ TEST_CASE("sage forward: rows whose max grows across key blocks (the conditional
         for (int k = k0; k < std::min(k0 + 64, q + 1); ++k) {
           double dot = 0.0;
           for (int ch = 0; ch < s.d; ++ch)
-            dot += __bfloat162float(qkv[(q * 3) * hd + ch]) * (__bfloat162float(qkv[(k * 3 + 1) * hd + ch]) - mean_k[ch]);
+            dot += __bfloat162float(qkv[(q * 3) * hd + ch]) *
+                   (__bfloat162float(qkv[(k * 3 + 1) * hd + ch]) - mean_k[ch]);
           block_max = std::max(block_max, c * dot);
         }
         if (reference == -INFINITY || (block_max - reference) * 1.4426950408889634 > 8.0) {
@@ -1157,8 +806,11 @@ TEST_CASE("sage forward: rows whose max grows across key blocks (the conditional
         }
       }
     }
-    std::printf("sage rescale: T=%d d=%d, head 0 every 7th row: %lld moves of the reference, %lld blocks above a "
-                "stale one\n", s.T, s.d, moves, stale);
+    std::printf(
+        "sage rescale: T=%d d=%d, head 0 every 7th row: %lld moves of the reference, %lld blocks "
+        "above a "
+        "stale one\n",
+        s.T, s.d, moves, stale);
     CHECK(moves > 50);   // measured 97-102 (device calls 8, 9 of 2026-12-01, seventh session)
     CHECK(stale > 300);  // 767-782
     // The wgmma forward (conditional rescale) against the CPU reference, with
@@ -1171,10 +823,13 @@ TEST_CASE("sage forward: rows whose max grows across key blocks (the conditional
     const auto e = errors_against_cpu(cfg, s, qkv, dout, wg);
     const Difference o = difference(mma.o, wg.o, 0, 1, 1);
     const size_t l_off = stats_off(mma.stats, wg.stats);
-    std::printf("sage rescale, wgmma forward: vs CPU rel L2 o %.3e dq %.3e dk %.3e dv %.3e; vs mma.sync O rel L2 %.1e, "
-                "max |diff| %.1e, L off by > 1e-4: %zu\n", e.o, e.dq, e.dk, e.dv, o.rel, o.worst, l_off);
+    std::printf(
+        "sage rescale, wgmma forward: vs CPU rel L2 o %.3e dq %.3e dk %.3e dv %.3e; vs mma.sync O "
+        "rel L2 %.1e, "
+        "max |diff| %.1e, L off by > 1e-4: %zu\n",
+        e.o, e.dq, e.dk, e.dv, o.rel, o.worst, l_off);
     INFO("d=" << s.d);
-    check_sage_errors(e);
+    qattn::test::check_errors(e, qattn::test::kSage);
     CHECK(o.rel < 1e-3);
     CHECK(o.worst < 2e-2);
     CHECK(l_off == 0);
@@ -1188,18 +843,26 @@ TEST_CASE("sage forward: rows whose max grows across key blocks (the conditional
 // ψ(dSᵀ) level can flip (1/127 of a key's largest |dS|): dK agrees to ~1e-3.
 // A wrong fragment layout, swizzle, scale or mask would differ by O(1). dQ
 // (mma.sync's on both runs) must not change at all.
-TEST_CASE("sage dK/dV: the wgmma and mma.sync families agree", "[sage][sage-wgmma][sage-kinterval]") {
+TEST_CASE("sage dK/dV: the wgmma and mma.sync families agree",
+          "[sage][sage-wgmma][sage-kinterval]") {
   if (!wgmma_checked("the wgmma dK/dV kernel is")) return;
   for (const FamilyCase& c : family_cases())
     for (const AttentionShape& s : kFamilyShapes) {
       const std::vector<bf16> qkv = random_qkv(s, 1.5f, 0.3f), dout = random_heads(s);
-      const std::vector<Difference> slot = slot_differences(
-          run_families(c.cfg, s, qkv, dout, FpaKernels::mma_sync, FpaKernels::mma_sync, FpaKernels::mma_sync).dqkv,
-          run_families(c.cfg, s, qkv, dout, FpaKernels::mma_sync, FpaKernels::mma_sync, FpaKernels::wgmma).dqkv, s);
-      std::printf("sage dK/dV wgmma vs mma.sync  %-40s (B,H,T,d)=(%d,%d,%4d,%3d): same bits dK %zu/%zu dV %zu/%zu; "
-                  "rel L2 dK %.1e dV %.1e; max |diff| dK %.1e (max |dK| %.1e) dV %.1e (max |dV| %.1e)\n",
-                  c.name, s.B, s.H, s.T, s.d, slot[1].same, slot[1].count, slot[2].same, slot[2].count, slot[1].rel,
-                  slot[2].rel, slot[1].worst, slot[1].largest, slot[2].worst, slot[2].largest);
+      const std::vector<Difference> slot =
+          slot_differences(run_families(c.cfg, s, qkv, dout, FpaKernels::mma_sync,
+                                        FpaKernels::mma_sync, FpaKernels::mma_sync)
+                               .dqkv,
+                           run_families(c.cfg, s, qkv, dout, FpaKernels::mma_sync,
+                                        FpaKernels::mma_sync, FpaKernels::wgmma)
+                               .dqkv,
+                           s);
+      std::printf(
+          "sage dK/dV wgmma vs mma.sync  %-40s (B,H,T,d)=(%d,%d,%4d,%3d): same bits dK %zu/%zu dV "
+          "%zu/%zu; "
+          "rel L2 dK %.1e dV %.1e; max |diff| dK %.1e (max |dK| %.1e) dV %.1e (max |dV| %.1e)\n",
+          c.name, s.B, s.H, s.T, s.d, slot[1].same, slot[1].count, slot[2].same, slot[2].count,
+          slot[1].rel, slot[2].rel, slot[1].worst, slot[1].largest, slot[2].worst, slot[2].largest);
       INFO(c.name << " (B,H,T,d)=(" << s.B << "," << s.H << "," << s.T << "," << s.d << ")");
       CHECK(slot[0].identical());  // dQ
       CHECK(slot[1].rel < 3e-3);
@@ -1210,13 +873,14 @@ TEST_CASE("sage dK/dV: the wgmma and mma.sync families agree", "[sage][sage-wgmm
 
 // The wgmma dQ kernel once read Q̂ and dO before their copies had landed (no wait
 // on its resident tiles): every test above passed, with one or two heads, while
-// tools/sage_tiles.cu at 48-96 heads saw dQ change between runs and reach ~1e35.
+// tools/dev/sage_tiles.cu at 48-96 heads saw dQ change between runs and reach ~1e35.
 // Many heads, shared memory poisoned before each backward, all three kernels on
 // wgmma: dQ must be finite, the same bits twice, and match the mma.sync dQ.
 TEST_CASE("sage wgmma backward on many heads: dQ stable and finite over poisoned shared memory",
           "[sage][sage-wgmma]") {
   if (!wgmma_checked("the wgmma backward is")) return;
-  for (const AttentionShape& s : {AttentionShape{8, 12, 1024, 64}, AttentionShape{2, 16, 2048, 128}}) {
+  for (const AttentionShape& s :
+       {AttentionShape{8, 12, 1024, 64}, AttentionShape{2, 16, 2048, 128}}) {
     const AttentionConfig cfg = sage_config();
     const std::vector<bf16> qkv = random_qkv(s, 1.0f, 0.3f), dout = random_heads(s);
     AttentionBuffers b(cfg, s, qkv, dout);
@@ -1224,20 +888,24 @@ TEST_CASE("sage wgmma backward on many heads: dQ stable and finite over poisoned
     wgmma.forward_kernels = wgmma.dq_kernels = wgmma.dkdv_kernels = FpaKernels::wgmma;
     qattn::cuda::SageTiles mma_sync_dq = wgmma;
     mma_sync_dq.dq_kernels = FpaKernels::mma_sync;
-    qattn::cuda::sage_forward(cfg.sage, s, b.qkv.get(), b.o.get(), b.stats.get(), b.saved.get(), nullptr, wgmma);
+    qattn::cuda::sage_forward(cfg.sage, s, b.qkv.get(), b.o.get(), b.stats.get(), b.saved.get(),
+                              nullptr, wgmma);
     auto backward = [&](const qattn::cuda::SageTiles& tiles) {
       b.dqkv.poison();
       qattn::test::poison_shared_memory();
-      qattn::cuda::sage_backward(cfg.sage, s, b.qkv.get(), b.o.get(), b.dout.get(), b.stats.get(), b.saved.get(), b.dqkv.get(),
-                                 b.work.get(), nullptr, tiles);
+      qattn::cuda::sage_backward(cfg.sage, s, b.qkv.get(), b.o.get(), b.dout.get(), b.stats.get(),
+                                 b.saved.get(), b.dqkv.get(), b.work.get(), nullptr, tiles);
       return b.dqkv.download();
     };
-    const std::vector<bf16> first = backward(wgmma), second = backward(wgmma), reference = backward(mma_sync_dq);
+    const std::vector<bf16> first = backward(wgmma), second = backward(wgmma),
+                            reference = backward(mma_sync_dq);
     const Difference twice = slot_differences(first, second, s)[0];
     const Difference vs_mma_sync = slot_differences(reference, first, s)[0];
-    std::printf("sage wgmma backward  (B,H,T,d)=(%d,%d,%4d,%3d): dQ same bits twice %zu/%zu, vs mma.sync dQ rel L2 "
-                "%.1e, max |diff| %.1e\n",
-                s.B, s.H, s.T, s.d, twice.same, twice.count, vs_mma_sync.rel, vs_mma_sync.worst);
+    std::printf(
+        "sage wgmma backward  (B,H,T,d)=(%d,%d,%4d,%3d): dQ same bits twice %zu/%zu, vs mma.sync "
+        "dQ rel L2 "
+        "%.1e, max |diff| %.1e\n",
+        s.B, s.H, s.T, s.d, twice.same, twice.count, vs_mma_sync.rel, vs_mma_sync.worst);
     INFO("(B,H,T,d)=(" << s.B << "," << s.H << "," << s.T << "," << s.d << ")");
     CHECK(std::isfinite(vs_mma_sync.worst));  // NaN or inf anywhere in dQ fails
     CHECK(twice.identical());
@@ -1258,9 +926,10 @@ TileRun run_tiles(const AttentionConfig& cfg, const AttentionShape& s, const std
   AttentionBuffers b(cfg, s, qkv, dout);
   qattn::cuda::SageTiles mma_sync = tiles;  // the shapes are the mma.sync kernels'
   mma_sync.forward_kernels = mma_sync.dq_kernels = mma_sync.dkdv_kernels = FpaKernels::mma_sync;
-  qattn::cuda::sage_forward(cfg.sage, s, b.qkv.get(), b.o.get(), b.stats.get(), b.saved.get(), nullptr, mma_sync);
-  qattn::cuda::sage_backward(cfg.sage, s, b.qkv.get(), b.o.get(), b.dout.get(), b.stats.get(), b.saved.get(), b.dqkv.get(),
-                             b.work.get(), nullptr, mma_sync);
+  qattn::cuda::sage_forward(cfg.sage, s, b.qkv.get(), b.o.get(), b.stats.get(), b.saved.get(),
+                            nullptr, mma_sync);
+  qattn::cuda::sage_backward(cfg.sage, s, b.qkv.get(), b.o.get(), b.dout.get(), b.stats.get(),
+                             b.saved.get(), b.dqkv.get(), b.work.get(), nullptr, mma_sync);
   return {b.o.download(), b.dqkv.download(), b.stats.download()};
 }
 
@@ -1271,7 +940,8 @@ TileRun run_tiles(const AttentionConfig& cfg, const AttentionShape& s, const std
 // So every shape equals the default (tested against the CPU reference above) bit
 // for bit. T = 64 and 1030 have an odd number of blocks: the 8-warp tiles' second
 // half lies past the last block there.
-TEST_CASE("sage tile shapes compute the default shape's outputs bit for bit", "[sage][sage-tiles][sage-kinterval]") {
+TEST_CASE("sage tile shapes compute the default shape's outputs bit for bit",
+          "[sage][sage-tiles][sage-kinterval]") {
   SageOptions smooth_q_tile, dp_int8, all_bf16;
   smooth_q_tile.smooth_q = true;
   smooth_q_tile.bwd_granularity = BwdGranularity::tile;
@@ -1281,29 +951,32 @@ TEST_CASE("sage tile shapes compute the default shape's outputs bit for bit", "[
     *p = Precision::bf16;
   KIntervalOptions minmax_lerp, fwm_weight;
   minmax_lerp.K = 4;
-  fwm_weight.K = 16, fwm_weight.calibration = Calibration::fwm, fwm_weight.rounding = Rounding::nearest;
+  fwm_weight.K = 16, fwm_weight.calibration = Calibration::fwm,
+  fwm_weight.rounding = Rounding::nearest;
   fwm_weight.ste = Ste::weight;
   struct Case {
     const char* name;
     AttentionConfig cfg;
   };
-  const Case cases[] = {{"default", sage_config()},
-                        {"smooth_q + tile", sage_config(smooth_q_tile)},
-                        {"dp int8", sage_config(dp_int8)},
-                        {"all bf16", sage_config(all_bf16)},
-                        {"kinterval minmax lerp, smooth_q + tile", composed_config(minmax_lerp, smooth_q_tile)},
-                        {"kinterval fwm nearest weight", composed_config(fwm_weight)}};
+  const Case cases[] = {
+      {"default", sage_config()},
+      {"smooth_q + tile", sage_config(smooth_q_tile)},
+      {"dp int8", sage_config(dp_int8)},
+      {"all bf16", sage_config(all_bf16)},
+      {"kinterval minmax lerp, smooth_q + tile", composed_config(minmax_lerp, smooth_q_tile)},
+      {"kinterval fwm nearest weight", composed_config(fwm_weight)}};
   const qattn::cuda::SageTiles shapes[] = {{4, 4, 4}, {8, 8, 8}, {4, 8, 4}, {8, 4, 8}};
   for (const Case& c : cases)
     for (const AttentionShape& s :
-         {AttentionShape{1, 2, 64, 64}, AttentionShape{2, 1, 1030, 64}, AttentionShape{1, 2, 64, 128},
-          AttentionShape{1, 2, 1030, 128}}) {
+         {AttentionShape{1, 2, 64, 64}, AttentionShape{2, 1, 1030, 64},
+          AttentionShape{1, 2, 64, 128}, AttentionShape{1, 2, 1030, 128}}) {
       const std::vector<bf16> qkv = random_qkv(s, 1.5f, 0.3f), dout = random_heads(s);
       const TileRun want = run_tiles(c.cfg, s, qkv, dout, qattn::cuda::sage_default_tiles(s));
       for (const qattn::cuda::SageTiles& tiles : shapes) {
         const TileRun got = run_tiles(c.cfg, s, qkv, dout, tiles);
-        INFO(c.name << " (B,H,T,d)=(" << s.B << "," << s.H << "," << s.T << "," << s.d << ") warps forward "
-                    << tiles.forward << " dq " << tiles.dq << " dkdv " << tiles.dkdv);
+        INFO(c.name << " (B,H,T,d)=(" << s.B << "," << s.H << "," << s.T << "," << s.d
+                    << ") warps forward " << tiles.forward << " dq " << tiles.dq << " dkdv "
+                    << tiles.dkdv);
         CHECK(same_bits(got.o, want.o));
         CHECK(same_bits(got.stats, want.stats));
         CHECK(same_bits(got.dqkv, want.dqkv));
@@ -1319,16 +992,21 @@ TEST_CASE("sage: each layer's backward reads its own saved buffer, the scratch s
   const AttentionConfig cfg = sage_config();
   AttentionBuffers one(cfg, s, random_qkv(s, 1.0f, 0.3f), random_heads(s));
   AttentionBuffers two(cfg, s, random_qkv(s, 2.0f, -0.5f), random_heads(s));
-  for (const auto& [family, name] : sage_families(cfg.sage)) {
-    INFO("family " << name);
-    const qattn::cuda::SageTiles tiles = family_tiles(cfg.sage, s, family);
+  for (const FpaKernels family : qattn::test::sage_families(cfg.sage)) {
+    if (family == FpaKernels::wgmma && !qattn::test::wgmma_available()) {
+      std::printf("sage: no sm_90a device or build, the wgmma kernels are not checked\n");
+      continue;
+    }
+    INFO("family " << qattn::test::family_name(family));
+    const qattn::cuda::SageTiles tiles = qattn::test::family_tiles(cfg.sage, s, family);
     auto forward = [&](AttentionBuffers& b) {
-      qattn::cuda::sage_forward(cfg.sage, s, b.qkv.get(), b.o.get(), b.stats.get(), b.saved.get(), nullptr, tiles);
+      qattn::cuda::sage_forward(cfg.sage, s, b.qkv.get(), b.o.get(), b.stats.get(), b.saved.get(),
+                                nullptr, tiles);
     };
     auto backward = [&](AttentionBuffers& b) {
       b.dqkv.poison();
-      qattn::cuda::sage_backward(cfg.sage, s, b.qkv.get(), b.o.get(), b.dout.get(), b.stats.get(), b.saved.get(),
-                                 b.dqkv.get(), one.work.get(), nullptr, tiles);
+      qattn::cuda::sage_backward(cfg.sage, s, b.qkv.get(), b.o.get(), b.dout.get(), b.stats.get(),
+                                 b.saved.get(), b.dqkv.get(), one.work.get(), nullptr, tiles);
       return b.dqkv.download();
     };
     forward(one);
@@ -1347,52 +1025,61 @@ TEST_CASE("sage kernels refuse what they cannot run, naming the option", "[sage]
   small_blocks.block_q = 32;
   composed.softmax = qattn::KIntervalOptions{};
   composed.softmax->K = 0;
-  CHECK_THROWS_WITH(qattn::cuda::attention_forward(sage_config(small_blocks), s, nullptr, nullptr, nullptr,
-                                                   nullptr, nullptr),
+  CHECK_THROWS_WITH(qattn::cuda::attention_forward(sage_config(small_blocks), s, nullptr, nullptr,
+                                                   nullptr, nullptr, nullptr),
                     Catch::Contains("attention.sage.block_q/block_k = 32/64"));
-  CHECK_THROWS_WITH(qattn::cuda::attention_backward(sage_config(composed), s, nullptr, nullptr, nullptr, nullptr,
-                                                    nullptr, nullptr, nullptr, nullptr),
-                    Catch::Contains("attention.sage.softmax.K = 0"));
-  CHECK_THROWS_WITH(qattn::cuda::attention_forward(sage_config(), s, nullptr, nullptr, nullptr, nullptr, nullptr),
-                    Catch::Contains("saved buffer (attention_saved_bytes) is null"));
-  CHECK_THROWS_WITH(qattn::cuda::sage_forward(SageOptions{}, s, nullptr, nullptr, nullptr, nullptr, nullptr,
-                                              qattn::cuda::SageTiles{4, 4, 6}),
+  CHECK_THROWS_WITH(
+      qattn::cuda::attention_backward(sage_config(composed), s, nullptr, nullptr, nullptr, nullptr,
+                                      nullptr, nullptr, nullptr, nullptr),
+      Catch::Contains("attention.sage.softmax.K = 0"));
+  CHECK_THROWS_WITH(
+      qattn::cuda::attention_forward(sage_config(), s, nullptr, nullptr, nullptr, nullptr, nullptr),
+      Catch::Contains("saved buffer (attention_saved_bytes) is null"));
+  CHECK_THROWS_WITH(qattn::cuda::sage_forward(SageOptions{}, s, nullptr, nullptr, nullptr, nullptr,
+                                              nullptr, qattn::cuda::SageTiles{4, 4, 6}),
                     Catch::Contains("SageTiles.dkdv = 6 warps (allowed: 4, 8)"));
   // The default options' buffers (bwd_granularity tile reads the same copies).
   const SageOptions defaults;
   DeviceBuffer<unsigned char> saved(qattn::cuda::sage_saved_bytes(defaults, s)),
       work(qattn::cuda::sage_workspace_bytes(defaults, s));
-  CHECK_THROWS_WITH(qattn::cuda::sage_backward(defaults, s, nullptr, nullptr, nullptr, nullptr, saved.get(), nullptr,
-                                               nullptr, nullptr),
+  CHECK_THROWS_WITH(qattn::cuda::sage_backward(defaults, s, nullptr, nullptr, nullptr, nullptr,
+                                               saved.get(), nullptr, nullptr, nullptr),
                     Catch::Contains("workspace (attention_workspace_bytes) is null"));
-  CHECK_THROWS_WITH(qattn::cuda::sage_backward(defaults, s, nullptr, nullptr, nullptr, nullptr, saved.get() + 16,
-                                               nullptr, work.get(), nullptr),
-                    Catch::Contains("saved buffer (attention_saved_bytes) is not 256-byte aligned"));
+  CHECK_THROWS_WITH(
+      qattn::cuda::sage_backward(defaults, s, nullptr, nullptr, nullptr, nullptr, saved.get() + 16,
+                                 nullptr, work.get(), nullptr),
+      Catch::Contains("saved buffer (attention_saved_bytes) is not 256-byte aligned"));
   SageOptions pv_bf16;
   pv_bf16.precision.pv = Precision::bf16;
   DeviceBuffer<unsigned char> pv_bf16_saved(qattn::cuda::sage_saved_bytes(pv_bf16, s));
-  CHECK_THROWS_WITH(qattn::cuda::sage_forward(pv_bf16, s, nullptr, nullptr, nullptr, pv_bf16_saved.get(), nullptr,
-                                              qattn::cuda::SageTiles{4, 4, 8, FpaKernels::wgmma}),
-                    Catch::Contains("forward_kernels = wgmma: the wgmma kernel runs only "
-                                    "attention.sage.precision.qk = pv = int8 (got qk = int8, pv = bf16)"));
+  CHECK_THROWS_WITH(
+      qattn::cuda::sage_forward(pv_bf16, s, nullptr, nullptr, nullptr, pv_bf16_saved.get(), nullptr,
+                                qattn::cuda::SageTiles{4, 4, 8, FpaKernels::wgmma}),
+      Catch::Contains("forward_kernels = wgmma: the wgmma kernel runs only "
+                      "attention.sage.precision.qk = pv = int8 (got qk = int8, pv = bf16)"));
   SageOptions tile;
   tile.bwd_granularity = BwdGranularity::tile;
   qattn::cuda::SageTiles dq_wgmma = qattn::cuda::sage_default_tiles(s);
   dq_wgmma.dq_kernels = FpaKernels::wgmma;
-  CHECK_THROWS_WITH(qattn::cuda::sage_backward(tile, s, nullptr, nullptr, nullptr, nullptr, saved.get(), nullptr,
-                                               work.get(), nullptr, dq_wgmma),
-                    Catch::Contains("dq_kernels = wgmma: the wgmma kernel runs only attention.sage.precision.qk "
-                                    "= dq = int8, dp = bf16, bwd_granularity rowcol (got qk = int8, dq = int8, dp "
-                                    "= bf16, bwd_granularity tile)"));
+  CHECK_THROWS_WITH(
+      qattn::cuda::sage_backward(tile, s, nullptr, nullptr, nullptr, nullptr, saved.get(), nullptr,
+                                 work.get(), nullptr, dq_wgmma),
+      Catch::Contains(
+          "dq_kernels = wgmma: the wgmma kernel runs only attention.sage.precision.qk "
+          "= dq = int8, dp = bf16, bwd_granularity rowcol (got qk = int8, dq = int8, dp "
+          "= bf16, bwd_granularity tile)"));
   SageOptions dp_int8;
   dp_int8.precision.dp = Precision::int8;
   DeviceBuffer<unsigned char> dp_int8_saved(qattn::cuda::sage_saved_bytes(dp_int8, s)),
       dp_int8_work(qattn::cuda::sage_workspace_bytes(dp_int8, s));
   qattn::cuda::SageTiles dkdv_wgmma{4, 4, 8};
   dkdv_wgmma.dkdv_kernels = FpaKernels::wgmma;
-  CHECK_THROWS_WITH(qattn::cuda::sage_backward(dp_int8, s, nullptr, nullptr, nullptr, nullptr, dp_int8_saved.get(),
-                                               nullptr, dp_int8_work.get(), nullptr, dkdv_wgmma),
-                    Catch::Contains("dkdv_kernels = wgmma: the wgmma kernel runs only attention.sage.precision.qk "
-                                    "= dv = dk = int8, dp = bf16, bwd_granularity rowcol (got qk = int8, dv = int8, "
-                                    "dk = int8, dp = int8, bwd_granularity rowcol)"));
+  CHECK_THROWS_WITH(
+      qattn::cuda::sage_backward(dp_int8, s, nullptr, nullptr, nullptr, nullptr,
+                                 dp_int8_saved.get(), nullptr, dp_int8_work.get(), nullptr,
+                                 dkdv_wgmma),
+      Catch::Contains(
+          "dkdv_kernels = wgmma: the wgmma kernel runs only attention.sage.precision.qk "
+          "= dv = dk = int8, dp = bf16, bwd_granularity rowcol (got qk = int8, dv = int8, "
+          "dk = int8, dp = int8, bwd_granularity rowcol)"));
 }

@@ -1,4 +1,4 @@
-// compare_to_fpa (SPEC §5): FPA against itself is exact; a quantised kind is
+// compare_to_fpa (docs/attention-maths.md §7): FPA against itself is exact; a quantised kind is
 // close but not equal; max |score| is the largest visible |c q.k|.
 #include <catch2/catch.hpp>
 

@@ -1,4 +1,4 @@
-// FPA (SPEC §1): gradients by finite differences in double, float against
+// FPA (docs/attention-maths.md §2): gradients by finite differences in double, float against
 // double, and causality (future tokens never change past outputs).
 #include <catch2/catch.hpp>
 

@@ -1,4 +1,4 @@
-// K-interval quantised softmax (SPEC §4): shift invariance, zero row sums of
+// K-interval quantised softmax (docs/attention-maths.md §5): shift invariance, zero row sums of
 // dL/dS (and detach_extrema breaking them), the lerp gradient by finite
 // differences, the two STE formulas, the fwm window, and K -> infinity.
 #include <algorithm>
@@ -15,7 +15,7 @@ using namespace qattn::test;
 
 namespace {
 
-// Every option combination SPEC §4 distinguishes (ste only with nearest,
+// Every option combination §5 distinguishes (ste only with nearest,
 // ste_window_mask only with weight STE under fwm).
 std::vector<KIntervalOptions> all_combinations() {
   std::vector<KIntervalOptions> out;
@@ -198,7 +198,7 @@ TEST_CASE("kinterval prob STE is the exact softmax gradient", "[attention][kinte
   CHECK(max_rel(got.dv, fpa.dv) > 1e-3);
 }
 
-TEST_CASE("kinterval weight STE is the SPEC formula with the argmax term", "[attention][kinterval]") {
+TEST_CASE("kinterval weight STE is its formula with the argmax term", "[attention][kinterval]") {
   for (Calibration cal : {Calibration::minmax, Calibration::fwm})
     for (bool mask : {false, true}) {
       if (mask && cal == Calibration::minmax) continue;

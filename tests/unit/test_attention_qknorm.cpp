@@ -1,4 +1,5 @@
-// QK-norm (SPEC §2): y = gamma * x / sqrt(mean(x^2) + 1e-6) per row of head_dim;
+// QK-norm (docs/attention-maths.md §3): y = gamma * x / sqrt(mean(x^2) + 1e-6)
+// per row of head_dim;
 // the gradients of L = <dout, y> for x and gamma by finite differences (double).
 #include <catch2/catch.hpp>
 

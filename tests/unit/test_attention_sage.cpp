@@ -1,5 +1,6 @@
-// SageBwd INT8 (SPEC §3): the quantisers, the all-bf16 self-check, smoothing,
-// the Gaussian accuracy of SageBwd Table 1 against the SPEC's simulated figures,
+// SageBwd INT8 (docs/attention-maths.md §4): the quantisers, the all-bf16
+// self-check, smoothing, the Gaussian accuracy of SageBwd Table 1 against the
+// simulated figures of §4.10,
 // the dp = int8 ablation, block shapes, the composition with K-interval, and the
 // causality leak of per-block scales.
 #include <catch2/catch.hpp>
@@ -132,7 +133,7 @@ TEST_CASE("sage accuracy on Gaussian inputs (SageBwd Table 1)", "[attention][sag
        << show(s1) << "\n  sigma 5 rowcol:        " << show(s5) << "\n  sigma 1 rowcol dp int8: "
        << show(dp8) << "\n  sigma 1 tile:          " << show(tile));
 
-  // sigma = 1: the bar of the issue, and SPEC §3's simulated figures within 1e-4.
+  // sigma = 1: the bar of the issue, and §4.10's simulated figures within 1e-4.
   for (double c : {s1.o, s1.dq, s1.dk, s1.dv}) CHECK(c >= 0.9995);
   CHECK(s1.o == Approx(0.99987).margin(1e-4));
   CHECK(s1.dq == Approx(0.99980).margin(1e-4));

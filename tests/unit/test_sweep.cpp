@@ -157,11 +157,47 @@ TEST_CASE("the summary: mean of the last E evals, mean and std over seeds, gaps 
   CHECK(run_gap(s, outcomes, 4) == Approx(0.7));
   CHECK(std::isnan(run_gap(s, outcomes, 5)));      // diverged
 
+  CHECK(stats[1].paired.n == 2);  // seeds 1 and 2; seed 3 diverged
+  CHECK(stats[1].paired.mean == Approx(0.6));
+  CHECK(stats[1].paired.std == Approx(std::sqrt(0.02)));
+  // t(0.975, 1) = 12.7062: the interval [0.6 - 12.7062 * 0.1, 0.6 + 12.7062 * 0.1] spans 0.
+  CHECK(stats[1].paired.ci_low == Approx(0.6 - 1.27062));
+  CHECK_FALSE(stats[1].paired.significant());
+  CHECK(stats[0].paired.n == 0);  // the baseline has no gap of its own
+
   const std::string md = write_summary(s, outcomes);
-  CHECK_THAT(md, Catch::Contains("| kind=sage | sage | 2/3 | 2.7000 ± 0.2828 | +0.5000 | **1 diverged** |"));
+  CHECK_THAT(md, Catch::Contains("| kind=sage | sage | 2/3 | 2.7000 ± 0.2828 | +0.6000 ± 0.1414 | [-0.6706, +1.8706] "
+                                 "| 2 | no | **1 diverged** |"));
   const std::string csv = read_text(d / "s" / "summary.csv");
   CHECK_THAT(csv, Catch::StartsWith("id,setting,attention.kind,train.seed,status,"));
   CHECK_THAT(csv, Catch::Contains("kind=sage_seed=3,kind=sage,sage,3,diverged,"));
+  CHECK_THAT(csv, Catch::Contains(",2,0.600000,0.141421,-0.670620,1.870620,no\n"));
+}
+
+TEST_CASE("paired gaps: mean, std and Student-t 95% interval over seeds", "[sweep]") {
+  // Known answers: t(0.975) for 2, 4, 9 and 29 degrees of freedom (printed tables).
+  CHECK(student_t_975(2) == Approx(4.3027).epsilon(1e-4));
+  CHECK(student_t_975(4) == Approx(2.7764).epsilon(1e-4));
+  CHECK(student_t_975(9) == Approx(2.2622).epsilon(1e-4));
+  CHECK(student_t_975(29) == Approx(2.0452).epsilon(1e-4));
+  CHECK(student_t_975(1000) == Approx(1.9623).epsilon(1e-3));
+  CHECK_THROWS(student_t_975(0));
+
+  const PairedGap g = paired_gap({0.1, 0.2, 0.3});
+  CHECK(g.n == 3);
+  CHECK(g.mean == Approx(0.2));
+  CHECK(g.std == Approx(0.1));
+  const double half = 4.3027 * 0.1 / std::sqrt(3.0);
+  CHECK(g.ci_low == Approx(0.2 - half).epsilon(1e-4));
+  CHECK(g.ci_high == Approx(0.2 + half).epsilon(1e-4));
+  CHECK_FALSE(g.significant());  // [-0.048, +0.448] spans 0
+  CHECK(paired_gap({0.05, 0.048, 0.052}).significant());
+  CHECK(paired_gap({-0.05, -0.048, -0.052}).significant());
+  const PairedGap one = paired_gap({0.3});
+  CHECK(one.mean == Approx(0.3));
+  CHECK(std::isnan(one.std));
+  CHECK_FALSE(one.significant());  // one seed proves nothing
+  CHECK(paired_gap({}).n == 0);
 }
 
 TEST_CASE("an interrupted run shows its last evaluation and its state, never a final val loss", "[sweep]") {
@@ -211,6 +247,21 @@ TEST_CASE("qattn sweep runs a grid, records a divergence and skips finished runs
   CHECK(st["status"] == "finished");
   CHECK(st["step"] == 6);
   CHECK_THAT(read_text(dir / "summary.md"), Catch::Contains("| lr=0.003 | finished | 6 | 768 |"));
+}
+
+TEST_CASE("sweep --start-until: no run starts after the time, and the next invocation starts them", "[sweep][cli]") {
+  const auto d = scratch_dir("sweep_start_until");
+  make_corpus(d);
+  write_json(d / "base.json", tiny_config(d, "base", 4));
+  const auto sweep = write_json(d / "sweep.json", {{"name", "u"}, {"base", "base.json"}, {"out", (d / "runs").string()},
+                                                  {"grid", {{"train.lr", {0.01, 0.003}}}}});
+  // A time in the past: nothing starts, exit 4 (stopped), and the log says how many wait.
+  CHECK(exit_code(run_qattn({"sweep", sweep.string(), "--start-until", "1"}, {}, d / "log.txt")) == 4);
+  CHECK_THAT(read_text(d / "log.txt"), Catch::Contains("2 runs not started"));
+  CHECK_FALSE(fs::exists(d / "runs" / "u" / "lr=0.01"));
+  // A time far ahead: both run.
+  CHECK(exit_code(run_qattn({"sweep", sweep.string(), "--start-until", "99999999999"}, {}, d / "log.txt")) == 0);
+  CHECK_THAT(read_text(d / "runs" / "u" / "summary.csv"), Catch::Contains("lr=0.003,lr=0.003,0.003,finished"));
 }
 
 TEST_CASE("SIGTERM stops a sweep with checkpoints; the next invocation finishes it", "[sweep][cli]") {

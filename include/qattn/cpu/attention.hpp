@@ -1,8 +1,8 @@
-// CPU reference of every attention kind (SPEC-attention.md §1, §3, §4).
+// CPU reference of every attention kind (docs/attention-maths.md §2, §4, §5).
 // One (batch, head) at a time: q, k, v, o, dout, dq, dk, dv are (T, d)
 // row-major, causal. Plain loops; instantiated for float (training) and double
-// (tests). Quantised kinds simulate the quantisation bit for bit as the SPEC
-// defines it: these are what the CUDA kernels are tested against.
+// (tests). Quantised kinds simulate the quantisation bit for bit as those
+// sections define it: these are what the CUDA kernels are tested against.
 #pragma once
 #include "qattn/attention.hpp"
 
@@ -19,7 +19,7 @@ template <typename F>
 void attention_backward(const AttentionConfig& cfg, int T, int d, const F* q, const F* k,
                         const F* v, const F* o, const F* dout, F* dq, F* dk, F* dv);
 
-// SPEC §5: one head's comparison of a kind against FPA on the same inputs, in
+// docs/attention-maths.md §7: one head's comparison of a kind against FPA on the same inputs, in
 // double. P and dS are compared over the visible (causal) entries.
 struct AttentionComparison {
   double cos_o, cos_p, cos_ds, cos_dq, cos_dk, cos_dv;

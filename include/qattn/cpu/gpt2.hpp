@@ -12,7 +12,9 @@ namespace qattn::cpu {
 template <typename F>
 class Gpt2 {
  public:
+  // Every layer runs a, or layer l runs per_layer[l] (model.layers entries).
   Gpt2(const ModelConfig& m, const AttentionConfig& a);
+  Gpt2(const ModelConfig& m, std::vector<AttentionConfig> per_layer);
   const ParamLayout& layout() const { return layout_; }
   std::vector<F> params, grads;  // (layout.total) each
 
@@ -21,11 +23,12 @@ class Gpt2 {
   // Accumulates d(loss * grad_scale)/d(params) into grads. Needs forward first.
   void backward(F grad_scale);
 
-  // Per-layer attention inputs of the last forward (after QK-norm), each
-  // (B, H, T, hd), and the gradient reaching each layer's attention output in
-  // the last backward (same shape): the diagnostics read these.
+  // Per-layer attention inputs of the last forward (after QK-norm) and its
+  // output, each (B, H, T, hd), and the gradient reaching each layer's
+  // attention output in the last backward (same shape): the diagnostics read
+  // these.
   struct AttentionIO {
-    std::vector<F> q, k, v, dout;
+    std::vector<F> q, k, v, o, dout;
   };
   const std::vector<AttentionIO>& attention_io() const { return attn_io_; }
   // Logits of the last forward, (B, T, vocab): what sampling reads.
@@ -37,7 +40,6 @@ class Gpt2 {
     std::vector<F> qkv;                       // (B,T,3C)
     std::vector<F> q_raw, k_raw;              // (B,H,T,hd) before QK-norm (qk_norm only)
     std::vector<F> q_rrms, k_rrms;            // (B,H,T) QK-norm saved statistics (qk_norm only)
-    std::vector<F> atty_bh;                   // (B,H,T,hd) attention output
     std::vector<F> atty;                      // (B,T,C)
     std::vector<F> residual2;                 // (B,T,C)
     std::vector<F> ln2, ln2_mean, ln2_rstd;   // (B,T,C), (B,T), (B,T)
@@ -49,7 +51,7 @@ class Gpt2 {
   F* grad(int tensor, int layer = 0);
 
   ModelConfig m_;
-  AttentionConfig a_;
+  std::vector<AttentionConfig> attention_;   // per layer
   ParamLayout layout_;
   int B_ = 0, T_ = 0;
   std::vector<int32_t> inputs_, targets_;

@@ -39,7 +39,8 @@ void gelu_backward(F* dinp, const F* inp, const F* dout, size_t n);
 template <typename F>
 void residual_forward(F* out, const F* a, const F* b, size_t n);
 
-// QK-norm (SPEC §2) over rows of length d: out = gamma * x / sqrt(mean(x^2) + 1e-6).
+// QK-norm (docs/attention-maths.md §3) over rows of length d:
+// out = gamma * x / sqrt(mean(x^2) + 1e-6).
 // rrms (rows) saved for the backward.
 template <typename F>
 void qk_norm_forward(F* out, F* rrms, const F* inp, const F* gamma, int rows, int d);

@@ -1,5 +1,5 @@
 // The public CPU attention entry points: dispatch on AttentionConfig::kind, and
-// the SPEC §5 comparison of a kind against FPA on the same inputs.
+// the comparison of a kind (docs/attention-maths.md §7) against FPA on the same inputs.
 #include <cmath>
 #include <vector>
 

@@ -1,4 +1,4 @@
-// FPA, full-precision causal attention (SPEC §1): the baseline every other kind
+// FPA, full-precision causal attention (docs/attention-maths.md §2): the baseline every other kind
 // is measured against. S = c Q K^T, P = softmax_row(S), O = P V;
 // dS = P o (dP - delta), delta_i = sum_j P_ij dP_ij (= dO_i . O_i).
 #include <algorithm>

@@ -1,4 +1,4 @@
-// Internal interface of the CPU attention kinds (SPEC-attention.md §1, §3, §4).
+// Internal interface of the CPU attention kinds (docs/attention-maths.md §2, §4, §5).
 // dispatch.cpp picks one by AttentionConfig::kind; tests call them directly.
 // One (batch, head): q, k, v, o, dout, dq, dk, dv are (T, d) row-major, causal.
 #pragma once
@@ -8,7 +8,7 @@
 
 namespace qattn::cpu {
 
-// What a backward pass computed on the way, for SPEC §5 diagnostics and tests:
+// What a backward pass computed on the way, for the diagnostics (§7) and tests:
 // probabilities P and score gradients dS, (T, T) row-major, zero above the diagonal.
 template <typename F>
 struct AttentionInternals {
@@ -31,7 +31,7 @@ void kinterval_backward(const KIntervalOptions& opt, int T, int d, const F* q, c
                         const F* v, const F* dout, F* dq, F* dk, F* dv,
                         AttentionInternals<F>* keep);
 
-// sage's backward reads the forward output o (SPEC §3: delta_i = rowsum(dO_i * O_i)).
+// sage's backward reads the forward output o (§4.5: delta_i = rowsum(dO_i * O_i)).
 template <typename F>
 void sage_forward(const SageOptions& opt, int T, int d, const F* q, const F* k, const F* v,
                   F* o);

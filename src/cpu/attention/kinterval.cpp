@@ -1,4 +1,4 @@
-// K-interval quantised softmax (SPEC §4): each row's weights exp(s - m) are
+// K-interval quantised softmax (docs/attention-maths.md §5): each row's weights exp(s - m) are
 // replaced by values on a grid of K + 1 points, by nearest rounding or linear
 // interpolation, with the grid calibrated either on [min, max] of the row
 // ("minmax") or on a fixed window [max - W, max] ("fwm").

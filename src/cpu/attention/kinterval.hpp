@@ -1,4 +1,4 @@
-// One row of K-interval quantised softmax (SPEC §4) over the n visible scores
+// One row of K-interval quantised softmax (docs/attention-maths.md §5) over the n visible scores
 // s_j = c q.k_j of a query. Used by kind "kinterval" and by sage's composition
 // with a quantised softmax.
 #pragma once
@@ -15,7 +15,7 @@ void kinterval_weights(const KIntervalOptions& opt, int n, const F* s, F* w);
 template <typename F>
 void kinterval_probs(const KIntervalOptions& opt, int n, const F* s, F* p);
 
-// ds (n) = dL/ds given g (n) = dL/dp^, as SPEC §4's backward for the configured
+// ds (n) = dL/ds given g (n) = dL/dp^, as §5.6-§5.10's backward for the configured
 // rounding, STE and calibration, including the paths through the row max m and
 // min l unless detach_extrema.
 template <typename F>

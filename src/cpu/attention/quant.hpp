@@ -1,6 +1,7 @@
-// The operand quantisers of SPEC §3, shared by sage and its composition with a
-// quantised softmax: psi (int8 levels with one fp32 scale per group) and bf16
-// rounding, and the dot product each matmul accumulates.
+// The operand quantisers of docs/attention-maths.md §4.1, shared by sage and
+// its composition with a quantised softmax: psi (int8 levels with one fp32
+// scale per group) and bf16 rounding, and the dot product each matmul
+// accumulates.
 #pragma once
 #include <algorithm>
 #include <bit>

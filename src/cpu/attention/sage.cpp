@@ -1,8 +1,8 @@
-// SageBwd INT8 attention (SPEC §3), simulated as the kernel computes it: the
+// SageBwd INT8 attention (docs/attention-maths.md §4), simulated as the kernel computes it: the
 // same quantisation blocks, scales and rounding, int8 products accumulated
 // exactly in int32 and scaled in fp32, bf16 operands accumulated in fp32.
-// The optional softmax block replaces exp(S - m) by K-interval weights (SPEC §4,
-// composition). Matrices are materialised (T, T) here for readability; the
+// The optional softmax block replaces exp(S - m) by K-interval weights (§6,
+// the composition). Matrices are materialised (T, T) here for readability; the
 // CUDA kernel tiles them, which changes no quantisation decision.
 #include <cmath>
 #include <limits>
@@ -41,7 +41,7 @@ std::vector<Operand<F>> quantise_blocks(Precision p, const std::vector<Block>& b
 }
 
 // The smoothed, scaled and quantised inputs that forward and backward share
-// (SPEC §3 forward steps 1-3) and the scores S they define.
+// (§4.2-§4.4) and the scores S they define.
 template <typename F>
 struct SageInputs {
   int T, d;

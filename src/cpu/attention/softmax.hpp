@@ -1,5 +1,6 @@
-// One row of the exact softmax and its gradient: FPA's row map (SPEC §1), also
-// the surrogate of K-interval's probability STE (SPEC §4).
+// One row of the exact softmax and its gradient: FPA's row map
+// (docs/attention-maths.md §2), also the surrogate of K-interval's probability
+// STE (§5.8).
 #pragma once
 
 namespace qattn::cpu {

@@ -1,0 +1,137 @@
+// SageBwd's quantisation pre-pass (docs/attention-maths.md §4.2-§4.5):
+// per block of kSageBlock rows of one (batch, head), ψ of c·(Q − μ_Q), K − μ_K,
+// V (the forward's, kept for the backward) and dO (the backward's), each in the
+// layouts the sage kernels read, plus the fp32 terms that go with them (μ_K,
+// μ_Q, the smooth_q bias, δ).
+//
+// The buffers pad T to Tp = whole blocks; padded rows are zero in every copy
+// (and never change a scale), so the kernels load whole tiles without bounds.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "attention/attention.cuh"
+#include "common.cuh"
+
+namespace qattn::cuda {
+
+// Rows per quantisation block = the kernels' tile (block_q, block_k: §4.8).
+constexpr int kSageBlock = 64;
+
+// The transposed copies hold T permuted within each group of 16: position p of
+// a group holds its row kPermuted(p), the order in which a thread's fp32
+// accumulator columns form an int8 A fragment (int8_operands.cuh).
+__host__ __device__ constexpr int kPermuted(int p) {
+  return 2 * (p / 4) + (p % 2) + 8 * ((p % 4) / 2);
+}
+
+// One operand of one attention call, all (b, h) heads: X quantised per block
+// of kSageBlock rows, and the same X rounded to bf16 (for products set to bf16).
+struct QuantOperand {
+  int8_t* i8;    // (B·H, Tp, d)  X̂, row-major
+  int8_t* i8t;   // (B·H, d, Tp)  X̂ᵀ, T permuted within groups of 16 (int8_operands.cuh)
+  bf16* bf;      // (B·H, Tp, d)  bf16(X)
+  float* scale;  // (B·H, Tp / kSageBlock)  ψ's scale per block
+};
+
+// The kernels' view of both buffers (sage_workspace below): saved by the
+// forward, q, k, v, the key sums and means, the query means and bias; the
+// backward's scratch, dout, delta, row_terms.
+struct SageWorkspace {
+  int Tp, blocks;              // T padded to whole blocks; Tp / kSageBlock
+  QuantOperand q, k, v, dout;  // c·(Q − μ_Q), K − μ_K, V, dO
+  float* key_block_sums;  // (B·H, blocks, d)  Σ of K over each block (for μ_K; smooth_k, else null)
+  float* key_mean;        // (B·H, d)          μ_K (zeros without smooth_k)
+  float* query_mean;      // (B·H, blocks, d)  μ_Q per block (smooth_q, else null)
+  float* query_bias;      // (B·H, blocks, Tp) c·μ_Qi·(K_j − μ_K) (smooth_q; else null)
+  float* delta;           // (B·H, Tp)         δ = rowsum(dO ∘ O) (backward)
+  float* row_terms;       // (B·H, Tp, 4)      the K-interval composition's backward row
+                     //                   terms (sage_softmax.cuh; softmax block only, else null)
+  // Head bh's first block in the per-block arrays (scales, query_mean, query_bias).
+  __host__ __device__ size_t head_block0(int bh) const { return static_cast<size_t>(bh) * blocks; }
+};
+
+// Which copies of each operand the kernels read, so that the pre-pass writes
+// (and the buffers hold) only those: int8 natural (products over d at int8),
+// int8 transposed (products over T at int8), bf16 (any product at bf16).
+struct OperandCopies {
+  bool i8 = true, i8t = true, bf = true;
+};
+struct SageCopies {
+  OperandCopies q, k, v, dout;
+};
+// The copies a training step reads under opt's precision flags: of Q, K, V
+// those of the forward's and the backward's kernels (the forward's pre-pass
+// writes them once, the backward reads them from the saved buffer), of dO the
+// backward's.
+SageCopies sage_copies(const SageOptions& opt);
+// What each pre-pass writes of those: the forward Q, K, V's (V's bf16 copy only
+// under pv = bf16, the one the forward reads); the backward dO's and V's bf16
+// copy where an mma.sync kernel reads them and the forward did not write it
+// (`in_place`: both backward kernels run on wgmma, which read V and dO as the
+// activations hold them).
+SageCopies sage_forward_copies(const SageOptions& opt);
+SageCopies sage_backward_copies(const SageOptions& opt, bool in_place);
+
+// The forward's pre-pass writes Q, K, V's copies, their scales, μ_K, μ_Q and
+// the smooth_q bias into the *saved* buffer, which the backward of the same
+// call reads (a model keeps one per layer, as it keeps the row statistics);
+// the backward's pre-pass writes dO's copies, δ and the K-interval row terms
+// into the *scratch* buffer, which every layer may share. V's bf16 copy is the
+// forward's (saved) under pv = bf16, else the backward's (scratch): the wgmma
+// backward kernels read V and dO in place, so on Hopper it is written only for
+// an mma.sync kernel. Both 256-byte aligned; the copies not in `copies` take no
+// space (their pointers are null).
+size_t sage_saved_bytes(const SageOptions& opt, const AttentionShape& s, const SageCopies& copies);
+size_t sage_workspace_bytes(const SageOptions& opt, const AttentionShape& s,
+                            const SageCopies& copies);
+// Carves the buffers out of `saved` and `scratch` (either may be null: its
+// buffers are then null, as in the forward, which has no scratch).
+SageWorkspace sage_workspace(const SageOptions& opt, const AttentionShape& s, void* saved,
+                             void* scratch, const SageCopies& copies);
+
+// The forward's pre-pass: qkv (B, T, 3, H, d) -> ws.q, ws.k, ws.v (the copies
+// named in `copies`, and their scales), μ_K, μ_Q and the bias per the options.
+void sage_quantise_inputs(const SageOptions& opt, const AttentionShape& s, const bf16* qkv,
+                          const SageWorkspace& ws, const SageCopies& copies, cudaStream_t stream);
+// The backward's: dout, o (B, T, H, d) -> ws.dout (its copies and scales) and
+// ws.delta; and V's bf16 copy from qkv where copies.v.bf names it.
+void sage_quantise_gradient(const SageOptions& opt, const AttentionShape& s, const bf16* qkv,
+                            const bf16* o, const bf16* dout, const SageWorkspace& ws,
+                            const SageCopies& copies, cudaStream_t stream);
+
+#ifdef __CUDACC__
+// ψ's level of x at scale s (§4.1): round(x / s), half away from zero, as the
+// CPU reference rounds, as a byte (two's complement).
+//
+// By definition: an IEEE division and roundf, each a conversion-unit
+// instruction per element (MUFU.RCP, F2I: 16 per clock per SM on sm_90, a
+// quarter of the FP32 rate; Nsight Compute had that pipe 60% busy in the
+// forward pre-pass). quantise_level below avoids both: the forward pre-pass
+// takes 7% less time with it (tools/dev/profile_attention.sh --kind sage), the
+// backward's the same.
+__device__ __forceinline__ uint32_t quantise_level_by_division(float x, float s) {
+  return static_cast<uint32_t>(static_cast<int>(roundf(x / s))) & 0xFFu;
+}
+// The same on the FP32 pipes, given r = 1/s rounded to nearest (once per block):
+// q = x·r is within about an ulp of x/s, and one correction by the exact
+// residual x − q·s (an FMA) gives the correctly rounded quotient (Markstein's
+// step; the GPU test "sage pre-pass: ψ's levels by reciprocal equal those by
+// division" compares the two on random and near-tie inputs). Then n = round to
+// nearest even of |q| by adding and subtracting 2^23, a tie (|q| − n = ½)
+// moved away from zero, and the signed level's byte from the 1.5·2^23 bias
+// (int8_operands.cuh). Needs a normal 1/s: s ≥ kReciprocalScaleMin.
+constexpr float kReciprocalScaleMin = 0x1p-120f;
+__device__ __forceinline__ uint32_t quantise_level(float x, float s, float r) {
+  const float q0 = x * r;
+  const float q = fmaf(fmaf(-q0, s, x), r, q0);
+  const float a = fabsf(q);
+  float n = (a + 8388608.0f) - 8388608.0f;  // |q| < 2^22
+  if (a - n == 0.5f) n += 1.0f;
+  return __float_as_uint(copysignf(n, q) + 12582912.0f) & 0xFFu;
+}
+#endif  // __CUDACC__
+
+}  // namespace qattn::cuda

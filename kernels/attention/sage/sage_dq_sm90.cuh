@@ -1,0 +1,185 @@
+// SageBwd's dQ (docs/attention-maths.md §4.5) on Hopper (sm_90a), as sage_forward_sm90.cuh
+// does the forward: qk = dq = int8 with dp = bf16 (the defaults) and ψ per row
+// (bwd_granularity rowcol); sage.cu's mma.sync kernel runs every other
+// combination. Both share the softmax policies' backward (sage_softmax.cuh:
+// load_rows, score_grads, the K-interval row sweep) and the int8 helpers.
+//
+// A block: three consumer warpgroups of 64 query rows (two with the K-interval
+// block; Layout::kWarpgroups, sage_sm90.cuh) and a producer warpgroup whose one
+// thread copies by TMA Q̂ (int8) and dO (bf16, in place), resident, then per
+// 64-key step K̂ (64, d), V (64, d; bf16, in place from qkv) and K̂ᵀ (d, 64) into
+// a two-stage ring.
+// Per warpgroup and key block j up to the diagonal:
+//   S = Q̂ K̂ᵀ (s32, wgmma ss) · s_Q s_K (+ smooth_q bias; for the exact softmax
+//   the sums, its exponent scaled, HopperScores); dP = dO Vᵀ (bf16
+//   wgmma ss, fp32) issued before S is waited for; dS = policy(S, dP) masked;
+//   dŜ quantised per row into s8 A fragments; dQ += dŜ K̂ · s_dS s_K (s32
+//   wgmma rs into fresh accumulators, one per 64 columns of d, weight_product;
+//   B = K̂ᵀ, K-major along the permuted keys)
+// and at the end dQ·c into the q slot of dqkv. With the K-interval block a
+// first pass over (K̂, V) sweeps each row's terms and writes them for the dK/dV
+// kernel, as the mma.sync kernel does.
+#pragma once
+#include "attention/common/feeds.cuh"
+#include "attention/sage/int8_operands.cuh"
+#include "attention/sage/quant.cuh"
+#include "attention/sage/sage_sm90.cuh"
+#include "attention/sage/sage_softmax.cuh"
+
+namespace qattn::cuda::sage {
+
+struct SageDqSm90Params : SageBackwardSm90Common {
+  CUtensorMap q, k;  // Q̂, K̂ (B·H·Tp, d) int8, boxes (64, d)
+  CUtensorMap kt;    // K̂ᵀ (B·H·d, Tp) int8, boxes (64, 64)
+  CUtensorMap dout;  // dO (B·T, H·d) as the backward gets it, boxes (64, 64)
+  CUtensorMap v;     // qkv (B·T, 3·H·d) as the backward gets it, for V, boxes (64, 64)
+};
+
+// Shared memory, with R = kRows query rows per block: Q̂ (R, d) |
+// dO (R, d) bf16 | 2 x [K̂ (64, d) | V (64, d) bf16 | K̂ᵀ (d, 64)] | dQ (R, d) bf16 |
+// barriers | the head's s_K (stage_scales; kBytes ends with the barriers);
+// every tile at a multiple of 1024 bytes.
+template <int D, class Softmax>
+struct SageDqSm90Layout {
+  static constexpr int kWarpgroups = !Softmax::kRowPass ? 3 : 2;  // sage_sm90.cuh
+  static constexpr int kRows = sage_rows(kWarpgroups);
+  using Feed = flash::TmaFeed<kWarpgroups * 128, false>;
+  static constexpr int kStage = kSageBlock * D + kSageBlock * D * 2 + D * kSageBlock;
+  static constexpr int kQ = 0, kDo = kRows * D, kStages = kDo + kRows * D * 2;
+  static constexpr int kK = 0, kV = kSageBlock * D,
+                       kKt = kV + kSageBlock * D * 2;  // within a stage
+  static constexpr int kDq = kStages + 2 * kStage;
+  static constexpr int kBarriers = kDq + kRows * D * 2;
+  static constexpr int kBytes = kBarriers + Feed::kBarrierBytes;
+  static_assert(kDo % 1024 == 0 && kStages % 1024 == 0 && kStage % 1024 == 0 && kKt % 1024 == 0);
+};
+
+// Grid (ceil(blocks / kWarpgroups), B·H); every head's heaviest (last) query
+// tile starts first (block_by_rank).
+template <int D, class Softmax>
+__global__ void __launch_bounds__(
+    flash::sm90::block_threads<SageDqSm90Layout<D, Softmax>::kWarpgroups>(), 1)
+    sage_dq_sm90_kernel(const __grid_constant__ SageDqSm90Params params) {
+#if QATTN_SM90A_DEVICE
+  using namespace flash;
+  using namespace flash::sm90;
+  using Layout = SageDqSm90Layout<D, Softmax>;
+  using Feed = typename Layout::Feed;
+  constexpr int kRows = Layout::kRows;                    // query rows per block
+  constexpr int kKeys = kSageBlock, kNTiles = kKeys / 8;  // keys per step: one quantisation block
+  const SageDqSm90Params& p = params;
+  const SageWorkspace& ws = p.ws;
+  extern __shared__ __align__(1024) unsigned char smem[];
+  const Int8SmemTile<kRows, D> q_tile{reinterpret_cast<int8_t*>(smem + Layout::kQ)};  // (R, d)
+  const SmemTile<kRows, D> do_tile{reinterpret_cast<bf16*>(smem + Layout::kDo)};      // (R, d)
+  auto stage = [&](int s) { return smem + Layout::kStages + s * Layout::kStage; };
+  auto k_tile = [&](int s) {
+    return Int8SmemTile<kKeys, D>{reinterpret_cast<int8_t*>(stage(s) + Layout::kK)};
+  };
+  auto v_tile = [&](int s) {
+    return SmemTile<kKeys, D>{reinterpret_cast<bf16*>(stage(s) + Layout::kV)};
+  };
+  auto kt_tile = [&](int s) {
+    return Int8SmemTile<D, kKeys>{reinterpret_cast<int8_t*>(stage(s) + Layout::kKt)};
+  };
+  const SmemTile<kRows, D> dq_tile{reinterpret_cast<bf16*>(smem + Layout::kDq)};  // (R, d)
+
+  const BlockIndex at = last_first(block_by_rank());  // grid (tiles, B H): at.h is b H + h
+  const int q_tile_index = at.block, bh = at.h, b = bh / p.H, h = bh % p.H;
+  const int q0 = q_tile_index * kRows;
+  const int key_blocks = min(ws.blocks, (q0 + kRows - 1) / kKeys + 1);  // up to the tile's diagonal
+  const int head_row0 = bh * ws.Tp;  // the head's first row in the quantised copies
+  // The resident tiles' rows past the head's last block read the next
+  // head's rows (or zeros past the tensor): finite, never stored.
+  auto resident = [&](auto& to) {
+    to.tile(q_tile, Int8TileSource{&p.q, head_row0 + q0, 0});
+    to.tile(do_tile, activation_tile(nullptr, &p.dout, p.H * D, b, p.T, q0, h * D));  // dO in place
+  };
+  auto scores = [&](int j, int s, auto& to) {  // what S and dP read
+    to.tile(k_tile(s), Int8TileSource{&p.k, head_row0 + j * kKeys, 0});
+    to.tile(v_tile(s),
+            activation_tile(nullptr, &p.v, 3 * p.H * D, b, p.T, j * kKeys, (2 * p.H + h) * D));
+  };
+  auto keys = [&](int j, int s, auto& to) {
+    scores(j, s, to);
+    to.tile(kt_tile(s), Int8TileSource{&p.kt, bh * D, j * kKeys});
+  };
+
+  Feed feed(smem + Layout::kBarriers);
+  if (feed.producer()) {
+    if constexpr (Softmax::kRowPass)
+      feed.produce(resident, steps(0, key_blocks, scores), steps(0, key_blocks, keys));
+    else
+      feed.produce(resident, steps(0, key_blocks, keys));
+    return;
+  }
+  feed.consumer_start();
+
+  const float* scale_k =  // (blocks): s_K of the head
+      stage_scales<Feed::kConsumerThreads, 1>(smem + Layout::kBytes,
+                                              {ws.k.scale + ws.head_block0(bh)}, ws.blocks);
+  const QueryWarpgroup wg(ws, bh, q0, p.smooth_q, scale_k);
+  float* terms =
+      p.row_terms + static_cast<size_t>(bh) * ws.Tp * Softmax::kTermFloats;  // (Tp, kTerm)
+  const Softmax softmax(p.softmax);
+  typename Softmax::Row rows[2];  // with a row sweep the terms are made below
+  load_rows<Softmax>(rows, p.stats + static_cast<size_t>(bh) * p.T * Softmax::kStatFloats, terms,
+                     wg.first_query, p.T);
+  feed.resident(resident);  // Q̂ and dO have landed (the step rings count only K̂, V, K̂ᵀ)
+
+  // A warp whose rows all precede a key block the warpgroup sees gets dS = 0 there:
+  // nothing added.
+  // score, dp (64 queries, 64 keys; this warp's 16 rows) = S (as HopperScores has
+  // it for the backward) and dP of key block j.
+  using Scores = HopperScores<Softmax>;
+  auto scores_and_dp = [&](float(&score)[1][kNTiles][4], float(&dp)[1][kNTiles][4], int j, int s) {
+    if (wg.bias && j + 1 < key_blocks)
+      prefetch_l1(wg.bias + (j + 1) * kKeys, kKeys * 4);  // the next block's
+    int sum[1][kNTiles][4];
+    issue_s8_ss(sum, q_tile, wg.wg_row0, k_tile(s));
+    issue_ss(dp, do_tile, wg.wg_row0, v_tile(s));  // runs while S is converted
+    wait_for<1>(sum);
+    Scores::template backward<D>(score, sum[0], wg.scale(j));
+    add_key_bias(score, wg.bias, j * kKeys,
+                 Scores::backward_unit(wg.scale(j)));  // score_grads and the sweep mask
+    wait_for<0>(dp);
+  };
+
+  if constexpr (Softmax::kRowPass) {  // the row terms, before any dS is quantised
+    typename Softmax::RowSums sums[2];
+    feed.consume(0, key_blocks, scores, [&](int j, int s) {
+      if (!wg.sees(j, p.T)) return;
+      float score[1][kNTiles][4], dp[1][kNTiles][4];
+      scores_and_dp(score, dp, j, s);
+      softmax.sweep(sums, score, dp, rows, j * kKeys, wg.first_query, p.T);
+    });
+    softmax.make_terms(rows, sums, terms, wg.first_query, p.T, ws.Tp);
+  }
+
+  float dq_acc[1][D / 8][4];  // (64, d) rows of dQ of the warpgroup; this warp's 16
+  zero(dq_acc);
+  feed.consume(0, key_blocks, keys, [&](int j, int s) {
+    if (!wg.sees(j, p.T)) return;
+    float score[1][kNTiles][4], dp[1][kNTiles][4];  // S, dP
+    scores_and_dp(score, dp, j, s);
+    float w[1][kNTiles][4];  // dS
+    score_grads(w, score, dp, Scores::backward_policy(softmax, wg.scale(j)), rows, j * kKeys,
+                wg.first_query, p.T);
+    float s_ds[2], inv_s_ds[2];  // ψ's scale of each of the thread's two rows
+    weight_scales<1>(w, false, nullptr, s_ds, inv_s_ds);
+    uint32_t ds_hat[1][kNTiles / 4][4];  // dŜ (64, 64) s8 A fragments over the permuted keys
+    pack_weights(ds_hat[0], w, inv_s_ds);
+    const float row_scale[2] = {s_ds[0] * wg.scale_k[j], s_ds[1] * wg.scale_k[j]};
+    weight_product<D / 64, D / 64>(dq_acc, ds_hat, kt_tile(s), row_scale);  // dQ += dŜ K̂ · s_dS s_K
+  });
+
+  store_acc(dq_tile, dq_acc, warp_row0(), p.c);
+  feed.sync();
+  const size_t ld = static_cast<size_t>(3) * p.H * D;
+  store_tile<Feed::kConsumerThreads>(
+      dq_tile, p.dqkv + (static_cast<size_t>(b) * p.T + q0) * ld + static_cast<size_t>(h) * D, ld,
+      p.T - q0);
+#endif
+}
+
+}  // namespace qattn::cuda::sage

@@ -1,0 +1,174 @@
+// SageBwd's forward (docs/attention-maths.md §4.4) on Hopper (sm_90a): the int8 products on wgmma,
+// the tiles by TMA through TmaFeed (feeds.cuh), for qk = pv = int8 (the
+// default). sage.cu's mma.sync kernel runs every other precision and the
+// devices without sm_90a; both use the same helpers (int8_operands.cuh for the
+// int8 sums, ψ of the weights and their fragments; sage_softmax.cuh for the
+// bias, the mask and the softmax policies), so that for the same quantised
+// operands they compute the same numbers, up to fp32 rounding where this kernel
+// feeds the exact softmax rescaled scores (HopperScores).
+//
+// A block: three consumer warpgroups of 64 query rows (two with the K-interval
+// block; Layout::kWarpgroups, sage_sm90.cuh), each warpgroup's rows in one
+// quantisation block, so its S has one scale s_Q·s_K, and a producer warpgroup
+// whose one thread copies, from the pre-pass's saved buffer, Q̂ (resident) and
+// per 64-key step K̂ (64, d) and V̂ᵀ (d, 64) (T permuted, kPermuted) into a
+// two-stage ring. Per warpgroup and key block j up to the diagonal:
+//   S = Q̂ K̂ᵀ (s32, wgmma ss) · s_Q s_K (+ smooth_q bias) -> causal mask
+//   -> online softmax (O rescaled) -> P̃ quantised per row (s_P = max|P̃_row| / 127)
+//   into s8 A fragments -> P̂ V̂ (s32, wgmma rs, a fresh accumulator: s32 cannot
+//   be rescaled) -> O += P̂ V̂ · s_P s_V (fp32). The exact softmax takes S·log2(e)
+//   from the int32 sums in one FFMA and rescales O only when a row's max has
+//   grown by 2^8 (ExactSoftmax::update_rescaling_rarely);
+// then O /= l and L (or, with the K-interval block, a first pass over K̂ for each
+// row's max and min, ŵ for P̃, O /= Ẑ and the RowStats).
+#pragma once
+#include "attention/common/feeds.cuh"
+#include "attention/sage/int8_operands.cuh"
+#include "attention/sage/quant.cuh"
+#include "attention/sage/sage_sm90.cuh"
+#include "attention/sage/sage_softmax.cuh"
+
+namespace qattn::cuda::sage {
+
+struct SageForwardSm90Params {
+  SageWorkspace ws;
+  float* stats;            // (B, H, T, Softmax::kStatFloats): L, or RowStats
+  bf16* o;                 // (B, T, H, d)
+  SoftmaxOptions softmax;  // the K-interval block's
+  int B, H, T;
+  bool smooth_q;
+  CUtensorMap q, k;  // Q̂, K̂ (B·H·Tp, d), boxes (64, d)
+  CUtensorMap vt;    // V̂ᵀ (B·H·d, Tp), boxes (64, 64)
+};
+
+// Shared memory, with R = kRows query rows per block:
+// Q̂ (R, d) | kStages x K̂ (64, d) | kStages x V̂ᵀ (d, 64) | O (R, d) bf16 | barriers |
+// the head's s_K, s_V (stage_scales; kBytes ends with the barriers).
+// Each int8 tile starts at a multiple of 1024 bytes (its swizzle, tma.cuh).
+template <int D, class Softmax>
+struct SageForwardSm90Layout {
+  static constexpr int kWarpgroups = !Softmax::kRowPass ? 3 : 2;  // sage_sm90.cuh
+  static constexpr int kRows = sage_rows(kWarpgroups);
+  // Two stages: three (feeds.cuh) measured no faster here (`qattn bench attention
+  // --kind sage`, against the dK/dV kernel's three, which are).
+  using Feed = flash::TmaFeed<kWarpgroups * 128, false>;
+  static constexpr int kQ = 0, kK = kRows * D, kVt = kK + Feed::kStages * kSageBlock * D;
+  static constexpr int kO = kVt + Feed::kStages * D * kSageBlock;
+  static constexpr int kBarriers = kO + kRows * D * 2;
+  static constexpr int kBytes = kBarriers + Feed::kBarrierBytes;
+  static_assert(kK % 1024 == 0 && kVt % 1024 == 0 && kO % 1024 == 0);
+};
+
+// Grid (ceil(blocks / kWarpgroups), B·H); every head's heaviest (last) query
+// tile starts first (block_by_rank).
+template <int D, class Softmax>
+__global__ void __launch_bounds__(
+    flash::sm90::block_threads<SageForwardSm90Layout<D, Softmax>::kWarpgroups>(), 1)
+    sage_forward_sm90_kernel(const __grid_constant__ SageForwardSm90Params params) {
+#if QATTN_SM90A_DEVICE
+  using namespace flash;
+  using namespace flash::sm90;
+  using Layout = SageForwardSm90Layout<D, Softmax>;
+  using Feed = typename Layout::Feed;
+  constexpr int kRows = Layout::kRows;                    // query rows per block
+  constexpr int kKeys = kSageBlock, kNTiles = kKeys / 8;  // keys per step: one quantisation block
+  const SageForwardSm90Params& p = params;
+  const SageWorkspace& ws = p.ws;
+  extern __shared__ __align__(1024) unsigned char smem[];
+  const Int8SmemTile<kRows, D> q_tile{reinterpret_cast<int8_t*>(smem + Layout::kQ)};  // (R, d)
+  auto k_tile = [&](int s) {                                                          // (64, d)
+    return Int8SmemTile<kKeys, D>{reinterpret_cast<int8_t*>(smem + Layout::kK) + s * kKeys * D};
+  };
+  auto vt_tile = [&](int s) {  // (d, 64)
+    return Int8SmemTile<D, kKeys>{reinterpret_cast<int8_t*>(smem + Layout::kVt) + s * D * kKeys};
+  };
+  const SmemTile<kRows, D> o_tile{reinterpret_cast<bf16*>(smem + Layout::kO)};  // (R, d)
+
+  const BlockIndex at = last_first(block_by_rank());  // grid (tiles, B H): at.h is b H + h
+  const int q_tile_index = at.block, bh = at.h, b = bh / p.H, h = bh % p.H;
+  const int q0 = q_tile_index * kRows;
+  const int key_blocks = min(ws.blocks, (q0 + kRows - 1) / kKeys + 1);  // up to the tile's diagonal
+  const int head_row0 = bh * ws.Tp;  // the head's first row in the natural copies
+  // Q̂'s rows past the head's last block read the next head's rows (or
+  // zeros past the tensor): finite, and those rows are never stored.
+  auto resident = [&](auto& to) { to.tile(q_tile, Int8TileSource{&p.q, head_row0 + q0, 0}); };
+  auto keys = [&](int j, int s, auto& to) {
+    to.tile(k_tile(s), Int8TileSource{&p.k, head_row0 + j * kKeys, 0});
+  };
+  auto keys_values = [&](int j, int s, auto& to) {
+    keys(j, s, to);
+    to.tile(vt_tile(s), Int8TileSource{&p.vt, bh * D, j * kKeys});
+  };
+
+  Feed feed(smem + Layout::kBarriers);
+  if (feed.producer()) {
+    if constexpr (Softmax::kCalibrates)
+      feed.produce(resident, steps(0, key_blocks, keys), steps(0, key_blocks, keys_values));
+    else
+      feed.produce(resident, steps(0, key_blocks, keys_values));
+    return;
+  }
+  feed.consumer_start();
+
+  // A warp whose rows all precede a block the warpgroup sees gets a fully
+  // masked tile: weights 0, O unchanged.
+  const size_t scale0 = ws.head_block0(bh);
+  const float* scales =  // (2, blocks): s_K, s_V of the head
+      stage_scales<Feed::kConsumerThreads, 2>(
+          smem + Layout::kBytes, {ws.k.scale + scale0, ws.v.scale + scale0}, ws.blocks);
+  const QueryWarpgroup wg(ws, bh, q0, p.smooth_q, scales);
+  const float* scale_v = scales + ws.blocks;
+  // s (64, 64) = the scores of key block j (S·log2(e) for the exact softmax,
+  // HopperScores), masked entries −inf; this warp's 16 rows.
+  auto scores = [&](float(&s)[1][kNTiles][4], int j, int stage) {
+    int sum[1][kNTiles][4];
+    issue_s8_ss(sum, q_tile, wg.wg_row0, k_tile(stage));
+    wait_for<0>(sum);
+    HopperScores<Softmax>::template forward<D>(s, sum[0], wg.scale(j));
+    bias_and_mask(s, wg.bias, j * kKeys, wg.first_query, HopperScores<Softmax>::kForwardUnit);
+  };
+
+  float o_acc[1][D / 8][4];  // (64, d) rows of O of the warpgroup; this warp's 16
+  zero(o_acc);
+  Softmax softmax = HopperScores<Softmax>::forward_policy(p.softmax);
+  feed.resident(resident);
+  if constexpr (Softmax::kCalibrates) {  // pass 1: each row's max and min, then its grid
+    feed.consume(0, key_blocks, keys, [&](int j, int stage) {
+      if (!wg.sees(j, p.T)) return;
+      float s[1][kNTiles][4];
+      scores(s, j, stage);
+      softmax.observe(s, j * kKeys);
+    });
+    softmax.calibrate();
+  }
+  feed.consume(0, key_blocks, keys_values, [&](int j, int stage) {
+    if (!wg.sees(j, p.T)) return;
+    float s[1][kNTiles][4];
+    scores(s, j, stage);
+    float s_p[2], inv_s_p[2];  // ψ's scale of each of the thread's two rows
+    if constexpr (Softmax::kExact) {
+      float p_max[2];
+      softmax.update_rescaling_rarely(s, o_acc, p_max);  // s now holds P̃ = exp(S − m)
+      scales_of_amax(p_max, s_p, inv_s_p);
+    } else {
+      softmax.update(s, o_acc);  // s now holds ŵ
+      weight_scales<1>(s, false, nullptr, s_p, inv_s_p);
+    }
+    uint32_t p_hat[1][kNTiles / 4][4];  // P̂ (64, 64) s8 A fragments over the permuted keys
+    pack_weights(p_hat[0], s, inv_s_p);
+    const float row_scale[2] = {s_p[0] * scale_v[j], s_p[1] * scale_v[j]};
+    weight_product<D / 64, 1>(o_acc, p_hat, vt_tile(stage), row_scale);  // O += P̂ V̂ · s_P s_V
+  });
+
+  softmax.finalize(o_acc);
+  softmax.store(p.stats + static_cast<size_t>(bh) * p.T * Softmax::kStatFloats, wg.first_query,
+                p.T);
+  store_acc(o_tile, o_acc, warp_row0(), 1.0f);
+  feed.sync();
+  store_tile<Feed::kConsumerThreads>(
+      o_tile, p.o + (static_cast<size_t>(b) * p.T + q0) * p.H * D + static_cast<size_t>(h) * D,
+      static_cast<size_t>(p.H) * D, p.T - q0);
+#endif
+}
+
+}  // namespace qattn::cuda::sage
