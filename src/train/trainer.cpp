@@ -18,6 +18,7 @@
 #include <limits>
 #include <mutex>
 #include <optional>
+#include <sstream>
 
 #include "qattn/checkpoint.hpp"
 #include "qattn/data.hpp"
@@ -118,6 +119,31 @@ std::ofstream open_csv(const std::string& path, const char* header, int64_t step
   out << kept;
   out.flush();
   return out;
+}
+
+// The event of a step whose evaluation a stop request cut short; the resumed
+// run evaluates that step first and fills the row in.
+constexpr const char* kCutEvaluation = "evaluation cut short by a stop signal";
+
+// Fills the val_loss of step's row (the one with kCutEvaluation) in metrics.csv
+// with the evaluation the resumed run made: the file then reads as an
+// uninterrupted run's, with the event saying what happened.
+void fill_cut_evaluation(const std::string& path, int64_t step, double val) {
+  std::ifstream in(path);
+  std::string text;
+  for (std::string line; std::getline(in, line);) {
+    if (std::strtoll(line.c_str(), nullptr, 10) == step && line.find(kCutEvaluation) != std::string::npos) {
+      std::vector<std::string> fields;
+      std::stringstream ss(line);
+      for (std::string f; std::getline(ss, f, ',');) fields.push_back(f);
+      if (fields.size() > 4) fields[4] = fmt::format("{:.6f}", val);
+      fields.back() += "; done on resume";
+      line = fmt::format("{}", fmt::join(fields, ","));
+    }
+    text += line + '\n';
+  }
+  in.close();
+  write_file_atomically(path, [&](std::ostream& f) { f << text; });
 }
 
 // <run>/status.json, written by the lead rank from the training thread and,
@@ -417,9 +443,11 @@ TrainResult run_training(const Config& cfg, Backend& backend, const std::string&
     const auto val = evaluate();
     if (!val) return stopped(fmt::format("stopped by a signal during the evaluation of step {}", st.step));
     st.eval_pending = false;
-    metrics << st.step << ',' << st.step * tc.tokens_per_step << ",,," << fmt::format("{:.6f}", *val) << ",,,,,"
-            << st.skipped << ",evaluation cut short by a stop signal; done on resume\n";
-    metrics.flush();
+    if (lead) {
+      metrics.close();
+      fill_cut_evaluation(run_dir + "/metrics.csv", st.step, *val);
+      metrics.open(run_dir + "/metrics.csv", std::ios::app);
+    }
     log.info("step {} | val loss {:.4f} (the evaluation a stop cut short)", st.step, *val);
   }
 
@@ -479,7 +507,7 @@ TrainResult run_training(const Config& cfg, Backend& backend, const std::string&
     const double val = has_val ? *evaluated : 0.0;
     st.eval_pending = eval_now && !has_val;
     std::string event = skip ? fmt::format("spike: update skipped (z = {:.2f})", z) : "";
-    if (st.eval_pending) event += std::string(event.empty() ? "" : "; ") + "evaluation cut short by a stop signal";
+    if (st.eval_pending) event += std::string(event.empty() ? "" : "; ") + kCutEvaluation;
     metrics << step << ',' << step * tc.tokens_per_step << ',' << fmt::format("{:.6g}", lr) << ','
             << fmt::format("{:.6f}", loss) << ',' << fmt_or_empty(has_val, val) << ','
             << fmt::format("{:.6f}", norm) << ',' << fmt::format("{:.2f}", ms) << ','
