@@ -63,7 +63,8 @@ DataLoader open_data(const Config& cfg, bool train, int rank, int world);
 
 // What train checks before step 0 that needs neither a backend nor the run
 // directory, without holding the data: both data globs (every shard read once)
-// and model.init_from. Throws DataError / LlmcError naming the key.
+// and model.init_from (an llm.c file from its header, a Hugging Face directory
+// read whole). Throws DataError / LlmcError / HfError naming the key.
 void check_run_inputs(const Config& cfg, int world);
 
 // The run directory a config writes to: log.out / log.name.
