@@ -421,11 +421,14 @@ TEST_CASE("fuzz: damaged checkpoints are refused naming the checkpoint, leaving 
     }
     const std::string label = fmt::format("checkpoint {}: {} {}, seed {}", i, file, what, fuzz_seed() + 3);
     const auto before = listing(copy);
-    const Run e = run_in(w.work, {"export", "--checkpoint", copy.string(), "--out", (w.work / "m.bin").string()});
-    check_run(e, "export: " + label, {0, 1}, {copy.string()});
-    if (e.code != 0) w.check_untouched("export: " + label);
-    fs::remove_all(w.work);
-    fs::create_directories(w.work);
+    for (const std::string format : {"llmc", "hf"}) {
+      const Run e = run_in(w.work, {"export", "--checkpoint", copy.string(), "--format", format, "--out",
+                                    (w.work / "model").string()});
+      check_run(e, "export --format " + format + ": " + label, {0, 1}, {copy.string()});
+      if (e.code != 0) w.check_untouched("export: " + label);
+      fs::remove_all(w.work);
+      fs::create_directories(w.work);
+    }
     const Run s = run_in(w.work, {"sample", "--checkpoint", copy.string(), "--tokens", "2"});
     check_run(s, "sample: " + label, {0, 1}, {copy.string()});
     const Run r = run_in(w.work, {"train", cfg.string(), "--resume", "--out", copy.string()});
