@@ -9,8 +9,12 @@ RUN_OR_SWEEP_DIR is one run directory (with metrics.csv), a sweep directory
 Figure 1 (--out, default <dir>/loss.png): train and val loss against tokens,
 one line per setting; the runs of a setting that differ only in seed are
 averaged, their spread (min..max) drawn as a band; a diverged run ends in an x.
+The y axes show the last 80% of the tokens, where the settings separate; the
+early losses above them are clipped, and a note on the axis says how many
+points and up to which loss.
 Figure 2 (<out stem>_gap.png, sweeps with baselines only): val loss minus the
 baseline's val loss (same seed, same tokens) per setting, in nats.
+A setting has one colour in both figures.
 
 Needs matplotlib (Debian: apt-get install python3-matplotlib).
 """
@@ -82,8 +86,8 @@ def load_runs(root):
             reader = csv.DictReader(f)
             rows = list(reader)
             columns = reader.fieldnames
-        # The sweep's varied keys are the columns between "setting" and "train.seed".
-        keys = columns[columns.index("setting") + 1:columns.index("train.seed")]
+        # The sweep's varied keys are the columns between "setting" and "status", the seed aside.
+        keys = [k for k in columns[columns.index("setting") + 1:columns.index("status")] if k != "train.seed"]
         labels = short_labels(rows, keys)
         runs = []
         for row in rows:
@@ -158,13 +162,33 @@ def palette():
     return plt.rcParams["axes.prop_cycle"].by_key()["color"] + ["black", "darkgoldenrod", "navy", "lime", "teal"]
 
 
+def setting_colors(runs):
+    """One colour per setting, in the order the settings first appear, the same
+    in every figure (the gap figure leaves the baseline out but not its colour)."""
+    colors = palette()
+    return {setting: colors[i % len(colors)] for i, setting in enumerate(by_setting(runs))}
+
+
 def zoom_to_late(ax, curves):
-    """y range of the last 80% of the tokens, where the settings separate."""
+    """y range of the last 80% of the tokens, where the settings separate; the
+    points it leaves out are named in a note on the axis."""
     end = max((pts[-1][0] for pts in curves if pts), default=0)
     ys = [y for pts in curves for x, y in pts if x >= 0.2 * end]
-    if ys:
-        pad = 0.05 * (max(ys) - min(ys) or 1.0)
-        ax.set_ylim(min(ys) - pad, max(ys) + pad)
+    if not ys:
+        return
+    pad = 0.05 * (max(ys) - min(ys) or 1.0)
+    lo, hi = min(ys) - pad, max(ys) + pad
+    ax.set_ylim(lo, hi)
+    above = [y for pts in curves for _, y in pts if y > hi]
+    below = [y for pts in curves for _, y in pts if y < lo]
+    notes = []
+    if above:
+        notes.append(f"clipped: {len(above)} early points above {hi:.2f} (up to {max(above):.2f})")
+    if below:
+        notes.append(f"clipped: {len(below)} points below {lo:.2f} (down to {min(below):.2f})")
+    if notes:
+        ax.text(0.99, 0.98, "\n".join(notes), transform=ax.transAxes, ha="right", va="top", fontsize=7,
+                color="dimgray", bbox={"facecolor": "white", "edgecolor": "lightgray", "alpha": 0.8})
 
 
 def legend_below(fig, ax):
@@ -175,42 +199,37 @@ def legend_below(fig, ax):
         fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=2, fontsize=8, frameon=False)
 
 
-def plot_losses(runs, out, window, title):
+def plot_losses(runs, window, title, colors):
+    """Figure 1; returns it."""
     fig, (ax_train, ax_val) = plt.subplots(1, 2, figsize=(13, 5))
-    groups = by_setting(runs)
-    colors = palette()
-    for i, (setting, members) in enumerate(groups.items()):
-        color = colors[i % len(colors)]
+    for setting, members in by_setting(runs).items():
         label = setting + (" [baseline]" if members[0].baseline == "(baseline)" else "")
-        draw_group(ax_train, [(r.status == "diverged", smooth(r.train, window)) for r in members], color, label)
-        # val from the first evaluation after step 0: the untrained model's loss squashes the axis
-        draw_group(ax_val, [(r.status == "diverged", r.val[1:] or r.val) for r in members], color, label)
+        draw_group(ax_train, [(r.status == "diverged", smooth(r.train, window)) for r in members], colors[setting], label)
+        draw_group(ax_val, [(r.status == "diverged", r.val) for r in members], colors[setting], label)
     train_title = "train loss" + (f" (trailing mean of {window} steps)" if window > 1 else "")
     for ax, name in ((ax_train, train_title), (ax_val, "val loss")):
         ax.set_xlabel("tokens")
         ax.set_ylabel("loss (nats)")
         ax.set_title(name)
         ax.grid(alpha=0.3)
-    zoom_to_late(ax_val, [r.val[1:] for r in runs if r.status != "diverged"])
+    zoom_to_late(ax_val, [r.val for r in runs if r.status != "diverged"])
     zoom_to_late(ax_train, [smooth(r.train, window) for r in runs if r.status != "diverged"])
     fig.suptitle(title)
     legend_below(fig, ax_val)
-    fig.savefig(out, dpi=120, bbox_inches="tight")
-    plt.close(fig)
+    return fig
 
 
-def plot_gaps(runs, out, title):
-    """val(setting) - val(baseline) on the same seed and tokens; False when there is nothing to draw."""
+def plot_gaps(runs, title, colors):
+    """Figure 2, val(setting) - val(baseline) on the same seed and tokens; None when there is nothing to draw."""
     baselines = {}
     for r in runs:
         if r.baseline == "(baseline)":
             baselines[(r.setting, r.seed)] = r
     groups = by_setting([r for r in runs if r.baseline and r.baseline != "(baseline)"])
     if not groups:
-        return False
+        return None
     fig, ax = plt.subplots(figsize=(8, 5))
-    colors = palette()
-    for i, (setting, members) in enumerate(groups.items()):
+    for setting, members in groups.items():
         curves = []
         for r in members:
             b = baselines.get((r.baseline, r.seed))
@@ -218,16 +237,20 @@ def plot_gaps(runs, out, title):
                 continue
             base = dict(b.val)
             curves.append((r.status == "diverged", [(x, y - base[x]) for x, y in r.val[1:] if x in base]))
-        draw_group(ax, curves, colors[i % len(colors)], f"{setting} - {members[0].baseline}")
+        draw_group(ax, curves, colors[setting], f"{setting} - {members[0].baseline}")
     ax.axhline(0.0, color="black", lw=0.8)
     ax.set_xlabel("tokens")
     ax.set_ylabel("val loss gap to baseline (nats)")
     ax.set_title(title)
     ax.grid(alpha=0.3)
     legend_below(fig, ax)
+    return fig
+
+
+def save(fig, out):
     fig.savefig(out, dpi=120, bbox_inches="tight")
     plt.close(fig)
-    return True
+    print(f"wrote {out}")
 
 
 def main():
@@ -243,12 +266,12 @@ def main():
     longest = max(len(r.train) for r in runs)
     window = a.smooth if a.smooth > 0 else max(1, longest // 50)
     title = os.path.basename(os.path.normpath(a.dir))
-    plot_losses(runs, out, window, title)
-    print(f"wrote {out}")
+    colors = setting_colors(runs)
+    save(plot_losses(runs, window, title, colors), out)
     stem, ext = os.path.splitext(out)
-    gap_out = f"{stem}_gap{ext or '.png'}"
-    if plot_gaps(runs, gap_out, f"{title}: gap to baseline"):
-        print(f"wrote {gap_out}")
+    gaps = plot_gaps(runs, f"{title}: gap to baseline", colors)
+    if gaps:
+        save(gaps, f"{stem}_gap{ext or '.png'}")
 
 
 if __name__ == "__main__":

@@ -8,8 +8,10 @@
 namespace qattn {
 
 // Calls write(stream) on ".<name>.tmp" beside path, then renames it to path.
-// Throws std::runtime_error naming path when the file cannot be created or a
-// write fails (disk full); the target is then left as it was.
+// Throws std::runtime_error naming path and the reason (the OS's words) when
+// path is a directory, the file cannot be created, a write fails (disk full)
+// or the rename fails; whatever fails, and also when write() throws, the
+// temporary is removed and the target is left as it was.
 void write_file_atomically(const std::string& path, const std::function<void(std::ostream&)>& write,
                            bool binary = false);
 

@@ -7,7 +7,8 @@
 // directory, the manifest (byte size and checksum of every file) last, then
 // the directory is renamed to its final name. A checkpoint is valid only when
 // its manifest exists and every file matches it, so a process killed at any
-// point never leaves a checkpoint that loads.
+// point never leaves a checkpoint that loads. The checksum is FNV-1a's 64-bit
+// arithmetic over each file's 64-bit little-endian words (docs/runs.md).
 #pragma once
 #include <cstdint>
 #include <nlohmann/json.hpp>
@@ -35,6 +36,7 @@ struct TrainState {
   double spike_var = 0;
   int64_t spike_count = 0;       // losses seen by the EMA
   double last_val_loss = 0;
+  bool eval_pending = false;     // the evaluation of `step` was cut short by a stop request: run it on resume
   double train_seconds = 0;      // time inside optimizer steps, all sessions
   double wall_seconds = 0;       // time of the whole run (evals, checkpoints), all sessions
 };

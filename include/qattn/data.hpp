@@ -18,7 +18,8 @@ struct DataError : std::runtime_error {
 };
 
 // Reads and validates one shard (magic, version, size = 1024 + 2 * count).
-// Throws DataError naming the path and what is wrong.
+// Throws DataError naming the path and what is wrong (a directory, or the
+// OS's reason when it cannot be read).
 std::vector<uint16_t> read_shard(const std::string& path);
 // Validates only the header and file size; returns the token count.
 int64_t validate_shard(const std::string& path);
@@ -26,6 +27,20 @@ int64_t validate_shard(const std::string& path);
 void write_shard(const std::string& path, const uint16_t* tokens, size_t count);
 // Expands a glob, sorted; throws DataError when nothing matches.
 std::vector<std::string> expand_glob(const std::string& pattern);
+
+// What one shard holds, for the checks training makes before it starts.
+struct ShardInfo {
+  std::string path;
+  int64_t tokens = 0;
+  int max_token = 0;  // the largest token id (0 when empty)
+};
+// Validates a shard and reads its tokens in chunks, keeping only ShardInfo.
+ShardInfo scan_shard(const std::string& path);
+// Throws DataError naming the first shard that holds a token id >= vocab.
+void check_token_ids(const std::vector<ShardInfo>& shards, int vocab);
+// Throws DataError unless `tokens` (of the shards of glob) fill one batch of
+// `sequences` windows of T + 1 tokens.
+void check_one_batch(const std::string& glob, int64_t tokens, int64_t sequences, int T);
 
 // (B, T+1) windows over the concatenated shards. The train loader visits
 // non-overlapping windows in an order shuffled per epoch with the seed; the
@@ -44,7 +59,7 @@ class DataLoader {
   int64_t epoch() const { return epoch_; }
   int64_t cursor() const { return cursor_; }
   void seek(int64_t epoch, int64_t cursor);
-  int max_token() const { return max_token_; }
+  const std::vector<ShardInfo>& shards() const { return shards_; }
 
  private:
   void build_order();
@@ -55,7 +70,7 @@ class DataLoader {
   uint64_t seed_;
   int rank_, world_;
   int64_t n_windows_ = 0, epoch_ = 0, cursor_ = 0;
-  int max_token_ = 0;
+  std::vector<ShardInfo> shards_;
 };
 
 }  // namespace qattn

@@ -42,6 +42,10 @@ void write_llmc_model(const std::string& path, const ModelConfig& m, const std::
 // naming the path and what is wrong.
 LlmcModel read_llmc_model(const std::string& path);
 
+// What params_from_llmc_model checks, from the header and the file size alone
+// (for qattn validate); throws LlmcError naming model.init_from and the mismatch.
+void check_llmc_model(const std::string& path, const ModelConfig& m);
+
 // The parameters a run with model config m starts from: layers, heads, dim and
 // vocab must equal the file's, seq_len may be at most its max_seq_len (the
 // first seq_len rows of wpe are used). Throws LlmcError naming the mismatch.

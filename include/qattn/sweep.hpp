@@ -70,7 +70,11 @@ struct RunOutcome {
   std::string status = "pending";
   std::string reason;
   int64_t steps = 0, tokens = 0, skipped = 0;
+  // Mean of the last eval_last evaluations after step 0 (step 0's alone when
+  // there is no other); NaN unless the run finished or diverged.
   double final_val_loss = std::numeric_limits<double>::quiet_NaN();
+  double last_val_loss = std::numeric_limits<double>::quiet_NaN();  // the newest evaluation
+  int64_t last_val_step = -1;                                        // its step (-1: none)
   double train_seconds = 0, wall_seconds = 0;
   double tokens_per_s() const { return train_seconds > 0 ? tokens / train_seconds : 0.0; }
 };

@@ -22,6 +22,13 @@ struct TokenizerError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// What repair_utf8 (or Tokenizer::make_encodable) replaced in one text.
+struct Utf8Repair {
+  size_t sequences = 0;  // maximal invalid subparts, one U+FFFD each
+  size_t bytes = 0;      // the bytes they held
+  size_t first = 0;      // byte offset of the first one in the original text (when sequences > 0)
+};
+
 // Per-thread encoding state (GPT-2 keeps its merge cache and regex match data
 // here), so that threads never share anything mutable.
 class Encoder {
@@ -41,9 +48,10 @@ class Tokenizer {
   virtual const char* name() const = 0;
   virtual int vocab_size() const = 0;
   virtual uint16_t eot() const = 0;
-  // Rewrites what the tokenizer cannot encode, in place; returns how many
-  // pieces it replaced. gpt2: invalid UTF-8 becomes U+FFFD (see repair_utf8).
-  virtual size_t make_encodable(std::string& text) const = 0;
+  // Rewrites what the tokenizer cannot encode, in place, and says what it
+  // replaced. gpt2: invalid UTF-8 becomes U+FFFD (see repair_utf8); bytes:
+  // every byte has a token.
+  virtual Utf8Repair make_encodable(std::string& text) const = 0;
   // True when encoding text in two pieces split at byte p gives the same tokens
   // as encoding it whole; 0 and text.size() always are.
   virtual bool is_boundary(std::string_view text, size_t p) const = 0;
@@ -66,8 +74,8 @@ std::unique_ptr<Tokenizer> make_tokenizer(const std::string& kind, const std::st
 // Replaces each maximal invalid UTF-8 subsequence by U+FFFD (the WHATWG /
 // Unicode "maximal subpart" rule, the one node and browsers decode with), so
 // the GPT-2 tokens of a file equal those of the reference encoder fed the same
-// file. Returns the number of replacements.
-size_t repair_utf8(std::string& text);
+// file.
+Utf8Repair repair_utf8(std::string& text);
 
 // ---------------------------------------------------------------------------
 // Corpus -> shards.
@@ -81,20 +89,26 @@ struct CorpusOptions {
   double val_fraction = 0.05;        // leading documents holding this fraction of the input bytes
   int64_t val_docs = -1;             // >= 0: exactly this many leading documents instead
   int threads = 0;                   // 0: all cores
+  bool strict = false;               // refuse text the tokenizer would have to rewrite (invalid UTF-8 for gpt2)
 };
 
 struct CorpusStats {
   int64_t documents = 0, val_documents = 0;
   int64_t bytes = 0;
   int64_t val_tokens = 0, train_tokens = 0;
-  int64_t utf8_replacements = 0;
+  int64_t utf8_replacements = 0;     // invalid UTF-8 sequences replaced by U+FFFD
+  int64_t utf8_bytes = 0;            // the bytes they held
+  int64_t utf8_files = 0;            // files that held any
+  std::string utf8_first;            // "FILE at byte N": where the first one was
   int threads = 0;                   // encoding threads used
   std::vector<std::string> shards;   // paths written, in order
 };
 
 // Tokenises the files in order (documents in parallel, output deterministic)
-// and writes the shards; old shards of the same name in out_dir are removed
-// first. Throws TokenizerError / DataError naming the file or option at fault.
+// and writes the shards. The shards are written into a hidden folder in
+// out_dir and moved into place, replacing the old shards of the same name,
+// only when everything succeeded: a failure leaves out_dir as it was. Throws
+// TokenizerError / DataError naming the file or option at fault.
 CorpusStats tokenize_corpus(const Tokenizer& tokenizer, const CorpusOptions& options);
 
 }  // namespace qattn

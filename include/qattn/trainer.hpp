@@ -1,13 +1,14 @@
 // The training loop: config -> data -> backend -> steps -> metrics, with
 // checkpoints, resume, divergence handling and the loss-spike rule.
 #pragma once
-#include <atomic>
 #include <memory>
 #include <stdexcept>
 #include <string>
 
 #include "qattn/backend.hpp"
 #include "qattn/config.hpp"
+#include "qattn/data.hpp"
+#include "qattn/stop_request.hpp"
 
 namespace qattn {
 
@@ -32,9 +33,10 @@ enum class ResumeMode {
 
 struct TrainOptions {
   ResumeMode resume = ResumeMode::automatic;
-  // Set (from a SIGINT/SIGTERM handler) to stop after the current step with a
-  // final checkpoint; may be null.
-  const std::atomic<bool>* stop = nullptr;
+  // Requested (by SIGINT/SIGTERM) to stop after the current step, or during an
+  // evaluation between two of its batches, with a final checkpoint; a second
+  // request ends the run at once with status.json saying so. May be null.
+  StopRequest* stop = nullptr;
 };
 
 // The run directory holds a checkpoint whose config differs from the one given
@@ -47,9 +49,23 @@ struct ResumeError : std::runtime_error {
 // train_loss, val_loss, grad_norm, step_ms, tokens_per_s, mfu, skipped, event),
 // diag.csv, events.log, status.json and checkpoints/ into run_dir. On resume
 // the rows after the checkpoint's step are dropped and the run continues
-// bit-exactly. Console progress goes through spdlog.
+// bit-exactly. Console progress goes through spdlog. The data and
+// model.init_from are checked before run_dir is touched; once status.json was
+// written, it ends in a final state (finished, diverged, interrupted, or
+// failed when an exception leaves, which is then rethrown).
 TrainResult train(const Config& cfg, Backend& backend, const std::string& run_dir,
                   const TrainOptions& options = {});
+
+// The loader of data.train (train = true: shuffled, this rank's slice of
+// world) or data.val, every shard validated and its token ids checked against
+// model.vocab; throws DataError naming the key, the glob and the shard at fault.
+DataLoader open_data(const Config& cfg, bool train, int rank, int world);
+
+// What train checks before step 0 that needs neither a backend nor the run
+// directory, without holding the data: both data globs (every shard read once)
+// and model.init_from (an llm.c file from its header, a Hugging Face directory
+// read whole). Throws DataError / LlmcError / HfError naming the key.
+void check_run_inputs(const Config& cfg, int world);
 
 // The run directory a config writes to: log.out / log.name.
 std::string run_directory(const Config& cfg);

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "checks.hpp"
 #include "commands.hpp"
 #include "qattn/attention.hpp"
 #include "qattn/config.hpp"
@@ -217,9 +218,6 @@ void run_bench_attention(const BenchOptions& opt) {
 #ifdef QATTN_HAVE_CUDA
   std::vector<AttentionShape> shapes;
   for (const auto& text : opt.shapes) shapes.push_back(parse_shape(text));
-  if (opt.warmup < 0 || opt.reps < 1)
-    throw std::invalid_argument("--warmup must be >= 0 and --reps >= 1 (got " +
-                                std::to_string(opt.warmup) + ", " + std::to_string(opt.reps) + ")");
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0)
     throw std::runtime_error("bench attention needs a CUDA device; none is visible");
@@ -253,8 +251,11 @@ void add_bench_command(CLI::App& app) {
   attn->add_option("--kind", opt->kind, "attention kind: fpa, sage or kinterval")
       ->capture_default_str();
   attn->add_option("--shape", opt->shapes, "B,H,T,d (repeatable)")->required();
-  attn->add_option("--warmup", opt->warmup, "untimed runs first")->capture_default_str();
+  attn->add_option("--warmup", opt->warmup, "untimed runs first")
+      ->check(integer_range(0, 10000))
+      ->capture_default_str();
   attn->add_option("--reps", opt->reps, "timed runs (the median is printed)")
+      ->check(integer_range(1, 10000))
       ->capture_default_str();
   attn->add_flag("--no-check", opt->no_check, "skip the comparison with the CPU reference");
   const std::map<std::string, Calibration> calibrations{{"minmax", Calibration::minmax},
@@ -263,13 +264,13 @@ void add_bench_command(CLI::App& app) {
                                                   {"lerp", Rounding::lerp}};
   const std::map<std::string, Ste> stes{{"weight", Ste::weight}, {"prob", Ste::prob}};
   attn->add_option("--K", opt->kinterval.K, "kinterval: intervals")
-      ->check(CLI::PositiveNumber)
+      ->check(integer_range(1, 65535))
       ->capture_default_str();
   attn->add_option("--calibration", opt->kinterval.calibration, "kinterval: minmax or fwm")
       ->transform(CLI::CheckedTransformer(calibrations))
       ->capture_default_str();
   attn->add_option("--window", opt->kinterval.window, "kinterval: fwm window W in nats")
-      ->check(CLI::PositiveNumber)
+      ->check(number_range(1e-6, 1e6))
       ->capture_default_str();
   attn->add_option("--rounding", opt->kinterval.rounding, "kinterval: nearest or lerp")
       ->transform(CLI::CheckedTransformer(roundings))

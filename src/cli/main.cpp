@@ -1,9 +1,18 @@
 // qattn: one executable, one subcommand per file in src/cli/.
+// Exit codes common to every subcommand: 0 done, 1 an error (a file that
+// cannot be read or written, a damaged checkpoint, a failed run), 2 bad
+// arguments, config or data; train and sweep add 3 (diverged) and 4 (stopped
+// by a signal).
 #include <spdlog/spdlog.h>
 
 #include <exception>
+#include <filesystem>
+#include <new>
+#include <stdexcept>
 
+#include "checks.hpp"
 #include "commands.hpp"
+#include "qattn/config.hpp"
 
 int main(int argc, char** argv) {
   CLI::App app{"qattn: GPT pre-training with low-bit attention (FPA, SageBwd INT8, K-interval)"};
@@ -20,11 +29,24 @@ int main(int argc, char** argv) {
   qattn::cli::add_export_command(app);
   try {
     app.parse(argc, argv);
+  } catch (const CLI::RuntimeError& e) {  // a subcommand's own exit code
+    return e.get_exit_code();
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    const int code = app.exit(e);  // prints the message (or the help, code 0)
+    return code == 0 ? 0 : qattn::cli::kExitBadInput;
+  } catch (const std::filesystem::filesystem_error& e) {
+    // The library's text ("filesystem error: ...") says less than path and reason.
+    spdlog::error("{}: {}", e.path1().string(), e.code().message());
+    return 1;
+  } catch (const std::bad_alloc&) {
+    spdlog::error("out of memory (a model, batch or file larger than this machine holds)");
+    return 1;
+  } catch (const std::invalid_argument& e) {  // a subcommand's own check of an argument
+    spdlog::error("{}", e.what());
+    return qattn::cli::kExitBadInput;
   } catch (const std::exception& e) {
     spdlog::error("{}", e.what());
-    return 1;
+    return dynamic_cast<const qattn::ConfigError*>(&e) ? qattn::cli::kExitBadInput : 1;
   }
   return 0;
 }

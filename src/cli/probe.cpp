@@ -3,13 +3,17 @@
 // include tokens after the query. Random q, k, v at the config's shape; tokens
 // from --from on are redrawn; the largest change of an output before --from is
 // reported per kind. FPA and K-interval must show exactly 0 (else exit 1).
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "checks.hpp"
 #include "commands.hpp"
 #include "qattn/config.hpp"
 #include "qattn/cpu/attention.hpp"
@@ -64,7 +68,13 @@ Change probe(const AttentionConfig& attn, const ProbeArgs& a, int T, int d) {
 }
 
 void run_causality(const ProbeArgs& args_in) {
-  const Config cfg = load_config(args_in.config, args_in.sets);
+  Config cfg;
+  try {
+    cfg = load_config(args_in.config, args_in.sets);
+  } catch (const ConfigError& e) {
+    spdlog::error("{}: {}", args_in.config, e.what());
+    throw CLI::RuntimeError(kExitBadInput);
+  }
   ProbeArgs a = args_in;
   const int T = cfg.model.seq_len, d = cfg.model.head_dim();
   if (a.from < 0) a.from = T / 2;
@@ -120,12 +130,14 @@ void add_probe_command(CLI::App& app) {
   causality->add_option("config", args->config, "run config (JSON): shape and attention options")
       ->required();
   causality->add_option("--set", args->sets, "override a key: json.path=value (repeatable)");
-  causality->add_option("--from", args->from, "first redrawn token (default: seq_len / 2)");
+  causality->add_option("--from", args->from, "first redrawn token (default: seq_len / 2)")
+      ->check(integer_range(1, 1 << 20));
   causality->add_option("--heads", args->heads, "random heads to probe (default: model.heads)")
-      ->check(CLI::PositiveNumber);
+      ->check(integer_range(1, 1024));
   causality->add_option("--sigma", args->sigma, "standard deviation of q and k (default 1)")
-      ->check(CLI::PositiveNumber);
-  causality->add_option("--seed", args->seed, "random seed (default 1)");
+      ->check(number_range(1e-3, 1e3));
+  causality->add_option("--seed", args->seed, "random seed (default 1)")
+      ->check(integer_range(0, std::numeric_limits<int64_t>::max()));
   causality->callback([args] { run_causality(*args); });
 }
 

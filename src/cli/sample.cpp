@@ -7,9 +7,11 @@
 #include <algorithm>
 #include <cmath>
 #include <iostream>
+#include <limits>
 #include <numeric>
 #include <random>
 
+#include "checks.hpp"
 #include "commands.hpp"
 #include "qattn/checkpoint.hpp"
 #include "qattn/cpu/gpt2.hpp"
@@ -64,14 +66,16 @@ void add_sample_command(CLI::App& app) {
   cmd->add_option("--checkpoint", args->checkpoint, "checkpoint directory, or a run directory (its newest checkpoint)")
       ->required();
   cmd->add_option("--prompt", args->prompt, "text the generation continues")->capture_default_str();
-  cmd->add_option("--tokens", args->tokens, "tokens to generate")->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  cmd->add_option("--tokens", args->tokens, "tokens to generate")->check(integer_range(1, 1 << 20))->capture_default_str();
   cmd->add_option("--temperature", args->temperature, "softmax temperature (0: greedy)")
-      ->check(CLI::Range(0.0, 100.0))
+      ->check(number_range(0.0, 100.0))
       ->capture_default_str();
   cmd->add_option("--top-k", args->top_k, "sample among the K most likely tokens (0: all)")
-      ->check(CLI::Range(0, 1 << 20))
+      ->check(integer_range(0, 65536))
       ->capture_default_str();
-  cmd->add_option("--seed", args->seed, "sampling seed")->capture_default_str();
+  cmd->add_option("--seed", args->seed, "sampling seed")
+      ->check(integer_range(0, std::numeric_limits<int64_t>::max()))
+      ->capture_default_str();
   cmd->add_option("--tokenizer", args->tokenizer, "auto (from model.vocab), bytes or gpt2")
       ->check(CLI::IsMember({"auto", "bytes", "gpt2"}))
       ->capture_default_str();

@@ -24,9 +24,11 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <mutex>
 #include <sstream>
 #include <thread>
 
+#include "checks.hpp"
 #include "commands.hpp"
 #include "qattn/atomic_file.hpp"
 #include "qattn/checkpoint.hpp"
@@ -106,6 +108,17 @@ void mark_failed(const std::string& run_dir, const std::string& why) {
   });
 }
 
+// What check_run_inputs finds wrong with a run's data and model.init_from ("" when nothing).
+std::string input_problem(const Config& cfg) {
+  try {
+    check_run_inputs(cfg, 1);
+  } catch (const std::runtime_error& e) {
+    if (!is_input_error(e)) throw;
+    return e.what();
+  }
+  return "";
+}
+
 void print_plan(const Sweep& s, const std::vector<RunOutcome>& outcomes) {
   std::cout << "sweep " << s.name << ": " << s.runs.size() << " runs in " << s.dir() << " (base " << s.base << ")\n";
   for (size_t i = 0; i < s.runs.size(); ++i) {
@@ -135,7 +148,7 @@ void add_sweep_command(CLI::App& app) {
   cmd->add_flag("--summary", args->summary_only, "only regenerate summary.csv and summary.md");
   auto* gpus = cmd->add_option("--gpus", args->gpus, "GPUs to use, one run per GPU at a time: 0,1,2,3");
   cmd->add_option("--jobs", args->jobs, "CPU runs at a time (without --gpus)")
-      ->check(CLI::Range(1, 1024))
+      ->check(integer_range(1, 1024))
       ->excludes(gpus)
       ->capture_default_str();
   cmd->add_option("--start-until", args->start_until,
@@ -147,7 +160,7 @@ void add_sweep_command(CLI::App& app) {
       s = load_sweep(args->sweep);
     } catch (const SweepError& e) {
       spdlog::error("{}", e.what());
-      throw CLI::RuntimeError(2);
+      throw CLI::RuntimeError(kExitBadInput);
     }
     auto outcomes = [&] {
       std::vector<RunOutcome> o;
@@ -158,17 +171,24 @@ void add_sweep_command(CLI::App& app) {
       std::cout << write_summary(s, outcomes());
       return;
     }
-    // Every config is validated before anything starts.
+    // Every config, and the data it names, is validated before anything starts;
+    // runs that name the same data and shapes share one check.
     std::vector<std::string> errors;
+    std::map<std::string, std::string> input_problems;  // data, model, micro_batch -> error ("" when none)
     for (const auto& r : s.runs) {
       try {
-        load_config(s.base, train_assignments(s, r));
+        const Config cfg = load_config(s.base, train_assignments(s, r));
+        const std::string inputs = cfg.effective["data"].dump() + cfg.effective["model"].dump() +
+                                   std::to_string(cfg.train.micro_batch);
+        const auto [it, fresh] = input_problems.try_emplace(inputs);
+        if (fresh) it->second = input_problem(cfg);
+        if (!it->second.empty()) errors.push_back("run " + r.id + ": " + it->second);
       } catch (const std::exception& e) {
         errors.push_back("run " + r.id + ": " + e.what());
       }
     }
     for (const auto& e : errors) spdlog::error("{}", e);
-    if (!errors.empty()) throw CLI::RuntimeError(2);
+    if (!errors.empty()) throw CLI::RuntimeError(kExitBadInput);
     if (args->dry_run) {
       print_plan(s, outcomes());
       return;
@@ -189,13 +209,22 @@ void add_sweep_command(CLI::App& app) {
     spdlog::info("sweep {}: {} runs, {} to run, {} at a time{}", s.name, s.runs.size(), queue.size(), slots.size(),
                  args->gpus.empty() ? "" : " (GPUs " + args->gpus + ")");
 
-    const std::atomic<bool>& stop = install_stop_handlers();
+    StopRequest& stop = install_stop_handlers();
     std::map<pid_t, std::pair<size_t, size_t>> running;  // pid -> (run, slot)
+    std::mutex running_mutex;                            // the signal thread reads `running` on a second signal
+    // A first signal is forwarded by the loop below; a second one reaches the
+    // running runs at once too, which then stop without a final checkpoint.
+    const StopListener listener(&stop, [&](bool now) {
+      if (!now) return;
+      const std::lock_guard<std::mutex> lock(running_mutex);
+      for (const auto& [pid, unused] : running) ::kill(pid, SIGTERM);
+      spdlog::warn("second stop signal: {} running runs asked to stop at once; exiting", running.size());
+    });
     std::vector<bool> busy(slots.size(), false);
     size_t next = 0, failed = 0, finished_count = 0, busy_runs = 0;
     bool forwarded = false;
     const auto may_start = [&] {
-      return !stop && (args->start_until == 0 ||
+      return !stop.requested() && (args->start_until == 0 ||
                        std::chrono::system_clock::now() < std::chrono::system_clock::time_point(
                                                               std::chrono::seconds(args->start_until)));
     };
@@ -209,12 +238,13 @@ void add_sweep_command(CLI::App& app) {
           ++next;
           continue;
         }
+        const std::lock_guard<std::mutex> lock(running_mutex);
         const pid_t pid = launch(s, r, slots[slot], omp_threads);
         busy[slot] = true;
         running[pid] = {queue[next++], slot};
         spdlog::info("start {}{} (pid {})", r.id, slots[slot].empty() ? "" : " on GPU " + slots[slot], pid);
       }
-      if (stop && !forwarded) {  // children of a terminal's Ctrl-C got SIGINT already; a second request is harmless
+      if (stop.requested() && !forwarded) {  // children of a terminal's Ctrl-C got SIGINT already; a second request is harmless
         for (const auto& [pid, unused] : running) ::kill(pid, SIGTERM);
         forwarded = true;
         spdlog::warn("stop requested: waiting for {} running runs to checkpoint", running.size());
@@ -231,10 +261,12 @@ void add_sweep_command(CLI::App& app) {
         if (errno == EINTR) continue;
         break;
       }
+      std::unique_lock<std::mutex> lock(running_mutex);
       const auto it = running.find(pid);
       if (it == running.end()) continue;
       const auto [run, slot] = it->second;
       running.erase(it);
+      lock.unlock();
       busy[slot] = false;
       const std::string dir = (fs::path(s.dir()) / s.runs[run].id).string();
       const int code = WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : -1;
@@ -251,7 +283,7 @@ void add_sweep_command(CLI::App& app) {
     const std::string md = write_summary(s, outcomes());
     std::cout << md.substr(0, md.find("\n## Runs")) << '\n';
     spdlog::info("summary: {}/summary.md, {}/summary.csv", s.dir(), s.dir());
-    if (stop) throw CLI::RuntimeError(kExitInterrupted);
+    if (stop.requested()) throw CLI::RuntimeError(kExitInterrupted);
     if (next < queue.size()) {
       spdlog::warn("--start-until passed: {} runs not started; run the sweep again to start them", queue.size() - next);
       throw CLI::RuntimeError(kExitInterrupted);

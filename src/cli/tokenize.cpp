@@ -7,8 +7,10 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <sstream>
 
+#include "checks.hpp"
 #include "commands.hpp"
 #include "qattn/data.hpp"
 #include "qattn/tokenizer.hpp"
@@ -89,14 +91,22 @@ void add_tokenize_command(CLI::App& app) {
   cmd->add_option("--name", c.name, "shard name prefix (default: the output directory's name)");
   cmd->add_option("--doc-separator", c.doc_separator,
                   "cut files into documents at this exact string (e.g. $'\\n\\n\\n')");
-  cmd->add_option("--shard-tokens", c.shard_tokens, "tokens per shard")->capture_default_str();
+  cmd->add_option("--shard-tokens", c.shard_tokens, "tokens per shard")
+      ->check(integer_range(1, 0x7FFFFFFF))
+      ->capture_default_str();
   auto* fraction = cmd->add_option("--val-fraction", c.val_fraction,
                                    "validation split: the leading documents that start within "
                                    "this fraction of the input bytes")
+                       ->check(number_range(0.0, 1.0, /*hi_open=*/true))
                        ->capture_default_str();
   cmd->add_option("--val-docs", c.val_docs, "validation split: the first N documents")
+      ->check(integer_range(0, std::numeric_limits<int64_t>::max()))
       ->excludes(fraction);
-  cmd->add_option("--threads", c.threads, "encoding threads (0: all cores)")->capture_default_str();
+  cmd->add_option("--threads", c.threads, "encoding threads (0: all cores)")
+      ->check(integer_range(0, 1024))
+      ->capture_default_str();
+  cmd->add_flag("--strict", c.strict,
+                "refuse input the tokenizer would rewrite (gpt2: invalid UTF-8, else replaced by U+FFFD)");
   cmd->callback([args] {
     CorpusOptions& o = args->corpus;
     if (!args->files_from.empty()) {
@@ -115,7 +125,9 @@ void add_tokenize_command(CLI::App& app) {
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     const double cpu = cpu_seconds() - cpu_start;
     if (s.utf8_replacements > 0)
-      spdlog::warn("tokenize: replaced {} invalid UTF-8 sequences by U+FFFD", s.utf8_replacements);
+      spdlog::warn("tokenize: replaced {} invalid UTF-8 sequences ({} bytes) by U+FFFD in {} of {} files "
+                   "(the first: {}); --strict refuses such input",
+                   s.utf8_replacements, s.utf8_bytes, s.utf8_files, o.files.size(), s.utf8_first);
     for (const auto& shard : s.shards) spdlog::info("wrote {} ({} tokens)", shard, validate_shard(shard));
     std::cout << "tokenize: " << tokenizer->name() << ", " << s.documents << " documents ("
               << s.val_documents << " val), " << s.bytes << " bytes -> " << s.val_tokens

@@ -1,9 +1,11 @@
 // qattn train CONFIG [--set json.path=value ...] [--out DIR] [--resume | --fresh] [--nproc N]
-// Exit codes: 0 finished, 1 error, 2 bad config or resume mismatch,
-// 3 diverged, 4 stopped by SIGINT/SIGTERM after a final checkpoint.
+// Exit codes: 0 finished, 1 error, 2 bad arguments, config, data or
+// model.init_from, or a resume mismatch, 3 diverged, 4 stopped by
+// SIGINT/SIGTERM.
 #include <spdlog/spdlog.h>
 
 #include "backend_select.hpp"
+#include "checks.hpp"
 #include "commands.hpp"
 #include "distributed.hpp"
 #include "qattn/trainer.hpp"
@@ -29,7 +31,7 @@ void add_train_command(CLI::App& app) {
   cmd->add_flag("--fresh", args->fresh, "delete the run's checkpoints and start from step 0")->excludes(resume);
   cmd->add_option("--nproc", args->nproc,
                   "start N processes on this node, one per GPU: data parallel over NCCL (docs/distributed.md)")
-      ->check(CLI::PositiveNumber);
+      ->check(integer_range(1, kMaxProcesses));
   cmd->callback([args] {
     // A worker of a launcher (ours, torchrun, Slurm, mpirun) knows its rank from the environment.
     const std::optional<DistEnv> env = args->nproc > 0 ? std::nullopt : distributed_env();
@@ -39,7 +41,7 @@ void add_train_command(CLI::App& app) {
       cfg = load_config(args->config, args->sets, world);
     } catch (const ConfigError& e) {
       spdlog::error("{}: {}", args->config, e.what());
-      throw CLI::RuntimeError(2);
+      throw CLI::RuntimeError(kExitBadInput);
     }
     for (const auto& w : cfg.warnings) spdlog::warn("{}", w);
     if (args->nproc > 0) {
@@ -61,7 +63,11 @@ void add_train_command(CLI::App& app) {
       r = train(cfg, *backend, dir, options);
     } catch (const ResumeError& e) {
       spdlog::error("{}", e.what());
-      throw CLI::RuntimeError(2);
+      throw CLI::RuntimeError(kExitBadInput);
+    } catch (const std::runtime_error& e) {
+      if (!is_input_error(e)) throw;
+      spdlog::error("{}: {}", args->config, e.what());
+      throw CLI::RuntimeError(kExitBadInput);
     }
     if (r.status == RunStatus::diverged) {
       spdlog::error("run diverged: {} (metrics in {}/metrics.csv, last good checkpoint: {})", r.reason, dir,

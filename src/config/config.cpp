@@ -3,10 +3,11 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <limits>
+#include <regex>
 #include <string_view>
 
+#include "qattn/json_file.hpp"
 #include "reader.hpp"
 
 namespace qattn {
@@ -333,12 +334,23 @@ void apply_override(json& j, const std::string& assignment) {
   const auto eq = assignment.find('=');
   if (eq == std::string::npos || eq == 0)
     throw ConfigError({"--set " + assignment + ": expected json.path=value (e.g. train.lr=3e-4)"});
+  try {
+    (void)json(assignment).dump();  // keys and strings of a config are UTF-8 (the parser checks a file's)
+  } catch (const json::type_error&) {
+    throw ConfigError({"--set " + assignment + ": not valid UTF-8; allowed: UTF-8 text"});
+  }
   const std::string path = assignment.substr(0, eq), text = assignment.substr(eq + 1);
   json value;
   try {
-    value = json::parse(text);
-  } catch (const json::parse_error&) {
-    value = text;  // a bare word is a string: attention.kind=sage
+    value = parse_json(text);
+  } catch (const JsonError& e) {
+    // A bare word is a string (attention.kind=sage); a number out of range
+    // (1e400) or an object with a key given twice is not: taken as a string it
+    // would only hide the mistake.
+    static const std::regex number(R"(-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][-+]?[0-9]+)?)");
+    if (text.starts_with('{') || std::regex_match(text, number))
+      throw ConfigError({"--set " + assignment + ": " + e.what()});
+    value = text;
   }
   json* node = &j;
   size_t start = 0;
@@ -359,13 +371,11 @@ void apply_override(json& j, const std::string& assignment) {
 
 Config load_config(const std::string& path, const std::vector<std::string>& overrides,
                    int world_size) {
-  std::ifstream f(path);
-  if (!f) throw ConfigError({path + ": cannot open config file"});
   json j;
   try {
-    j = json::parse(f, nullptr, true, /*ignore_comments=*/true);
-  } catch (const json::parse_error& e) {
-    throw ConfigError({path + ": not valid JSON: " + e.what()});
+    j = read_json_file(path, "config file");
+  } catch (const JsonError& e) {
+    throw ConfigError({e.what()});
   }
   for (const auto& o : overrides) apply_override(j, o);
   return config_from_json(j, path, world_size);

@@ -39,10 +39,11 @@ void ObjectReader::integer(const std::string& key, int64_t& out, int64_t lo, int
     if (!v->is_number_integer() && !integral_float) {
       error(key, v->dump() + " has the wrong type; expected an integer");
     } else {
-      const int64_t x = integral_float ? static_cast<int64_t>(v->get<double>()) : v->get<int64_t>();
-      if (x < lo || x > hi)
-        error(key, std::to_string(x) + " is out of range; allowed: " + std::to_string(lo) +
-                       " .. " + std::to_string(hi));
+      // Beyond int64 (a JSON number up to 2^64 - 1) is out of range too, never wrapped.
+      const bool too_big = v->is_number_unsigned() && v->get<uint64_t>() > static_cast<uint64_t>(hi);
+      const int64_t x = integral_float ? static_cast<int64_t>(v->get<double>()) : too_big ? hi : v->get<int64_t>();
+      if (too_big || x < lo || x > hi)
+        error(key, v->dump() + " is out of range; allowed: " + std::to_string(lo) + " .. " + std::to_string(hi));
       else
         out = x;
     }

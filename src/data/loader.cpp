@@ -10,21 +10,38 @@
 
 namespace qattn {
 
+namespace {
+
+// Windows of T + 1 tokens that start every T tokens.
+int64_t windows_in(int64_t tokens, int T) { return tokens > 1 ? (tokens - 1) / T : 0; }
+
+}  // namespace
+
 DataLoader::DataLoader(const std::string& glob, int B, int T, bool shuffle, uint64_t seed,
                        int rank, int world)
     : B_(B), T_(T), shuffle_(shuffle), seed_(seed), rank_(rank), world_(world) {
   for (const auto& path : expand_glob(glob)) {
-    auto shard = read_shard(path);
+    const auto shard = read_shard(path);
+    const int max_token = shard.empty() ? 0 : *std::max_element(shard.begin(), shard.end());
+    shards_.push_back({path, static_cast<int64_t>(shard.size()), max_token});
     tokens_.insert(tokens_.end(), shard.begin(), shard.end());
   }
-  if (!tokens_.empty()) max_token_ = *std::max_element(tokens_.begin(), tokens_.end());
-  n_windows_ = tokens_.size() > 1 ? static_cast<int64_t>(tokens_.size() - 1) / T_ : 0;
-  const int64_t per_batch = static_cast<int64_t>(B_) * world_;
-  if (n_windows_ < per_batch)
-    throw DataError("shards '" + glob + "' hold " + std::to_string(tokens_.size()) +
-                    " tokens: too few for one batch of " + std::to_string(per_batch) +
-                    " sequences of " + std::to_string(T_) + "+1 tokens");
+  check_one_batch(glob, static_cast<int64_t>(tokens_.size()), static_cast<int64_t>(B_) * world_, T_);
+  n_windows_ = windows_in(static_cast<int64_t>(tokens_.size()), T_);
   build_order();
+}
+
+void check_token_ids(const std::vector<ShardInfo>& shards, int vocab) {
+  for (const auto& s : shards)
+    if (s.max_token >= vocab)
+      throw DataError("shard " + s.path + " holds token id " + std::to_string(s.max_token) + " but model.vocab = " +
+                      std::to_string(vocab) + "; allowed: model.vocab > every token id");
+}
+
+void check_one_batch(const std::string& glob, int64_t tokens, int64_t sequences, int T) {
+  if (windows_in(tokens, T) < sequences)
+    throw DataError("shards '" + glob + "' hold " + std::to_string(tokens) + " tokens: too few for one batch of " +
+                    std::to_string(sequences) + " sequences of " + std::to_string(T) + "+1 tokens");
 }
 
 void DataLoader::build_order() {

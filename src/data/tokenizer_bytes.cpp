@@ -20,7 +20,7 @@ class ByteTokenizer final : public Tokenizer {
   const char* name() const override { return "bytes"; }
   int vocab_size() const override { return 257; }
   uint16_t eot() const override { return kByteEot; }
-  size_t make_encodable(std::string&) const override { return 0; }  // every byte has a token
+  Utf8Repair make_encodable(std::string&) const override { return {}; }  // every byte has a token
   bool is_boundary(std::string_view, size_t) const override { return true; }
   std::unique_ptr<Encoder> make_encoder() const override { return std::make_unique<ByteEncoder>(); }
 

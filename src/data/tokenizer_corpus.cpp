@@ -6,8 +6,10 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <deque>
 #include <exception>
 #include <filesystem>
@@ -28,20 +30,19 @@ constexpr size_t kPieceBytes = 1u << 20;   // target size of one thread's piece
 
 std::string read_text(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
-  if (!f) throw TokenizerError("tokenize: cannot read input file " + path);
+  if (!f) throw TokenizerError("tokenize: cannot read input file " + path + ": " + std::strerror(errno));
   std::ostringstream s;
   s << f.rdbuf();
-  if (f.bad()) throw TokenizerError("tokenize: error while reading " + path);
+  if (f.bad()) throw TokenizerError("tokenize: error while reading " + path + ": " + std::strerror(errno));
   return s.str();
 }
 
-// Accumulates tokens into shards of shard_tokens; val shards come first, and
-// the split changes at most once, from val to train.
+// Accumulates tokens into shards of shard_tokens in dir; val shards come
+// first, and the split changes at most once, from val to train.
 class ShardWriter {
  public:
-  ShardWriter(const CorpusOptions& o, CorpusStats& stats)
-      : dir_(o.out_dir), name_(o.name), shard_tokens_(static_cast<size_t>(o.shard_tokens)),
-        stats_(stats) {}
+  ShardWriter(const CorpusOptions& o, const fs::path& dir, CorpusStats& stats)
+      : dir_(dir), name_(o.name), shard_tokens_(static_cast<size_t>(o.shard_tokens)), stats_(stats) {}
 
   void append(bool val, std::span<const uint16_t> tokens) {
     if (!val && val_) {
@@ -61,14 +62,15 @@ class ShardWriter {
     if (buffer_.empty()) return;
     char file[64];
     std::snprintf(file, sizeof file, "_%s_%06d.bin", val_ ? "val" : "train", index_++);
-    const std::string path = (fs::path(dir_) / (name_ + file)).string();
+    const std::string path = (dir_ / (name_ + file)).string();
     write_shard(path, buffer_.data(), buffer_.size());
     stats_.shards.push_back(path);
     buffer_.clear();
   }
 
  private:
-  std::string dir_, name_;
+  fs::path dir_;
+  std::string name_;
   size_t shard_tokens_;
   CorpusStats& stats_;
   std::vector<uint16_t> buffer_;
@@ -109,11 +111,37 @@ bool is_shard_of(const std::string& file, const std::string& name) {
   return false;
 }
 
-// Shards from an earlier run with the same name would otherwise mix into the
-// data globs.
-void remove_old_shards(const CorpusOptions& o) {
+// Moves the shards written into staging to out_dir. Shards from an earlier
+// run with the same name go first: they would otherwise mix into the data globs.
+void publish_shards(const CorpusOptions& o, CorpusStats& stats) {
+  std::error_code ec;
+  const auto fail = [&](const fs::path& p) {
+    throw TokenizerError("tokenize: cannot replace " + p.string() + ": " + ec.message());
+  };
   for (const auto& entry : fs::directory_iterator(o.out_dir))
-    if (is_shard_of(entry.path().filename().string(), o.name)) fs::remove(entry.path());
+    if (is_shard_of(entry.path().filename().string(), o.name) && !fs::remove(entry.path(), ec)) fail(entry.path());
+  for (auto& shard : stats.shards) {
+    const fs::path target = fs::path(o.out_dir) / fs::path(shard).filename();
+    if (fs::rename(shard, target, ec); ec) fail(target);
+    shard = target.string();
+  }
+}
+
+// The text of one input file, made encodable; invalid UTF-8 is counted, or
+// refused under --strict.
+std::string encodable_text(const Tokenizer& tokenizer, const std::string& file, bool strict, CorpusStats& stats) {
+  std::string text = read_text(file);
+  const Utf8Repair r = tokenizer.make_encodable(text);
+  if (r.sequences == 0) return text;
+  const std::string where = file + " at byte " + std::to_string(r.first);
+  if (strict)
+    throw TokenizerError("tokenize: " + where + ": invalid UTF-8 (" + std::to_string(r.sequences) +
+                         " invalid sequences, " + std::to_string(r.bytes) +
+                         " bytes in this file); --strict refuses it (without --strict each becomes U+FFFD)");
+  if (stats.utf8_files++ == 0) stats.utf8_first = where;
+  stats.utf8_replacements += static_cast<int64_t>(r.sequences);
+  stats.utf8_bytes += static_cast<int64_t>(r.bytes);
+  return text;
 }
 
 struct Document {
@@ -168,12 +196,7 @@ void encode_batch(const Tokenizer& tokenizer, std::vector<std::unique_ptr<Encode
   }
 }
 
-}  // namespace
-
-CorpusStats tokenize_corpus(const Tokenizer& tokenizer, const CorpusOptions& o) {
-  check_options(o);
-  fs::create_directories(o.out_dir);
-  remove_old_shards(o);
+CorpusStats tokenize_into(const Tokenizer& tokenizer, const CorpusOptions& o, const fs::path& dir) {
   const auto start = std::chrono::steady_clock::now();
 
   int64_t total_bytes = 0;
@@ -191,7 +214,7 @@ CorpusStats tokenize_corpus(const Tokenizer& tokenizer, const CorpusOptions& o) 
 
   CorpusStats stats;
   stats.threads = threads;
-  ShardWriter writer(o, stats);
+  ShardWriter writer(o, dir, stats);
   std::deque<std::string> texts;  // the files of the current batch (stable addresses)
   std::vector<Document> docs;
   size_t batch_bytes = 0;
@@ -207,9 +230,8 @@ CorpusStats tokenize_corpus(const Tokenizer& tokenizer, const CorpusOptions& o) 
   };
   for (const auto& file : o.files) {
     const auto file_bytes = static_cast<int64_t>(fs::file_size(file));
-    texts.push_back(read_text(file));
-    std::string& text = texts.back();
-    stats.utf8_replacements += static_cast<int64_t>(tokenizer.make_encodable(text));
+    texts.push_back(encodable_text(tokenizer, file, o.strict, stats));
+    const std::string& text = texts.back();
     const std::string_view all = text;
     const std::string_view sep = o.doc_separator;
     for (size_t begin = 0; begin <= all.size();) {
@@ -238,6 +260,30 @@ CorpusStats tokenize_corpus(const Tokenizer& tokenizer, const CorpusOptions& o) 
                          " documents went to the validation split; give more documents "
                          "(more files, or --doc-separator) or a smaller --val-fraction / --val-docs");
   return stats;
+}
+
+}  // namespace
+
+CorpusStats tokenize_corpus(const Tokenizer& tokenizer, const CorpusOptions& o) {
+  check_options(o);
+  std::error_code ec;
+  const bool made_out_dir = !fs::exists(o.out_dir, ec);
+  if (fs::create_directories(o.out_dir, ec); ec)
+    throw TokenizerError("tokenize: cannot create --out " + o.out_dir + ": " + ec.message());
+  const fs::path staging = fs::path(o.out_dir) / ("." + o.name + ".tokenize.tmp");
+  fs::remove_all(staging, ec);
+  if (fs::create_directory(staging, ec); ec)
+    throw TokenizerError("tokenize: cannot write into --out " + o.out_dir + ": " + ec.message());
+  try {
+    CorpusStats stats = tokenize_into(tokenizer, o, staging);
+    publish_shards(o, stats);
+    fs::remove(staging, ec);
+    return stats;
+  } catch (...) {
+    fs::remove_all(staging, ec);
+    if (made_out_dir) fs::remove(o.out_dir, ec);  // only when empty
+    throw;
+  }
 }
 
 }  // namespace qattn

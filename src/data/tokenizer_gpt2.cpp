@@ -218,7 +218,7 @@ class Gpt2Tokenizer final : public Tokenizer {
   const char* name() const override { return "gpt2"; }
   int vocab_size() const override { return static_cast<int>(vocab_.token_bytes.size()); }
   uint16_t eot() const override { return vocab_.eot; }
-  size_t make_encodable(std::string& text) const override { return repair_utf8(text); }
+  Utf8Repair make_encodable(std::string& text) const override { return repair_utf8(text); }
 
   // A newline followed by a non-space ASCII byte: the newline ends a run of
   // whitespace that cannot reach into the next character, so every piece ends

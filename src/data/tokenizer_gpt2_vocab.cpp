@@ -4,12 +4,15 @@
 #include "tokenizer_gpt2_vocab.hpp"
 
 #include <bit>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <unordered_map>
 
+#include "qattn/json_file.hpp"
 #include "qattn/tokenizer.hpp"
 
 namespace qattn::gpt2 {
@@ -52,8 +55,9 @@ bool to_bytes(const std::string& spelled, const std::vector<int>& alphabet, std:
 
 std::string read_file(const std::filesystem::path& path, const char* what) {
   std::ifstream f(path, std::ios::binary);
-  if (!f)
-    throw TokenizerError("gpt2 vocab: cannot read " + path.string() + " (" + what +
+  if (!f || std::filesystem::is_directory(path))
+    throw TokenizerError("gpt2 vocab: cannot read " + path.string() + ": " +
+                         (f ? "is a directory" : std::strerror(errno)) + " (" + what +
                          "; data/prepare.sh gpt2-vocab puts it in data/cache/gpt2/)");
   std::ostringstream s;
   s << f.rdbuf();
@@ -64,9 +68,9 @@ void load_encoder(const std::filesystem::path& path, const std::vector<int>& alp
                   Vocab& vocab, std::unordered_map<std::string, uint16_t>& id_of) {
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(read_file(path, "GPT-2's token -> id map"));
-  } catch (const nlohmann::json::parse_error& e) {
-    throw TokenizerError("gpt2 vocab: " + path.string() + " is not valid JSON: " + e.what());
+    j = parse_json(read_file(path, "GPT-2's token -> id map"));
+  } catch (const JsonError& e) {
+    throw TokenizerError("gpt2 vocab: " + path.string() + ": " + e.what());
   }
   if (!j.is_object() || j.empty() || j.size() > kMaxVocab)
     throw TokenizerError("gpt2 vocab: " + path.string() +

@@ -46,25 +46,28 @@ int scan(std::string_view s, size_t i) {
 
 }  // namespace
 
-size_t repair_utf8(std::string& text) {
+Utf8Repair repair_utf8(std::string& text) {
   std::string out;          // built only when something is replaced
-  size_t replaced = 0, copied = 0;
+  Utf8Repair r;
+  size_t copied = 0;
   for (size_t i = 0; i < text.size();) {
     const int n = scan(text, i);
     if (n > 0) {
       i += static_cast<size_t>(n);
       continue;
     }
+    if (r.sequences == 0) r.first = i;
     out.append(text, copied, i - copied).append(kReplacement);
     i += static_cast<size_t>(-n);
     copied = i;
-    ++replaced;
+    ++r.sequences;
+    r.bytes += static_cast<size_t>(-n);
   }
-  if (replaced > 0) {
+  if (r.sequences > 0) {
     out.append(text, copied, std::string::npos);
     text = std::move(out);
   }
-  return replaced;
+  return r;
 }
 
 }  // namespace qattn

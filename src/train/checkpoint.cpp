@@ -2,6 +2,7 @@
 // manifest last, rename), verification against the manifest, pruning, and the
 // config comparison behind automatic resume.
 #include "qattn/checkpoint.hpp"
+#include "qattn/json_file.hpp"
 
 #include <fcntl.h>
 #include <sys/file.h>
@@ -28,8 +29,9 @@ constexpr int kFormatVersion = 1;
 constexpr const char* kStepPrefix = "step_";
 const char* const kFiles[] = {"config.json", "state.json", "params.bin", "adam_m.bin", "adam_v.bin"};
 
-// FNV-1a over 64-bit little-endian words (bytes for the tail): fast enough to
-// hash a GPT-2 124M checkpoint (1.5 GB) in about a second.
+// FNV-1a's 64-bit offset basis and prime over 64-bit little-endian words (then
+// the bytes of the tail): fast enough to hash a GPT-2 124M checkpoint (1.5 GB)
+// in about a second. Not byte-wise FNV-1a-64: docs/runs.md gives the exact rule.
 class Fnv1a64 {
  public:
   void update(const unsigned char* p, size_t n) {
@@ -98,8 +100,10 @@ void sync_directory(const fs::path& dir) {
 }
 
 FileSum sum_file(const fs::path& path) {
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) throw CheckpointError(path.filename().string() + " is a directory, not a file");
   std::ifstream f(path, std::ios::binary);
-  if (!f) throw CheckpointError("cannot read " + path.string());
+  if (!f) throw CheckpointError("cannot read " + path.string() + ": " + std::strerror(errno));
   FileSum s;
   Fnv1a64 h;
   std::vector<unsigned char> buf(1 << 20);
@@ -115,8 +119,10 @@ FileSum sum_file(const fs::path& path) {
 }
 
 std::string read_text(const fs::path& path) {
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) throw CheckpointError(path.filename().string() + " is a directory, not a file");
   std::ifstream f(path, std::ios::binary);
-  if (!f) throw CheckpointError("cannot read " + path.string());
+  if (!f) throw CheckpointError("cannot read " + path.string() + ": " + std::strerror(errno));
   return std::string(std::istreambuf_iterator<char>(f), {});
 }
 
@@ -124,11 +130,14 @@ std::string read_text(const fs::path& path) {
 // keeps its tail bytes out, which the manifest's byte count then reports).
 template <class T>
 std::vector<T> read_whole(const fs::path& path, uint64_t& bytes) {
-  bytes = fs::file_size(path);
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) throw CheckpointError(path.filename().string() + " is a directory, not a file");
+  bytes = fs::file_size(path, ec);
+  if (ec) throw CheckpointError("cannot read " + path.string() + ": " + ec.message());
   std::vector<T> v(bytes / sizeof(T));
   std::ifstream f(path, std::ios::binary);
   if (!f.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(v.size() * sizeof(T))))
-    throw CheckpointError("cannot read " + path.string());
+    throw CheckpointError("cannot read " + path.string() + ": " + std::strerror(errno));
   return v;
 }
 
@@ -167,6 +176,7 @@ json state_to_json(const TrainState& s) {
           {"spike", {{"skipped", s.skipped}, {"mean", s.spike_mean}, {"var", s.spike_var},
                      {"count", s.spike_count}}},
           {"last_val_loss", s.last_val_loss},
+          {"eval_pending", s.eval_pending},
           {"train_seconds", s.train_seconds},
           {"wall_seconds", s.wall_seconds}};
 }
@@ -183,6 +193,7 @@ TrainState state_from_json(const json& j) {
   s.spike_var = j.at("spike").at("var");
   s.spike_count = j.at("spike").at("count");
   s.last_val_loss = j.at("last_val_loss");
+  s.eval_pending = j.value("eval_pending", false);  // a checkpoint without the key has no cut evaluation
   s.train_seconds = j.at("train_seconds");
   s.wall_seconds = j.at("wall_seconds");
   return s;
@@ -236,32 +247,40 @@ std::string save_checkpoint(const std::string& run_dir, const Checkpoint& ck, in
   if (ck.adam_m.size() != n || ck.adam_v.size() != n)
     throw CheckpointError("save_checkpoint: params, adam_m and adam_v differ in size");
   const fs::path root = checkpoint_root(run_dir);
-  fs::create_directories(root);
   char name[32];
   std::snprintf(name, sizeof name, "%s%08lld", kStepPrefix, static_cast<long long>(ck.state.step));
   const fs::path tmp = root / (std::string(".") + name + ".tmp"), final_dir = root / name;
-  fs::remove_all(tmp);
-  fs::create_directory(tmp);
+  std::error_code ec;
+  if (fs::create_directories(root, ec); ec) throw CheckpointError("cannot create " + root.string() + ": " + ec.message());
+  fs::remove_all(tmp, ec);
+  if (!fs::create_directory(tmp, ec) || ec)
+    throw CheckpointError("cannot create " + tmp.string() + ": " + (ec ? ec.message() : "it exists"));
+  // A write that fails (disk full) removes its temporary directory: nothing of it stays.
+  try {
+    json files = json::object();
+    auto record = [&](const char* file, const FileSum& s) {
+      files[file] = {{"bytes", s.bytes}, {"fnv1a64", s.hash}};
+    };
+    record("config.json", write_synced(tmp / "config.json", ck.config.dump(2) + "\n"));
+    record("state.json", write_synced(tmp / "state.json", state_to_json(ck.state).dump(2) + "\n"));
+    const size_t bytes = n * sizeof(float);
+    record("params.bin", write_synced(tmp / "params.bin", ck.params.data(), bytes));
+    record("adam_m.bin", write_synced(tmp / "adam_m.bin", ck.adam_m.data(), bytes));
+    record("adam_v.bin", write_synced(tmp / "adam_v.bin", ck.adam_v.data(), bytes));
+    maybe_die_mid_write(ck.state.step);
+    const json manifest = {{"format", kFormat}, {"version", kFormatVersion}, {"step", ck.state.step},
+                           {"files", files}};
+    write_synced(tmp / "manifest.json", manifest.dump(2) + "\n");
+    sync_directory(tmp);
 
-  json files = json::object();
-  auto record = [&](const char* file, const FileSum& s) {
-    files[file] = {{"bytes", s.bytes}, {"fnv1a64", s.hash}};
-  };
-  record("config.json", write_synced(tmp / "config.json", ck.config.dump(2) + "\n"));
-  record("state.json", write_synced(tmp / "state.json", state_to_json(ck.state).dump(2) + "\n"));
-  const size_t bytes = n * sizeof(float);
-  record("params.bin", write_synced(tmp / "params.bin", ck.params.data(), bytes));
-  record("adam_m.bin", write_synced(tmp / "adam_m.bin", ck.adam_m.data(), bytes));
-  record("adam_v.bin", write_synced(tmp / "adam_v.bin", ck.adam_v.data(), bytes));
-  maybe_die_mid_write(ck.state.step);
-  const json manifest = {{"format", kFormat}, {"version", kFormatVersion}, {"step", ck.state.step},
-                         {"files", files}};
-  write_synced(tmp / "manifest.json", manifest.dump(2) + "\n");
-  sync_directory(tmp);
-
-  fs::remove_all(final_dir);  // the same step saved again (a finished run re-invoked)
-  fs::rename(tmp, final_dir);
-  sync_directory(root);
+    fs::remove_all(final_dir, ec);  // the same step saved again (a finished run re-invoked)
+    if (fs::rename(tmp, final_dir, ec); ec)
+      throw CheckpointError("cannot rename " + tmp.string() + " to " + final_dir.string() + ": " + ec.message());
+    sync_directory(root);
+  } catch (...) {
+    fs::remove_all(tmp, ec);
+    throw;
+  }
 
   // Keep the newest `keep` checkpoints by step (no re-hashing: every one was
   // written by this function); drop older ones and the temporaries of killed writers.
@@ -280,7 +299,7 @@ std::string checkpoint_problem(const std::string& dir) {
       if (std::string why = mismatch(file, sum_file(d / file), manifest["files"][file]); !why.empty())
         return why;
   } catch (const json::exception& e) {
-    return std::string("manifest.json: ") + e.what();
+    return "manifest.json: " + json_error_text(e);
   } catch (const CheckpointError& e) {
     return e.what();
   }
@@ -313,7 +332,7 @@ Checkpoint load_checkpoint(const std::string& dir) {
     ck.adam_v = read_whole<float>(d / "adam_v.bin", bytes);
     check("adam_v.bin", ck.adam_v, bytes);
   } catch (const json::exception& e) {
-    throw invalid(std::string("manifest.json: ") + e.what());
+    throw invalid("manifest.json: " + json_error_text(e));
   } catch (const CheckpointError& e) {
     throw invalid(e.what());
   }
@@ -321,7 +340,7 @@ Checkpoint load_checkpoint(const std::string& dir) {
     ck.config = json::parse(config_text.begin(), config_text.end());
     ck.state = state_from_json(json::parse(state_text.begin(), state_text.end()));
   } catch (const json::exception& e) {
-    throw CheckpointError("checkpoint " + dir + ": config.json or state.json: " + e.what());
+    throw CheckpointError("checkpoint " + dir + ": config.json or state.json: " + json_error_text(e));
   }
   if (ck.adam_m.size() != ck.params.size() || ck.adam_v.size() != ck.params.size())
     throw CheckpointError("checkpoint " + dir + ": adam_m.bin / adam_v.bin differ in size from params.bin");

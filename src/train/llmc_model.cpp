@@ -3,6 +3,7 @@
 #include "qattn/llmc_model.hpp"
 
 #include <array>
+#include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -81,9 +82,16 @@ void write_llmc_model(const std::string& path, const ModelConfig& m, const std::
   }
 }
 
-LlmcModel read_llmc_model(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw LlmcError(path + ": cannot open llm.c model file");
+namespace {
+
+// Reads and checks the header (magic, version, plausible shape, file size);
+// leaves f at the first value. The returned model has no params yet.
+LlmcModel read_header(const std::string& path, std::ifstream& f) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    throw LlmcError(path + ": is a directory; allowed: an llm.c model file");
+  f.open(path, std::ios::binary);
+  if (!f) throw LlmcError(path + ": cannot open llm.c model file: " + std::strerror(errno));
   std::array<int32_t, kHeaderInts> h{};
   if (!f.read(reinterpret_cast<char*>(h.data()), sizeof h))
     throw LlmcError(path + ": shorter than the 1024-byte llm.c header");
@@ -103,24 +111,34 @@ LlmcModel read_llmc_model(const std::string& path) {
                     std::to_string(m.vocab) + ", padded vocab " + std::to_string(out.padded_vocab) +
                     ", layers " + std::to_string(m.layers) + ", heads " + std::to_string(m.heads) +
                     ", channels " + std::to_string(m.dim) + ")");
+  size_t count = 0;
+  for (size_t n : file_sizes(m, out.padded_vocab)) count += n;
+  const size_t elem = h[1] == kLlmcVersionFp32 ? 4 : 2;
+  const auto want = sizeof h + count * elem, got = std::filesystem::file_size(path, ec);
+  if (ec) throw LlmcError(path + ": cannot read its size: " + ec.message());
+  if (got != want)
+    throw LlmcError(path + ": " + std::to_string(got) + " bytes; the header implies " + std::to_string(want));
+  return out;
+}
 
+}  // namespace
+
+LlmcModel read_llmc_model(const std::string& path) {
+  std::ifstream f;
+  LlmcModel out = read_header(path, f);
+  const ModelConfig& m = out.model;
   const auto sizes = file_sizes(m, out.padded_vocab);
   size_t count = 0;
   for (size_t n : sizes) count += n;
-  const size_t elem = h[1] == kLlmcVersionFp32 ? 4 : 2;
-  const auto want = sizeof h + count * elem, got = std::filesystem::file_size(path);
-  if (got != want)
-    throw LlmcError(path + ": " + std::to_string(got) + " bytes; the header implies " + std::to_string(want));
-
   std::vector<float> values(count);
-  if (elem == 4) {
+  if (out.version == kLlmcVersionFp32) {
     f.read(reinterpret_cast<char*>(values.data()), static_cast<std::streamsize>(count * 4));
   } else {
     std::vector<uint16_t> half(count);
     f.read(reinterpret_cast<char*>(half.data()), static_cast<std::streamsize>(count * 2));
     for (size_t i = 0; i < count; ++i) values[i] = float_from_bf16(half[i]);
   }
-  if (!f) throw LlmcError(path + ": read failed");
+  if (!f) throw LlmcError(path + ": read failed: " + std::strerror(errno));
   // Drop wte's padding rows: the real rows come first.
   const size_t wte_real = static_cast<size_t>(m.vocab) * m.dim;
   out.params.reserve(count - (sizes[P_WTE] - wte_real));
@@ -129,25 +147,41 @@ LlmcModel read_llmc_model(const std::string& path) {
   return out;
 }
 
-std::vector<float> params_from_llmc_model(const std::string& path, const ModelConfig& m) {
+void check_llmc_model(const std::string& path, const ModelConfig& m) {
   require_no_qk_norm(m, "model.init_from = " + path);
-  const LlmcModel file = read_llmc_model(path);
-  const ModelConfig& f = file.model;
+  std::ifstream f;
+  const ModelConfig file = [&] {
+    try {
+      return read_header(path, f).model;
+    } catch (const LlmcError& e) {
+      throw LlmcError("model.init_from = " + std::string(e.what()));
+    }
+  }();
   std::string diff;
   auto check = [&](const char* key, int want, int have) {
     if (want != have) diff += std::string(diff.empty() ? "" : ", ") + "model." + key + " = " +
                               std::to_string(want) + " but the file has " + std::to_string(have);
   };
-  check("vocab", m.vocab, f.vocab);
-  check("layers", m.layers, f.layers);
-  check("heads", m.heads, f.heads);
-  check("dim", m.dim, f.dim);
-  if (m.seq_len > f.seq_len)
+  check("vocab", m.vocab, file.vocab);
+  check("layers", m.layers, file.layers);
+  check("heads", m.heads, file.heads);
+  check("dim", m.dim, file.dim);
+  if (m.seq_len > file.seq_len)
     diff += std::string(diff.empty() ? "" : ", ") + "model.seq_len = " + std::to_string(m.seq_len) +
-            " exceeds the file's max_seq_len " + std::to_string(f.seq_len);
+            " exceeds the file's max_seq_len " + std::to_string(file.seq_len);
   if (!diff.empty()) throw LlmcError("model.init_from = " + path + ": " + diff);
+}
 
-  return params_for_context(f, file.params, m);
+std::vector<float> params_from_llmc_model(const std::string& path, const ModelConfig& m) {
+  check_llmc_model(path, m);
+  const LlmcModel file = [&] {
+    try {
+      return read_llmc_model(path);
+    } catch (const LlmcError& e) {
+      throw LlmcError("model.init_from = " + std::string(e.what()));
+    }
+  }();
+  return params_for_context(file.model, file.params, m);
 }
 
 }  // namespace qattn

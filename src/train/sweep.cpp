@@ -1,5 +1,6 @@
 // Sweep files -> runs with stable ids, and run outcomes -> summary tables.
 #include "qattn/atomic_file.hpp"
+#include "qattn/json_file.hpp"
 #include "qattn/sweep.hpp"
 
 #include <algorithm>
@@ -282,13 +283,11 @@ Sweep expand_sweep(const json& j, const std::string& source) {
 }
 
 Sweep load_sweep(const std::string& path) {
-  std::ifstream f(path);
-  if (!f) throw SweepError(path + ": cannot open sweep file");
   json j;
   try {
-    j = json::parse(f, nullptr, true, /*ignore_comments=*/true);
-  } catch (const json::parse_error& e) {
-    throw SweepError(path + ": not valid JSON: " + e.what());
+    j = read_json_file(path, "sweep file");
+  } catch (const JsonError& e) {
+    throw SweepError(e.what());
   }
   try {
     return expand_sweep(j, path);
@@ -331,7 +330,7 @@ RunOutcome read_outcome(const std::string& run_dir, int eval_last) {
       o.train_seconds = st.value("train_seconds", 0.0);
       o.wall_seconds = st.value("wall_seconds", 0.0);
     } catch (const json::exception& e) {
-      o.reason = std::string("status.json: ") + e.what();
+      o.reason = "status.json: " + json_error_text(e);
     }
   }
   // Final val loss: the evaluations after step 0 (step 0 alone when there is no other).
@@ -354,12 +353,17 @@ RunOutcome read_outcome(const std::string& run_dir, int eval_last) {
     for (int c = 1; c <= val_col && std::getline(ss, field, ','); ++c) {}
     if (field.empty() || val_col == 0) continue;
     const double v = std::strtod(field.c_str(), nullptr);
-    if (std::strtoll(step.c_str(), nullptr, 10) == 0)
+    o.last_val_loss = v;
+    o.last_val_step = std::strtoll(step.c_str(), nullptr, 10);
+    if (o.last_val_step == 0)
       val0 = v;
     else
       vals.push_back(v);
   }
-  o.final_val_loss = vals.empty() ? val0 : mean_of_last(vals, eval_last);
+  // Only a run that ended has a final val loss: an interrupted one shows its
+  // last evaluation instead (in the status), never as if it had finished.
+  if (o.status == "finished" || o.status == "diverged")
+    o.final_val_loss = vals.empty() ? val0 : mean_of_last(vals, eval_last);
   return o;
 }
 
@@ -521,6 +525,8 @@ std::string write_summary(const Sweep& s, const std::vector<RunOutcome>& outcome
     const double gap = run_gap(s, outcomes, i);
     std::string status = o.status == "finished" ? o.status : "**" + o.status + "**";
     if (!o.reason.empty()) status += ": " + o.reason;
+    if (o.status != "finished" && o.status != "diverged" && o.last_val_step >= 0)
+      status += fmt::format("; last evaluation {:.4f} at step {}", o.last_val_loss, o.last_val_step);
     md << "| " << md_cell(s.runs[i].id) << " | " << md_cell(status) << " | " << o.steps << " | " << o.tokens
        << " | " << fmt_num(o.final_val_loss) << " | " << (std::isfinite(gap) ? fmt::format("{:+.4f}", gap) : "")
        << " | " << fmt_num(o.wall_seconds, "{:.1f}") << " | " << fmt_num(o.tokens_per_s(), "{:.0f}") << " | "

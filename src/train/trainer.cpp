@@ -16,13 +16,16 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <mutex>
 #include <optional>
+#include <sstream>
 
 #include "qattn/checkpoint.hpp"
 #include "qattn/data.hpp"
 #include "qattn/hf_model.hpp"
 #include "qattn/llmc_model.hpp"
 #include "qattn/optimizer.hpp"
+#include "qattn/stop_request.hpp"
 
 namespace qattn {
 
@@ -72,11 +75,15 @@ std::string fmt_or_empty(bool present, double x, const char* f = "{:.6f}") {
   return present ? fmt::format(fmt::runtime(f), x) : std::string();
 }
 
-double mean_val_loss(Backend& backend, DataLoader& val, int batches, int B, int T) {
+// The mean loss of the first `batches` val batches, or nothing when a stop is
+// requested before one of them: a long evaluation must not hold up a stop.
+std::optional<double> mean_val_loss(Backend& backend, DataLoader& val, int batches, int B, int T,
+                                    const StopRequest* stop) {
   std::vector<int32_t> in, tg;
   val.reset();
   double sum = 0;
   for (int i = 0; i < batches; ++i) {
+    if (stop && stop->requested()) return std::nullopt;
     val.next(in, tg);
     sum += backend.forward_loss(in.data(), tg.data(), B, T);
   }
@@ -120,10 +127,72 @@ std::ofstream open_csv(const std::string& path, const char* header, int64_t step
   return out;
 }
 
-void write_status(const std::string& run_dir, const json& status) {
-  write_file_atomically((fs::path(run_dir) / "status.json").string(),
-                        [&](std::ostream& f) { f << status.dump(2) << '\n'; });
+// The event of a step whose evaluation a stop request cut short; the resumed
+// run evaluates that step first and fills the row in.
+constexpr const char* kCutEvaluation = "evaluation cut short by a stop signal";
+
+// Fills the val_loss of step's row (the one with kCutEvaluation) in metrics.csv
+// with the evaluation the resumed run made: the file then reads as an
+// uninterrupted run's, with the event saying what happened.
+void fill_cut_evaluation(const std::string& path, int64_t step, double val) {
+  std::ifstream in(path);
+  std::string text;
+  for (std::string line; std::getline(in, line);) {
+    if (std::strtoll(line.c_str(), nullptr, 10) == step && line.find(kCutEvaluation) != std::string::npos) {
+      std::vector<std::string> fields;
+      std::stringstream ss(line);
+      for (std::string f; std::getline(ss, f, ',');) fields.push_back(f);
+      if (fields.size() > 4) fields[4] = fmt::format("{:.6f}", val);
+      fields.back() += "; done on resume";
+      line = fmt::format("{}", fmt::join(fields, ","));
+    }
+    text += line + '\n';
+  }
+  in.close();
+  write_file_atomically(path, [&](std::ostream& f) { f << text; });
 }
+
+// <run>/status.json, written by the lead rank from the training thread and,
+// on a second stop signal, from the signal thread: the writes are serialised,
+// and once a final state is written nothing overwrites it.
+class StatusFile {
+ public:
+  StatusFile(std::string run_dir, bool lead) : path_((fs::path(run_dir) / "status.json").string()), lead_(lead) {}
+
+  // Writes status (its "status" key says which); a final one ends the writes.
+  void write(const json& status) {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    if (final_) return;
+    latest_ = status;
+    final_ = status.at("status") != "running";
+    if (lead_) write_file_atomically(path_, [&](std::ostream& f) { f << status.dump(2) << '\n'; });
+  }
+  // Keeps status as the newest state without writing it (every step).
+  void note(const json& status) {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    if (!final_) latest_ = status;
+  }
+  // The newest state under another status and reason, written at once; nothing
+  // when no status was written yet (the run never started).
+  void end(const std::string& status, const std::string& reason) {
+    json s;
+    {
+      const std::lock_guard<std::mutex> lock(mutex_);
+      if (latest_.is_null() || final_) return;
+      s = latest_;
+    }
+    s["status"] = status;
+    s["reason"] = reason;
+    write(s);
+  }
+
+ private:
+  std::string path_;
+  bool lead_;
+  std::mutex mutex_;
+  json latest_;         // null until the first write
+  bool final_ = false;
+};
 
 // The checkpoint to continue from, per the resume mode (nullopt: start fresh),
 // and its directory in `dir` ("" when none). Only the lead rank (rank 0)
@@ -158,7 +227,55 @@ std::optional<Checkpoint> checkpoint_to_resume(const Config& cfg, const std::str
   return ck;
 }
 
+// What train checks of model.init_from before it starts: an llm.c file from its
+// header and size, a Hugging Face directory by reading it (its checks need the
+// tensors). Throws LlmcError / HfError naming model.init_from.
+void check_init_from(const ModelConfig& m) {
+  if (m.init_from.empty()) return;
+  if (is_model_dir(m.init_from))
+    params_from_hf_model(m.init_from, m);
+  else
+    check_llmc_model(m.init_from, m);
+}
+
+// Runs f, prefixing a DataError with the config key and glob it came from.
+template <class F>
+auto naming_key(bool train, const Config& cfg, F&& f) {
+  const char* key = train ? "data.train" : "data.val";
+  const std::string& glob = train ? cfg.data.train : cfg.data.val;
+  try {
+    return f(glob);
+  } catch (const DataError& e) {
+    throw DataError(std::string(key) + " = \"" + glob + "\": " + e.what());
+  }
+}
+
 }  // namespace
+
+DataLoader open_data(const Config& cfg, bool train, int rank, int world) {
+  return naming_key(train, cfg, [&](const std::string& glob) {
+    DataLoader d(glob, cfg.train.micro_batch, cfg.model.seq_len, /*shuffle=*/train, cfg.train.seed, rank, world);
+    check_token_ids(d.shards(), cfg.model.vocab);
+    return d;
+  });
+}
+
+void check_run_inputs(const Config& cfg, int world) {
+  for (const bool train : {true, false}) {
+    naming_key(train, cfg, [&](const std::string& glob) {
+      std::vector<ShardInfo> shards;
+      int64_t tokens = 0;
+      for (const auto& path : expand_glob(glob)) {
+        shards.push_back(scan_shard(path));
+        tokens += shards.back().tokens;
+      }
+      check_token_ids(shards, cfg.model.vocab);
+      check_one_batch(glob, tokens, static_cast<int64_t>(cfg.train.micro_batch) * (train ? world : 1),
+                      cfg.model.seq_len);
+    });
+  }
+  check_init_from(cfg.model);
+}
 
 std::string to_string(RunStatus s) {
   switch (s) {
@@ -171,8 +288,10 @@ std::string to_string(RunStatus s) {
 
 std::string run_directory(const Config& cfg) { return (fs::path(cfg.log.out) / cfg.log.name).string(); }
 
-TrainResult train(const Config& cfg, Backend& backend, const std::string& run_dir,
-                  const TrainOptions& options) {
+namespace {
+
+TrainResult run_training(const Config& cfg, Backend& backend, const std::string& run_dir,
+                         const TrainOptions& options, StatusFile& status) {
   const auto wall_start = std::chrono::steady_clock::now();
   const TrainConfig& tc = cfg.train;
   const int B = tc.micro_batch, T = cfg.model.seq_len;
@@ -180,8 +299,17 @@ TrainResult train(const Config& cfg, Backend& backend, const std::string& run_di
   // takes the same decisions; only rank 0 (the lead) writes files and logs.
   const bool lead = backend.rank() == 0;
 
-  // ---- resume or start fresh (decided before anything in run_dir is touched)
-  fs::create_directories(run_dir);
+  // ---- data, opened before anything in run_dir is touched: a run that cannot
+  // start leaves no trace
+  DataLoader train_data = open_data(cfg, /*train=*/true, backend.rank(), backend.world());
+  DataLoader val_data = open_data(cfg, /*train=*/false, 0, 1);
+  check_init_from(cfg.model);
+
+  // ---- resume or start fresh (decided before anything in run_dir is written)
+  if (options.resume == ResumeMode::require && !fs::is_directory(run_dir))
+    throw ResumeError(run_dir + ": --resume given, but the run directory does not exist");
+  if (std::error_code ec; fs::create_directories(run_dir, ec), ec)
+    throw CheckpointError("cannot create the run directory " + run_dir + ": " + ec.message());
   std::optional<DirLock> lock;  // the lead writes the run directory; two runs on one would interleave
   if (lead) lock.emplace(run_dir);
   std::vector<std::string> passed_over;
@@ -207,21 +335,6 @@ TrainResult train(const Config& cfg, Backend& backend, const std::string& run_di
   log.flush_on(spdlog::level::info);
   for (const auto& p : passed_over) log.warn("passed over invalid checkpoint {}", p);
 
-  // ---- data
-  // Data errors name the config key they came from.
-  auto open_data = [&](const char* key, const std::string& glob, bool shuffle, int rank, int world) {
-    try {
-      DataLoader d(glob, B, T, shuffle, tc.seed, rank, world);
-      if (d.max_token() >= cfg.model.vocab)
-        throw DataError("holds token id " + std::to_string(d.max_token()) + " but model.vocab = " +
-                        std::to_string(cfg.model.vocab) + "; allowed: model.vocab > every token id");
-      return d;
-    } catch (const DataError& e) {
-      throw DataError(std::string(key) + " = \"" + glob + "\": " + e.what());
-    }
-  };
-  DataLoader train_data = open_data("data.train", cfg.data.train, /*shuffle=*/true, backend.rank(), backend.world());
-  DataLoader val_data = open_data("data.val", cfg.data.val, /*shuffle=*/false, 0, 1);
   const double fpt = flops_per_token(cfg.model);
   const double peak = backend.peak_flops() * backend.world();  // 0: unknown, no MFU
   log.info("run {} | backend {} | {} parameters | {} layers x {} dim x {} heads, T {} | attention {}",
@@ -283,7 +396,7 @@ TrainResult train(const Config& cfg, Backend& backend, const std::string& run_di
     result.diverged = s == RunStatus::diverged;
     result.steps_done = st.step;
     result.last_val_loss = st.last_val_loss;
-    if (lead) write_status(run_dir, status_json(to_string(s)));
+    status.write(status_json(to_string(s)));
     return result;
   };
   auto save = [&] {
@@ -295,22 +408,53 @@ TrainResult train(const Config& cfg, Backend& backend, const std::string& run_di
     backend.get_adam_state(ck.adam_m, ck.adam_v);
     if (!lead) return;
     result.last_checkpoint = save_checkpoint(run_dir, ck, tc.keep_checkpoints);
-    write_status(run_dir, status_json("running"));
+    status.write(status_json("running"));
     log.info("checkpoint {}", result.last_checkpoint);
   };
-  auto evaluate = [&] {
-    st.last_val_loss = mean_val_loss(backend, val_data, cfg.eval.batches, B, T);
-    return st.last_val_loss;
+  // nullopt when a stop request cut the evaluation short.
+  auto evaluate = [&]() -> std::optional<double> {
+    const auto val = mean_val_loss(backend, val_data, cfg.eval.batches, B, T, options.stop);
+    if (val) st.last_val_loss = *val;
+    return val;
   };
-  if (lead) write_status(run_dir, status_json("running"));
+  auto stopped = [&](const std::string& reason) {
+    result.reason = reason;
+    log.warn("{}; resume with the same command", result.reason);
+    return finish(RunStatus::interrupted);
+  };
+  status.write(status_json("running"));
+  // The first stop signal is acknowledged at once; a second one ends the run
+  // now, with status.json saying so.
+  const StopListener listener(options.stop, [&](bool now) {
+    if (!now) {
+      log.warn("stop requested: stopping after the current step or evaluation, with a checkpoint; a second "
+               "signal stops at once");
+      return;
+    }
+    status.end("interrupted", "stopped at once by a second signal; resume continues from the newest checkpoint");
+    log.warn("stopped at once by a second signal (no final checkpoint)");
+  });
 
   if (resumed_step < 0) {  // step 0: the untrained model
-    const double val0 = evaluate();
-    metrics << "0,0,,," << fmt::format("{:.6f}", val0) << ",,,,,0,\n";
+    const auto val0 = evaluate();
+    if (!val0) return stopped("stopped by a signal during the evaluation of step 0 (no checkpoint)");
+    metrics << "0,0,,," << fmt::format("{:.6f}", *val0) << ",,,,,0,\n";
     metrics.flush();
-    log.info("step 0 | val loss {:.4f}", val0);
+    log.info("step 0 | val loss {:.4f}", *val0);
     if (diag.is_open())
       write_diag(diag, 0, backend.diagnostics(probe_in.data(), probe_tg.data(), B, T));
+  }
+
+  if (st.eval_pending) {  // the evaluation a stop request cut short, before the next step
+    const auto val = evaluate();
+    if (!val) return stopped(fmt::format("stopped by a signal during the evaluation of step {}", st.step));
+    st.eval_pending = false;
+    if (lead) {
+      metrics.close();
+      fill_cut_evaluation(run_dir + "/metrics.csv", st.step, *val);
+      metrics.open(run_dir + "/metrics.csv", std::ios::app);
+    }
+    log.info("step {} | val loss {:.4f} (the evaluation a stop cut short)", st.step, *val);
   }
 
   const int64_t nan_step = injected_nan_step();
@@ -364,10 +508,14 @@ TrainResult train(const Config& cfg, Backend& backend, const std::string& run_di
     const double mfu = peak > 0 ? fpt * tok_s / peak : 0.0;
 
     const bool eval_now = (cfg.eval.every > 0 && step % cfg.eval.every == 0) || step == tc.steps;
-    const double val = eval_now ? evaluate() : 0.0;
-    const std::string event = skip ? fmt::format("spike: update skipped (z = {:.2f})", z) : "";
+    const std::optional<double> evaluated = eval_now ? evaluate() : std::nullopt;
+    const bool has_val = evaluated.has_value();
+    const double val = has_val ? *evaluated : 0.0;
+    st.eval_pending = eval_now && !has_val;
+    std::string event = skip ? fmt::format("spike: update skipped (z = {:.2f})", z) : "";
+    if (st.eval_pending) event += std::string(event.empty() ? "" : "; ") + kCutEvaluation;
     metrics << step << ',' << step * tc.tokens_per_step << ',' << fmt::format("{:.6g}", lr) << ','
-            << fmt::format("{:.6f}", loss) << ',' << fmt_or_empty(eval_now, val) << ','
+            << fmt::format("{:.6f}", loss) << ',' << fmt_or_empty(has_val, val) << ','
             << fmt::format("{:.6f}", norm) << ',' << fmt::format("{:.2f}", ms) << ','
             << fmt::format("{:.0f}", tok_s) << ',' << fmt_or_empty(mfu > 0, mfu, "{:.4f}") << ','
             << st.skipped << ',' << event << '\n';
@@ -378,25 +526,36 @@ TrainResult train(const Config& cfg, Backend& backend, const std::string& run_di
     if (step % cfg.log.every == 0 || eval_now) {  // eval_now holds at the last step
       const double left_s = session_ms / session_steps * (tc.steps - step) / 1000.0;
       log.info("step {:>6}/{} | loss {:.4f}{} | norm {:.3f} | lr {:.2e} | {:.1f} ms | {:.0f} tok/s{} | {:.0f}s left",
-               step, tc.steps, loss, eval_now ? fmt::format(" | val {:.4f}", val) : "", norm, lr, ms,
+               step, tc.steps, loss, has_val ? fmt::format(" | val {:.4f}", val) : "", norm, lr, ms,
                tok_s, mfu > 0 ? fmt::format(" | MFU {:.1f}%", 100 * mfu) : "", left_s);
     }
 
-    bool stop = options.stop && options.stop->load();
+    status.note(status_json("running"));
+    bool stop = options.stop && options.stop->requested();
     if (backend.world() > 1) {  // a signal may reach the ranks at different steps: stop together
       double requests = stop ? 1.0 : 0.0;
       backend.sum_over_ranks(&requests, 1);
       stop = requests > 0;
     }
     if ((tc.checkpoint_every > 0 && step % tc.checkpoint_every == 0) || step == tc.steps || stop) save();
-    if (stop && step < tc.steps) {
-      result.reason = fmt::format("stopped by a signal after step {}", step);
-      log.warn("{}; resume with the same command", result.reason);
-      return finish(RunStatus::interrupted);
-    }
+    if (stop && (step < tc.steps || st.eval_pending))
+      return stopped(fmt::format("stopped by a signal after step {}{}", step,
+                                 st.eval_pending ? " (its evaluation runs on resume)" : ""));
   }
   log.info("done: {} steps, final val loss {:.4f}, {:.1f} s in steps", st.step, st.last_val_loss, st.train_seconds);
   return finish(RunStatus::finished);
+}
+
+}  // namespace
+
+TrainResult train(const Config& cfg, Backend& backend, const std::string& run_dir, const TrainOptions& options) {
+  StatusFile status(run_dir, backend.rank() == 0);
+  try {
+    return run_training(cfg, backend, run_dir, options, status);
+  } catch (const std::exception& e) {
+    status.end("failed", e.what());  // a run that started ends in a final state
+    throw;
+  }
 }
 
 }  // namespace qattn

@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -97,9 +98,41 @@ inline int run_qattn(const std::vector<std::string>& args,
 
 inline int exit_code(int wait_status) { return WIFEXITED(wait_status) ? WEXITSTATUS(wait_status) : -1; }
 
+// What `qattn ARGS...` printed (stdout and stderr) and its exit code (-1 when killed).
+struct Outcome {
+  int code;
+  std::string output;
+};
+inline Outcome qattn_outcome(const std::vector<std::string>& args, const fs::path& log,
+                             const std::vector<std::pair<std::string, std::string>>& env = {}) {
+  fs::remove(log);
+  const int status = run_qattn(args, env, log);
+  std::ifstream f(log);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, std::string(std::istreambuf_iterator<char>(f), {})};
+}
+
+// Text that only a library or the OS writes, never a message of qattn's own:
+// it means an exception reached the user without saying which file, key or
+// argument it was about.
+inline std::string raw_library_text(const std::string& output) {
+  for (const char* raw : {"json.exception", "filesystem error", "basic_filebuf", "basic_ios", "std::", "stoi",
+                          "stol", "stod", "bad_alloc", "vector::", "terminate called", "what():", "Could not convert"})
+    if (output.find(raw) != std::string::npos) return raw;
+  return "";
+}
+
 inline std::string read_text(const fs::path& p) {
   std::ifstream f(p);
   return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+// The names in a folder, sorted (what a failed command must not have added to).
+inline std::vector<std::string> listing(const fs::path& dir) {
+  std::vector<std::string> names;
+  if (fs::is_directory(dir))
+    for (const auto& e : fs::recursive_directory_iterator(dir)) names.push_back(fs::relative(e.path(), dir).string());
+  std::sort(names.begin(), names.end());
+  return names;
 }
 
 }  // namespace qattn::test

@@ -8,6 +8,7 @@
 
 #include "qattn/backend.hpp"
 #include "qattn/checkpoint.hpp"
+#include "qattn/stop_request.hpp"
 #include "qattn/trainer.hpp"
 #include "run_helpers.hpp"
 
@@ -47,6 +48,39 @@ TrainResult train_in_process(const json& j, TrainOptions options = {}) {
   auto backend = make_cpu_backend(cfg);
   return train(cfg, *backend, run_directory(cfg), options);
 }
+
+// A backend that requests a stop just before its n-th evaluation batch
+// (forward_loss call, counted from 1), as a signal arriving mid-evaluation would.
+class StopInEvaluation : public Backend {
+ public:
+  StopInEvaluation(std::unique_ptr<Backend> inner, StopRequest& stop, int n) : inner_(std::move(inner)), stop_(stop), n_(n) {}
+  std::string name() const override { return inner_->name(); }
+  const ParamLayout& layout() const override { return inner_->layout(); }
+  void get_params(std::vector<float>& out) override { inner_->get_params(out); }
+  void set_params(const std::vector<float>& in) override { inner_->set_params(in); }
+  void get_grads(std::vector<float>& out) override { inner_->get_grads(out); }
+  void get_adam_state(std::vector<float>& m, std::vector<float>& v) override { inner_->get_adam_state(m, v); }
+  void set_adam_state(const std::vector<float>& m, const std::vector<float>& v) override { inner_->set_adam_state(m, v); }
+  void zero_grad() override { inner_->zero_grad(); }
+  float forward_backward(const int32_t* in, const int32_t* tg, int B, int T, float scale) override {
+    return inner_->forward_backward(in, tg, B, T, scale);
+  }
+  float forward_loss(const int32_t* in, const int32_t* tg, int B, int T) override {
+    const float loss = inner_->forward_loss(in, tg, B, T);
+    if (++calls_ == n_ - 1) stop_.request();  // seen before batch n
+    return loss;
+  }
+  float grad_norm() override { return inner_->grad_norm(); }
+  void adamw_step(const AdamWHyper& h, float grad_mult, int64_t t) override { inner_->adamw_step(h, grad_mult, t); }
+  std::vector<LayerDiag> diagnostics(const int32_t* in, const int32_t* tg, int B, int T) override {
+    return inner_->diagnostics(in, tg, B, T);
+  }
+
+ private:
+  std::unique_ptr<Backend> inner_;
+  StopRequest& stop_;
+  int n_, calls_ = 0;
+};
 
 }  // namespace
 
@@ -90,6 +124,18 @@ TEST_CASE("a checkpoint round-trips and a damaged one never loads", "[checkpoint
   }
 }
 
+TEST_CASE("the manifest's checksum is FNV-1a-64 over 64-bit words, as docs/runs.md defines it", "[checkpoint]") {
+  const auto d = scratch_dir("ckpt_checksum");
+  Checkpoint ck = random_checkpoint(1, 3);
+  ck.params = {1.0f, 2.0f, 3.0f};  // bytes 0000803f 00000040 00004040: one word and a 4-byte tail
+  const std::string dir = save_checkpoint(d.string(), ck, 1);
+  const json manifest = json::parse(read_text(fs::path(dir) / "manifest.json"));
+  // Known answers from the documented rule (Python); byte-wise FNV-1a-64 of the
+  // same 12 bytes is 1de40d89811fe258, which is why the docs name the difference.
+  CHECK(manifest["files"]["params.bin"]["fnv1a64"] == "dbc0c7699c65204f");
+  CHECK(manifest["files"]["params.bin"]["bytes"] == 12);
+}
+
 TEST_CASE("only the newest keep_checkpoints survive, and dead temporaries go", "[checkpoint]") {
   const auto d = scratch_dir("ckpt_prune");
   fs::create_directories(fs::path(checkpoint_root(d.string())) / ".step_00000003.tmp");
@@ -131,18 +177,21 @@ TEST_CASE("resume continues bit-exactly and refuses a different config", "[check
     CHECK(r.status == RunStatus::finished);
     CHECK(loss_columns(d / "runs" / "cut" / "metrics.csv") == expected);
   }
-  SECTION("a stop request checkpoints, and the resumed run matches") {
+  SECTION("a stop request before the first evaluation ends the run at step 0; the next starts afresh") {
     const json j = tiny_config(d, "stopped", 12);
-    std::atomic<bool> stop{true};
+    StopRequest stop;
+    stop.request();
     TrainOptions o;
     o.stop = &stop;
     const TrainResult first = train_in_process(j, o);
     CHECK(first.status == RunStatus::interrupted);
-    CHECK(first.steps_done == 1);
-    CHECK(json::parse(read_text(d / "runs" / "stopped" / "status.json"))["status"] == "interrupted");
-    o.resume = ResumeMode::require;
-    stop = false;
-    CHECK(train_in_process(j, o).resumed_from == 1);
+    CHECK(first.steps_done == 0);
+    const json st = json::parse(read_text(d / "runs" / "stopped" / "status.json"));
+    CHECK(st["status"] == "interrupted");
+    CHECK_THAT(st["reason"].get<std::string>(), Catch::Contains("during the evaluation of step 0"));
+    CHECK(latest_checkpoint((d / "runs" / "stopped").string()).empty());
+    stop.clear();
+    CHECK(train_in_process(j, o).resumed_from == -1);
     CHECK(loss_columns(d / "runs" / "stopped" / "metrics.csv") == expected);
   }
   SECTION("a changed config is an error naming the key") {
@@ -156,6 +205,45 @@ TEST_CASE("resume continues bit-exactly and refuses a different config", "[check
     TrainOptions o;
     o.resume = ResumeMode::require;
     CHECK_THROWS_AS(train_in_process(tiny_config(d, "none", 12), o), ResumeError);
+  }
+}
+
+TEST_CASE("a stop during an evaluation ends it between batches; resume evaluates first", "[checkpoint][train]") {
+  const auto d = scratch_dir("ckpt_stop_eval");
+  make_corpus(d);
+  REQUIRE(train_in_process(tiny_config(d, "whole", 12)).status == RunStatus::finished);
+  const auto expected = loss_columns(d / "runs" / "whole" / "metrics.csv");
+  const json j = tiny_config(d, "cut", 12);  // eval.every 4, 2 batches: evaluations at steps 0, 4, 8, 12
+  const Config cfg = config_from_json(j);
+  const std::string run = run_directory(cfg);
+  for (const int last_step : {8, 12}) {
+    INFO("stopped in the evaluation of step " << last_step);
+    fs::remove_all(run);
+    StopRequest stop;
+    TrainOptions o;
+    o.stop = &stop;
+    // Evaluation batches before the cut: steps 0 and 4 (and 8) take 2 each; the cut comes before the 2nd batch.
+    StopInEvaluation backend(make_cpu_backend(cfg), stop, 2 * (last_step / 4) + 2);
+    const TrainResult first = train(cfg, backend, run, o);
+    CHECK(first.status == RunStatus::interrupted);
+    CHECK(first.steps_done == last_step);
+    const json st = json::parse(read_text(fs::path(run) / "status.json"));
+    CHECK(st["status"] == "interrupted");
+    const Checkpoint ck = load_checkpoint(latest_checkpoint(run));
+    CHECK(ck.state.step == last_step);
+    CHECK(ck.state.eval_pending);
+    const auto rows = loss_columns(fs::path(run) / "metrics.csv");
+    REQUIRE(rows.size() == static_cast<size_t>(last_step + 1));
+    CHECK_THAT(rows.back(), Catch::Contains(",,"));  // the cut row has no val_loss
+
+    // Resume: the cut evaluation runs first and fills in its row; metrics.csv
+    // then reads as the uninterrupted run's, and the event says what happened.
+    stop.clear();
+    const TrainResult second = train_in_process(j);
+    CHECK(second.status == RunStatus::finished);
+    CHECK(loss_columns(fs::path(run) / "metrics.csv") == expected);
+    CHECK_THAT(read_text(fs::path(run) / "metrics.csv"),
+               Catch::Contains("evaluation cut short by a stop signal; done on resume"));
   }
 }
 
@@ -197,6 +285,62 @@ TEST_CASE("SIGTERM writes a final checkpoint and exits with code 4", "[checkpoin
   REQUIRE_FALSE(ck.empty());
   CHECK(load_checkpoint(ck).state.step == st["step"].get<int64_t>());
   CHECK(st["step"].get<int64_t>() >= 3);
+}
+
+namespace {
+
+// Waits for pid to end, up to `seconds` (then kills it and fails): whether a
+// stop request was acted on, with a bound far below the work it stops.
+int wait_for_exit(pid_t pid, int seconds) {
+  int status = 0;
+  for (int i = 0; i < seconds * 50; ++i) {
+    if (::waitpid(pid, &status, WNOHANG) == pid) return exit_code(status);
+    ::usleep(20000);
+  }
+  ::kill(pid, SIGKILL);
+  ::waitpid(pid, &status, 0);
+  FAIL("qattn did not stop within " << seconds << " s of the signal");
+  return -1;
+}
+
+}  // namespace
+
+TEST_CASE("SIGTERM during a long evaluation is acknowledged and ends it between batches", "[checkpoint][cli]") {
+  const auto d = scratch_dir("ckpt_term_eval");
+  make_corpus(d);
+  json j = tiny_config(d, "eval", 100);
+  j["eval"]["batches"] = 2000000000;  // days of evaluation at step 0
+  const auto cfg = write_json(d / "eval.json", j);
+  const fs::path run = d / "runs" / "eval";
+  const pid_t pid = spawn_qattn({"train", cfg.string()}, {}, d / "log.txt");
+  for (int i = 0; i < 3000 && !fs::exists(run / "status.json"); ++i) ::usleep(20000);  // written before step 0
+  ::usleep(200000);
+  ::kill(pid, SIGTERM);
+  CHECK(wait_for_exit(pid, 60) == kExitInterrupted);
+  const std::string log = read_text(d / "log.txt");
+  CHECK_THAT(log, Catch::Contains("stop requested: stopping after the current step or evaluation"));
+  const json st = json::parse(read_text(run / "status.json"));
+  CHECK(st["status"] == "interrupted");
+  CHECK_THAT(st["reason"].get<std::string>(), Catch::Contains("during the evaluation of step 0"));
+}
+
+TEST_CASE("a second SIGTERM stops at once, and status.json says interrupted", "[checkpoint][cli]") {
+  const auto d = scratch_dir("ckpt_term_twice");
+  make_corpus(d);
+  json j = tiny_config(d, "twice", 2);
+  j["train"]["tokens_per_step"] = int64_t{128} * 100000000;  // one step of 10^8 micro-batches: days
+  const auto cfg = write_json(d / "twice.json", j);
+  const fs::path run = d / "runs" / "twice";
+  const pid_t pid = spawn_qattn({"train", cfg.string()}, {}, d / "log.txt");
+  for (int i = 0; i < 3000 && loss_columns(run / "metrics.csv").empty(); ++i) ::usleep(20000);  // step 1 began
+  ::kill(pid, SIGTERM);
+  for (int i = 0; i < 500 && read_text(d / "log.txt").find("stop requested") == std::string::npos; ++i) ::usleep(20000);
+  ::kill(pid, SIGTERM);
+  CHECK(wait_for_exit(pid, 60) == kExitInterrupted);
+  const json st = json::parse(read_text(run / "status.json"));
+  CHECK(st["status"] == "interrupted");
+  CHECK_THAT(st["reason"].get<std::string>(), Catch::Contains("second signal"));
+  CHECK(st["step"] == 0);
 }
 
 TEST_CASE("a non-finite loss stops the run: diverged row, exit 3, last good checkpoint kept", "[checkpoint][cli]") {

@@ -2,6 +2,7 @@
 #include <catch2/catch.hpp>
 
 #include "qattn/config.hpp"
+#include "qattn/json_file.hpp"
 
 using nlohmann::json;
 using qattn::ConfigError;
@@ -152,4 +153,23 @@ TEST_CASE("the attention section alone (qattn bench attention --set) validates l
   qattn::apply_override(j, "attention.sage.softmax.K=0");
   CHECK_THROWS_WITH(qattn::attention_config_from_json(j), Catch::Contains("attention.sage.softmax.K"));
   CHECK(qattn::attention_config_from_json(json::object()).kind == qattn::AttentionKind::fpa);
+}
+
+TEST_CASE("JSON as people write it: duplicate keys and numbers beyond double name their path", "[config]") {
+  using qattn::parse_json;
+  CHECK_THROWS_WITH(parse_json(R"({"model": {"layers": 2, "dim": 8, "layers": 3}})"),
+                    Catch::StartsWith("model.layers: given twice in one object"));
+  CHECK_THROWS_WITH(parse_json(R"({"zip": [{"a": [1]}, {"b": 1, "b": 2}]})"), Catch::StartsWith("zip[1].b: given twice"));
+  CHECK_THROWS_WITH(parse_json(R"({"train": {"lr": 1e400}})"),
+                    Catch::StartsWith("train.lr: 1e400 is out of range for a number"));
+  CHECK_THROWS_WITH(parse_json(R"({"x": [0, 1, -1e999]})"), Catch::StartsWith("x[2]: -1e999 is out of range"));
+  CHECK_THROWS_WITH(parse_json(R"({"a": 1,})"), Catch::StartsWith("not valid JSON: parse error at line 1") &&
+                                                    !Catch::Contains("json.exception"));
+  CHECK(parse_json("// a comment\n{\"a\": {\"a\": 1}}")["a"]["a"] == 1);  // one key per object
+  // A number beyond int64 is out of range, never wrapped to a negative one.
+  json j = good();
+  j["train"]["steps"] = std::numeric_limits<uint64_t>::max();
+  CHECK_THROWS_WITH(qattn::config_from_json(j), Catch::Contains("train.steps: 18446744073709551615 is out of range"));
+  // A bare word must be UTF-8 like the file's strings.
+  CHECK_THROWS_WITH(qattn::apply_override(j, "log.name=\xff"), Catch::Contains("not valid UTF-8"));
 }

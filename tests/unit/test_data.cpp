@@ -54,6 +54,36 @@ TEST_CASE("an atomic write that fails leaves the old file and no temporary", "[d
   CHECK(!fs::exists(d / ".f.txt.tmp"));
 }
 
+TEST_CASE("an atomic write that cannot finish names the reason and leaves no temporary", "[data]") {
+  const auto d = temp_dir("atomic_fail");
+  const auto no_temporaries = [](const fs::path& dir) {
+    for (const auto& e : fs::directory_iterator(dir))
+      if (e.path().filename().string().ends_with(".tmp")) return false;
+    return true;
+  };
+  const auto write_text = [](std::ostream& f) { f << "text"; };
+  // The target is a directory: refused before anything is written.
+  fs::create_directories(d / "taken");
+  CHECK_THROWS_WITH(qattn::write_file_atomically((d / "taken").string(), write_text),
+                    Catch::Contains("taken: is a directory"));
+  CHECK(fs::is_directory(d / "taken"));
+  // The folder is missing, or is a file: the OS's reason.
+  CHECK_THROWS_WITH(qattn::write_file_atomically((d / "missing" / "f.txt").string(), write_text),
+                    Catch::Contains("f.txt: cannot create a file in") && Catch::Contains("No such file or directory"));
+  { std::ofstream(d / "plain") << "x"; }
+  CHECK_THROWS_WITH(qattn::write_file_atomically((d / "plain" / "f.txt").string(), write_text),
+                    Catch::Contains("Not a directory"));
+  // The writer throws: its exception goes through, the temporary does not stay.
+  CHECK_THROWS_WITH(qattn::write_file_atomically((d / "g.txt").string(),
+                                                 [](std::ostream& f) {
+                                                   f << "half";
+                                                   throw std::runtime_error("writer gave up");
+                                                 }),
+                    "writer gave up");
+  CHECK(!fs::exists(d / "g.txt"));
+  CHECK(no_temporaries(d));
+}
+
 TEST_CASE("bad shards stop with their path and what is wrong", "[data]") {
   const auto d = temp_dir("bad");
   write_raw(d / "magic.bin", {12345, 1, 10}, 10);

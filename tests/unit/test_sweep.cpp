@@ -200,6 +200,30 @@ TEST_CASE("paired gaps: mean, std and Student-t 95% interval over seeds", "[swee
   CHECK(paired_gap({}).n == 0);
 }
 
+TEST_CASE("an interrupted run shows its last evaluation and its state, never a final val loss", "[sweep]") {
+  const auto d = scratch_dir("sweep_interrupted");
+  json j = {{"name", "s"}, {"base", "b.json"}, {"out", d.string()}, {"grid", {{"attention.kind", {"fpa", "sage"}}}}};
+  const Sweep s = expand_sweep(j, "");
+  fake_run(d / "s" / "kind=fpa", "finished", {2.5, 2.1});
+  fake_run(d / "s" / "kind=sage", "interrupted", {});  // stopped before its first evaluation after step 0
+  std::vector<RunOutcome> outcomes;
+  for (const auto& r : s.runs) outcomes.push_back(read_outcome((d / "s" / r.id).string(), s.eval_last));
+  CHECK(outcomes[0].final_val_loss == Approx(2.1));
+  CHECK(outcomes[1].status == "interrupted");
+  CHECK(std::isnan(outcomes[1].final_val_loss));  // not the step-0 loss as if it had finished
+  CHECK(outcomes[1].last_val_loss == Approx(9.0));
+  CHECK(outcomes[1].last_val_step == 0);
+  const std::string md = write_summary(s, outcomes);
+  CHECK_THAT(md, Catch::Contains("| kind=sage | **interrupted**; last evaluation 9.0000 at step 0 | 0 | 0 |  |"));
+  CHECK_THAT(md, Catch::Contains("| kind=sage | sage | 0/1 | — |"));
+
+  fake_run(d / "s" / "kind=sage", "interrupted", {3.0, 2.7});
+  const RunOutcome later = read_outcome((d / "s" / "kind=sage").string(), s.eval_last);
+  CHECK(std::isnan(later.final_val_loss));
+  CHECK(later.last_val_loss == Approx(2.7));
+  CHECK(later.last_val_step == 2);
+}
+
 TEST_CASE("qattn sweep runs a grid, records a divergence and skips finished runs", "[sweep][cli]") {
   const auto d = scratch_dir("sweep_cli");
   make_corpus(d);
@@ -225,7 +249,7 @@ TEST_CASE("qattn sweep runs a grid, records a divergence and skips finished runs
   CHECK_THAT(read_text(dir / "summary.md"), Catch::Contains("| lr=0.003 | finished | 6 | 768 |"));
 }
 
-TEST_CASE("--start-until: no run starts after the time; the next invocation starts them", "[sweep][cli]") {
+TEST_CASE("sweep --start-until: no run starts after the time, and the next invocation starts them", "[sweep][cli]") {
   const auto d = scratch_dir("sweep_start_until");
   make_corpus(d);
   write_json(d / "base.json", tiny_config(d, "base", 4));

@@ -285,7 +285,7 @@ TEST_CASE("gpt2: bad vocab files give clear errors", "[tokenizer][gpt2]") {
   CHECK_THROWS_WITH(make_gpt2_tokenizer(dir.string()),
                     Catch::Contains("cannot read") && Catch::Contains("encoder.json"));
   write_file(dir / "encoder.json", "{\"a\": 0,");
-  CHECK_THROWS_WITH(make_gpt2_tokenizer(dir.string()), Catch::Contains("is not valid JSON"));
+  CHECK_THROWS_WITH(make_gpt2_tokenizer(dir.string()), Catch::Contains("encoder.json: not valid JSON"));
   write_file(dir / "encoder.json", "{\"<|endoftext|>\": 0, \"a\": 1}");
   CHECK_THROWS_WITH(make_gpt2_tokenizer(dir.string()), Catch::Contains("has no token for byte 0"));
   write_file(dir / "encoder.json", "{\"<|endoftext|>\": 0, \"a\": 7}");

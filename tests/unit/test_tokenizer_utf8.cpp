@@ -8,7 +8,7 @@ namespace {
 const std::string R = "\xEF\xBF\xBD";  // U+FFFD
 
 std::string repaired(std::string s, size_t expected_replacements) {
-  CHECK(qattn::repair_utf8(s) == expected_replacements);
+  CHECK(qattn::repair_utf8(s).sequences == expected_replacements);
   return s;
 }
 
@@ -31,4 +31,15 @@ TEST_CASE("repair_utf8 replaces each maximal invalid subpart once", "[tokenizer]
   CHECK(repaired("\x80\xBF", 2) == R + R);                     // lone continuations
   CHECK(repaired("\xFF\xFE", 2) == R + R);                     // never valid
   CHECK(repaired("\xE2\x82\xE2\x82\xAC", 1) == R + "\xE2\x82\xAC");  // resume at the breaking byte
+}
+
+TEST_CASE("repair_utf8 counts the bytes it replaced and where the first was", "[tokenizer][utf8]") {
+  std::string s = "ok \xF0\x9F\x98 x \xC0\xAF \xE2\x82";  // 3 bytes as one, 2 as two, 2 at the end as one
+  const qattn::Utf8Repair r = qattn::repair_utf8(s);
+  CHECK(r.sequences == 4);
+  CHECK(r.bytes == 7);
+  CHECK(r.first == 3);
+  CHECK(s == "ok " + R + " x " + R + R + " " + R);
+  std::string valid = "caf\xC3\xA9";
+  CHECK(qattn::repair_utf8(valid).bytes == 0);
 }

@@ -1,0 +1,242 @@
+// Bad input through the command line as a user gives it: every answer names
+// the file, key or argument and what is allowed, carries no raw library or OS
+// exception text, exits with a documented code, and leaves nothing behind.
+#include <catch2/catch.hpp>
+#include <fmt/format.h>
+
+#include "qattn/checkpoint.hpp"
+#include "run_helpers.hpp"
+
+using namespace qattn::test;
+using nlohmann::json;
+
+namespace {
+
+// A tiny corpus and config in d: d/cfg.json trains 4 steps into d/runs/tiny.
+fs::path tiny_setup(const fs::path& d) {
+  make_corpus(d);
+  return write_json(d / "cfg.json", tiny_config(d, "tiny", 4));
+}
+
+void check_clean(const Outcome& r) {
+  INFO(r.output);
+  CHECK(raw_library_text(r.output).empty());
+}
+
+}  // namespace
+
+TEST_CASE("export to an existing folder or a missing one fails with the reason and leaves no temporary",
+          "[cli][errors]") {
+  const auto d = scratch_dir("cli_export");
+  const auto cfg = tiny_setup(d);
+  REQUIRE(exit_code(run_qattn({"train", cfg.string()}, {}, d / "train.log")) == 0);
+  const std::string run = (d / "runs" / "tiny").string();
+  fs::create_directories(d / "out" / "taken");
+  const auto before = listing(d / "out");
+
+  auto r = qattn_outcome({"export", "--checkpoint", run, "--out", (d / "out" / "taken").string()}, d / "log");
+  CHECK(r.code == 1);
+  CHECK_THAT(r.output, Catch::Contains("taken: is a directory"));
+  check_clean(r);
+  CHECK(listing(d / "out") == before);
+
+  r = qattn_outcome({"export", "--checkpoint", run, "--out", (d / "out" / "no" / "m.bin").string()}, d / "log");
+  CHECK(r.code == 1);
+  CHECK_THAT(r.output, Catch::Contains("m.bin: cannot create a file in") &&
+                           Catch::Contains("No such file or directory"));
+  check_clean(r);
+  CHECK(listing(d / "out") == before);
+}
+
+TEST_CASE("a directory as config, 1e400 and duplicate keys are refused naming the file and key", "[cli][errors]") {
+  const auto d = scratch_dir("cli_config");
+  const auto cfg = tiny_setup(d);
+
+  auto r = qattn_outcome({"validate", d.string()}, d / "log");
+  CHECK(r.code == 2);
+  CHECK_THAT(r.output, Catch::Contains(d.string() + ": is a directory"));
+  check_clean(r);
+
+  r = qattn_outcome({"validate", cfg.string(), "--set", "train.lr=1e400"}, d / "log");
+  CHECK(r.code == 2);
+  CHECK_THAT(r.output, Catch::Contains("--set train.lr=1e400: 1e400 is out of range"));
+  check_clean(r);
+
+  std::string text = read_text(cfg);
+  const auto lr = text.find("\"lr\": 0.01");
+  REQUIRE(lr != std::string::npos);
+  std::ofstream(d / "big.json") << text.substr(0, lr) + "\"lr\": 1e400" + text.substr(lr + 10);
+  r = qattn_outcome({"validate", (d / "big.json").string()}, d / "log");
+  CHECK(r.code == 2);
+  CHECK_THAT(r.output, Catch::Contains("big.json: train.lr: 1e400 is out of range"));
+  check_clean(r);
+
+  // The library keeps the last of two equal keys; qattn refuses both, naming the key.
+  std::ofstream(d / "twice.json") << text.substr(0, lr) + "\"lr\": 0.5, " + text.substr(lr);
+  r = qattn_outcome({"validate", (d / "twice.json").string()}, d / "log");
+  CHECK(r.code == 2);
+  CHECK_THAT(r.output, Catch::Contains("twice.json: train.lr: given twice"));
+  check_clean(r);
+  std::ofstream(d / "sweep.json") << R"({"name": "s", "base": "cfg.json", "name": "t"})";
+  r = qattn_outcome({"sweep", (d / "sweep.json").string(), "--dry-run"}, d / "log");
+  CHECK(r.code == 2);
+  CHECK_THAT(r.output, Catch::Contains("sweep.json: name: given twice"));
+  // Other subcommands that read a config answer the same way.
+  r = qattn_outcome({"probe", "causality", (d / "twice.json").string()}, d / "log");
+  CHECK(r.code == 2);
+  CHECK_THAT(r.output, Catch::Contains("twice.json: invalid config") && Catch::Contains("train.lr: given twice"));
+  r = qattn_outcome({"bench", "attention", "--shape", "1,2,64,64", "--set", "attention.kind=bogus"}, d / "log");
+  CHECK(r.code == 2);
+  CHECK_THAT(r.output, Catch::Contains("attention.kind: \"bogus\" is not allowed"));
+}
+
+TEST_CASE("validate checks the data as train does: globs, directories, unreadable shards, token ids",
+          "[cli][errors]") {
+  const auto d = scratch_dir("cli_data");
+  const auto cfg = tiny_setup(d);
+  const std::string train_glob = (d / "s_train_*").string();
+  const auto outcome = [&](const std::string& set) {
+    return qattn_outcome({"validate", cfg.string(), "--set", set}, d / "log");
+  };
+  CHECK(qattn_outcome({"validate", cfg.string()}, d / "log").code == 0);
+
+  // A glob that matches nothing: validate says so (train would, before step 0).
+  auto r = outcome("data.val=" + (d / "nothing_*.bin").string());
+  CHECK(r.code == 2);
+  CHECK_THAT(r.output, Catch::Contains("data.val") && Catch::Contains("no shard matches"));
+  check_clean(r);
+
+  fs::create_directories(d / "s_train_dir");
+  r = outcome("data.train=" + train_glob);
+  CHECK(r.code == 2);
+  CHECK_THAT(r.output, Catch::Contains("data.train") && Catch::Contains("s_train_dir: is a directory"));
+  check_clean(r);
+  fs::remove(d / "s_train_dir");
+
+  fs::create_symlink(d / "gone.bin", d / "s_train_000002.bin");  // matched by the glob, opens with ENOENT
+  r = outcome("data.train=" + train_glob);
+  CHECK(r.code == 2);
+  CHECK_THAT(r.output, Catch::Contains("s_train_000002.bin: cannot open: No such file or directory"));
+  check_clean(r);
+  fs::remove(d / "s_train_000002.bin");
+
+  // The second shard of a glob holds a token id beyond model.vocab: that shard is named.
+  const std::vector<uint16_t> bad = {1, 2, 300, 4};
+  qattn::write_shard((d / "s_train_000002.bin").string(), bad.data(), bad.size());
+  r = outcome("data.train=" + train_glob);
+  CHECK(r.code == 2);
+  CHECK_THAT(r.output, Catch::Contains("shard " + (d / "s_train_000002.bin").string() + " holds token id 300") &&
+                           Catch::Contains("model.vocab = 257"));
+  check_clean(r);
+
+  // train refuses the same data before it writes anything.
+  r = qattn_outcome({"train", cfg.string()}, d / "log");
+  CHECK(r.code == 2);
+  CHECK_THAT(r.output, Catch::Contains("s_train_000002.bin holds token id 300"));
+  CHECK(!fs::exists(d / "runs" / "tiny"));
+}
+
+TEST_CASE("numeric options refuse nan, inf and out-of-range values with a readable range", "[cli][errors]") {
+  const auto d = scratch_dir("cli_numbers");
+  const auto cfg = tiny_setup(d);
+  struct Case {
+    std::vector<std::string> args;
+    std::string allowed;
+  };
+  const std::vector<Case> cases = {
+      {{"sample", "--checkpoint", d.string(), "--temperature", "nan"}, "a number >= 0 and <= 100"},
+      {{"sample", "--checkpoint", d.string(), "--temperature", "inf"}, "a number >= 0 and <= 100"},
+      {{"sample", "--checkpoint", d.string(), "--tokens", "0"}, "an integer from 1 to 1048576"},
+      {{"sample", "--checkpoint", d.string(), "--top-k", "1e9"}, "an integer from 0 to 65536"},
+      {{"sample", "--checkpoint", d.string(), "--seed", "-1"}, "an integer from 0 to"},
+      {{"train", cfg.string(), "--nproc", "0"}, "an integer from 1 to 64"},
+      {{"validate", cfg.string(), "--nproc", "2.5"}, "an integer from 1 to 64"},
+      {{"sweep", cfg.string(), "--jobs", "0"}, "an integer from 1 to 1024"},
+      {{"tokenize", "--tokenizer", "bytes", "--out", d.string(), "--val-fraction", "nan"}, "a number >= 0 and < 1"},
+      {{"tokenize", "--tokenizer", "bytes", "--out", d.string(), "--val-fraction", "1"}, "a number >= 0 and < 1"},
+      {{"tokenize", "--tokenizer", "bytes", "--out", d.string(), "--shard-tokens", "-5"}, "an integer from 1 to"},
+      {{"tokenize", "--tokenizer", "bytes", "--out", d.string(), "--threads", "x"}, "an integer from 0 to 1024"},
+      {{"probe", "causality", cfg.string(), "--sigma", "nan"}, "a number >= 0.001 and <= 1000"},
+      {{"bench", "attention", "--shape", "1,1,64,64", "--reps", "0"}, "an integer from 1 to 10000"},
+  };
+  for (const auto& c : cases) {
+    const auto r = qattn_outcome(c.args, d / "log");
+    INFO(fmt::format("{}\n{}", fmt::join(c.args, " "), r.output));
+    CHECK(r.code == 2);
+    CHECK_THAT(r.output, Catch::Contains("allowed: " + c.allowed));
+    CHECK(r.output.size() < 400);  // no bound of 300 digits
+    CHECK(raw_library_text(r.output).empty());
+  }
+}
+
+namespace {
+
+// A GPT-2 vocab of the 256 byte tokens, one merge ("t" "h") and end-of-text,
+// spelled with GPT-2's printable byte alphabet: enough to run the gpt2
+// tokenizer without data/cache/gpt2.
+fs::path tiny_gpt2_vocab(const fs::path& dir) {
+  fs::create_directories(dir);
+  const auto utf8 = [](int cp) {
+    std::string s;
+    if (cp < 0x80) {
+      s += static_cast<char>(cp);
+    } else {
+      s += static_cast<char>(0xC0 | (cp >> 6));
+      s += static_cast<char>(0x80 | (cp & 0x3F));
+    }
+    return s;
+  };
+  json encoder = json::object();
+  int extra = 0;
+  for (int b = 0; b < 256; ++b) {
+    const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+    encoder[utf8(printable ? b : 0x100 + extra++)] = b;
+  }
+  encoder["th"] = 256;
+  encoder["<|endoftext|>"] = 257;
+  std::ofstream(dir / "encoder.json") << encoder.dump();
+  std::ofstream(dir / "vocab.bpe") << "#version: 0.2\nt h\n";
+  return dir;
+}
+
+}  // namespace
+
+TEST_CASE("tokenize that fails leaves the output folder as it was; gpt2 counts or refuses invalid UTF-8",
+          "[cli][errors][tokenizer]") {
+  const auto d = scratch_dir("cli_tokenize");
+  std::ofstream(d / "one.txt") << "a single document";
+  // One file: every document goes to the validation split, an error; no _val_ shard stays.
+  auto r = qattn_outcome({"tokenize", "--tokenizer", "bytes", (d / "one.txt").string(), "--out", (d / "new").string()},
+                         d / "log");
+  CHECK(r.code == 1);
+  CHECK_THAT(r.output, Catch::Contains("all 1 documents went to the validation split"));
+  CHECK(!fs::exists(d / "new"));
+  fs::create_directories(d / "old");
+  std::ofstream(d / "old" / "old_val_000000.bin") << "earlier shards";
+  const auto before = listing(d / "old");
+  r = qattn_outcome({"tokenize", "--tokenizer", "bytes", (d / "one.txt").string(), "--out", (d / "old").string()},
+                    d / "log");
+  CHECK(r.code == 1);
+  CHECK(listing(d / "old") == before);
+  check_clean(r);
+
+  const fs::path vocab = tiny_gpt2_vocab(d / "vocab");
+  std::ofstream(d / "bad.txt", std::ios::binary) << "then \xC3( and \xE2\x82 the end";  // 1 + 2 invalid bytes
+  std::ofstream(d / "good.txt") << "the second document";
+  const std::vector<std::string> gpt2 = {"tokenize", "--tokenizer", "gpt2", "--vocab", vocab.string(),
+                                         (d / "bad.txt").string(), (d / "good.txt").string()};
+  auto args = gpt2;
+  args.insert(args.end(), {"--out", (d / "strict").string(), "--strict"});
+  r = qattn_outcome(args, d / "log");
+  CHECK(r.code == 1);
+  CHECK_THAT(r.output, Catch::Contains("bad.txt at byte 5: invalid UTF-8 (2 invalid sequences, 3 bytes in this file)"));
+  CHECK(!fs::exists(d / "strict"));
+  check_clean(r);
+  args = gpt2;
+  args.insert(args.end(), {"--out", (d / "lenient").string()});
+  r = qattn_outcome(args, d / "log");
+  CHECK(r.code == 0);
+  CHECK_THAT(r.output, Catch::Contains("replaced 2 invalid UTF-8 sequences (3 bytes) by U+FFFD in 1 of 2 files "
+                                       "(the first: " + (d / "bad.txt").string() + " at byte 5)"));
+  CHECK(listing(d / "lenient") == std::vector<std::string>{"lenient_train_000001.bin", "lenient_val_000000.bin"});
+}
