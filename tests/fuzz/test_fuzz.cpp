@@ -46,21 +46,8 @@ struct Run {
 Run run_in(const fs::path& cwd, const std::vector<std::string>& args) {
   const fs::path log = cwd.parent_path() / "fuzz_log.txt";
   const auto start = std::chrono::steady_clock::now();
-  std::fflush(nullptr);
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    if (::chdir(cwd.c_str()) != 0) ::_exit(126);
-    FILE* out = std::freopen(log.c_str(), "w", stdout);
-    if (out) ::dup2(::fileno(stdout), STDERR_FILENO);
-    ::setenv("OMP_NUM_THREADS", "1", 1);
-    std::vector<std::string> argv = {QATTN_BINARY};
-    argv.insert(argv.end(), args.begin(), args.end());
-    std::vector<char*> cargv;
-    for (auto& a : argv) cargv.push_back(a.data());
-    cargv.push_back(nullptr);
-    ::execv(cargv[0], cargv.data());
-    ::_exit(127);
-  }
+  fs::remove(log);
+  const pid_t pid = spawn_qattn(args, {}, log, cwd);
   int status = 0;
   for (int i = 0; i < 12000 && ::waitpid(pid, &status, WNOHANG) == 0; ++i) ::usleep(10000);
   if (::waitpid(pid, &status, WNOHANG) == 0) {

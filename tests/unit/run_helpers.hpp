@@ -69,12 +69,15 @@ inline std::vector<std::string> loss_columns(const fs::path& csv) {
   return out;
 }
 
-// Starts `qattn ARGS...` with extra environment variables, output to log.
+// Starts `qattn ARGS...` with extra environment variables, output appended to
+// log, in the folder cwd (this process's when empty).
 inline pid_t spawn_qattn(const std::vector<std::string>& args,
-                         const std::vector<std::pair<std::string, std::string>>& env, const fs::path& log) {
+                         const std::vector<std::pair<std::string, std::string>>& env, const fs::path& log,
+                         const fs::path& cwd = {}) {
   std::fflush(nullptr);  // else the child's freopen writes the parent's buffered output again
   const pid_t pid = ::fork();
   if (pid != 0) return pid;
+  if (!cwd.empty() && ::chdir(cwd.c_str()) != 0) ::_exit(126);
   FILE* out = std::freopen(log.c_str(), "a", stdout);
   if (out) ::dup2(::fileno(stdout), STDERR_FILENO);
   for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
