@@ -84,8 +84,8 @@ def restore(store, sweep_dir):
 
 
 def longest(sweep_dir, default):
-    times = [status_of(os.path.join(sweep_dir, r)).get("wall_seconds", 0) for r in run_dirs(sweep_dir)
-             if status_of(os.path.join(sweep_dir, r)).get("status") == "finished"]
+    statuses = [status_of(os.path.join(sweep_dir, r)) for r in run_dirs(sweep_dir)]
+    times = [s.get("wall_seconds") for s in statuses if s.get("status") == "finished"]
     times = [t for t in times if isinstance(t, (int, float)) and t > 0]
     return str(math.ceil(max(times) * 1.15)) if times else default
 
