@@ -179,18 +179,28 @@ TEST_CASE("cuBLASLt matmuls and their epilogues match the CPU", "[kernels]") {
       cpu::gelu_backward(dgelu.data(), pre_in.data(), dinp.data(), dgelu.size());
       CHECK(rel_l2(to_float(d_dinp.download()), dgelu) < kBf16Tol);
 
-      auto dw = randn(OC * IC), dbias = randn(OC);
-      DeviceBuffer<float> d_dw(OC * IC), d_dbias(OC),
-          d_scratch(cuda::bias_backward_scratch_floats(N, OC));
-      d_dw.upload(dw);
-      d_dbias.upload(dbias);
-      mm.backward_weight(d_dw.get(), d_dout.get(), d_inp.get(), N, IC, OC);
-      cuda::bias_backward(d_dbias.get(), d_dout.get(), N, OC, d_scratch.get(), stream);
-      std::vector<float> unused_dinp(N * IC, 0.0f);
-      cpu::matmul_backward(unused_dinp.data(), dw.data(), dbias.data(), dout.data(), inp.data(),
-                           w.data(), N, IC, OC);
-      CHECK(rel_l2(d_dw.download(), dw) < kF32Tol);
-      CHECK(rel_l2(d_dbias.download(), dbias) < kF32Tol);
+      // The bias gradient from the matmul's epilogue, and from column_sum's
+      // kernels (what backward_weight falls back to without the epilogue).
+      for (const bool epilogue : {true, false}) {
+        INFO("bias gradient from the epilogue: " << epilogue);
+        auto dw = randn(OC * IC), dbias = randn(OC);
+        DeviceBuffer<float> d_dw(OC * IC), d_dbias(OC),
+            d_scratch(cuda::bias_backward_scratch_floats(N, OC));
+        d_dw.upload(dw);
+        d_dbias.upload(dbias);
+        if (epilogue) {
+          mm.backward_weight(d_dw.get(), d_dbias.get(), d_dout.get(), d_inp.get(), N, IC, OC,
+                             d_scratch.get());
+        } else {
+          mm.backward_weight(d_dw.get(), nullptr, d_dout.get(), d_inp.get(), N, IC, OC, nullptr);
+          cuda::bias_backward(d_dbias.get(), d_dout.get(), N, OC, d_scratch.get(), stream);
+        }
+        std::vector<float> unused_dinp(N * IC, 0.0f);
+        cpu::matmul_backward(unused_dinp.data(), dw.data(), dbias.data(), dout.data(), inp.data(),
+                             w.data(), N, IC, OC);
+        CHECK(rel_l2(d_dw.download(), dw) < kF32Tol);
+        CHECK(rel_l2(d_dbias.download(), dbias) < kF32Tol);
+      }
     }
   }
   CUDA_CHECK(cudaStreamDestroy(stream));
