@@ -49,11 +49,15 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   bf16* row = logits + static_cast<long long>(blockIdx.x) * Vp;
   const bf16* src = row;
   if constexpr (kRowInShared) {
+    // A thread copies exactly the 8-column vectors it reads in both passes
+    // (columns 8 threadIdx.x + 8 kThreads r), so waiting for its own copies
+    // is enough: each warp starts as soon as its part of the row has landed.
+    // Only thread 0's read of the target column crosses threads, after the
+    // reduction's barrier.
     for (int i = threadIdx.x; i < Vp / 8; i += kThreads)
       flash::cp_async_16(&row_copy[i], row + 8 * i, true);
     flash::cp_async_commit();
     flash::cp_async_wait<0>();
-    __syncthreads();
     src = reinterpret_cast<const bf16*>(row_copy);
   }
 
