@@ -1,8 +1,12 @@
 #include "cublaslt.hpp"
 
+#include <spdlog/spdlog.h>
+
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+
+#include "column_sum.cuh"
 
 namespace qattn::cuda {
 
@@ -65,6 +69,9 @@ Matmuls::Plan& Matmuls::plan_for(const Gemm& g) {
   if (g.aux) {
     set_attr(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, static_cast<int64_t>(g.m));
   }
+  if (g.epilogue == CUBLASLT_EPILOGUE_BGRADB) {
+    set_attr(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, static_cast<int32_t>(CUDA_R_32F));
+  }
   // Stored shapes: op(A) (m, k) means A is (k, m) when transposed.
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, g.trans_a ? g.k : g.m,
                                           g.trans_a ? g.m : g.k, g.lda));
@@ -94,10 +101,11 @@ Matmuls::Plan& Matmuls::plan_for(const Gemm& g) {
   CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(handle_, p.desc, p.a, p.b, p.d, p.d, pref, 1,
                                               &result, &found));
   cublasLtMatmulPreferenceDestroy(pref);
-  if (found == 0) {
-    throw std::runtime_error("cuBLASLt: no algorithm for m=" + std::to_string(g.m) +
-                             " n=" + std::to_string(g.n) + " k=" + std::to_string(g.k) +
-                             " epilogue=" + std::to_string(static_cast<int>(g.epilogue)));
+  p.found = found > 0;
+  if (!p.found && g.epilogue == CUBLASLT_EPILOGUE_BGRADB) {  // backward_weight's column sums serve
+    spdlog::warn("cuBLASLt has no algorithm with the bias-gradient epilogue for m={} n={} k={}: "
+                 "the bias gradient runs as a separate column sum",
+                 g.m, g.n, g.k);
   }
   p.algo = result.algo;
   return plans_.emplace(key, p).first->second;
@@ -105,6 +113,11 @@ Matmuls::Plan& Matmuls::plan_for(const Gemm& g) {
 
 void Matmuls::run(const Gemm& g) {
   Plan& p = plan_for(g);
+  if (!p.found) {
+    throw std::runtime_error("cuBLASLt: no algorithm for m=" + std::to_string(g.m) +
+                             " n=" + std::to_string(g.n) + " k=" + std::to_string(g.k) +
+                             " epilogue=" + std::to_string(static_cast<int>(g.epilogue)));
+  }
   if (g.bias) set_attr(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, g.bias);
   if (g.aux) set_attr(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, g.aux);
   const float alpha = 1.0f, beta = g.c ? 1.0f : 0.0f;
@@ -137,11 +150,25 @@ void Matmuls::backward_input(bf16* dinp, const bf16* dout, const bf16* w, const 
        const_cast<bf16*>(pre_gelu)});
 }
 
-void Matmuls::backward_weight(float* dw, const bf16* dout, const bf16* inp, int N, int IC,
-                              int OC) {
-  // dw^T (IC, OC) += inp^T (IC, N) . dout (stored (OC, N)) ^T
-  run({false, true, IC, OC, N, inp, IC, dout, OC, dw, dw, true, CUBLASLT_EPILOGUE_DEFAULT,
-       nullptr, nullptr});
+void Matmuls::backward_weight(float* dw, float* dbias, const bf16* dout, const bf16* inp, int N,
+                              int IC, int OC, float* scratch) {
+  // dw^T (IC, OC) += inp^T (IC, N) . dout (stored (OC, N)) ^T. The bias
+  // gradient is the sum of op(B) = dout over k = N: BGRADB's reduction, into
+  // the (OC) fp32 vector (D's type), which the epilogue overwrites.
+  Gemm g{false, true, IC, OC, N, inp, IC, dout, OC, dw, dw, true, CUBLASLT_EPILOGUE_DEFAULT,
+         nullptr, nullptr};
+  if (dbias) {
+    Gemm with_bias = g;
+    with_bias.epilogue = CUBLASLT_EPILOGUE_BGRADB;
+    with_bias.bias = scratch;
+    if (plan_for(with_bias).found) {
+      run(with_bias);
+      add_partial_sums(dbias, scratch, 1, OC, OC, stream_);
+      return;
+    }
+    bias_backward(dbias, dout, N, OC, scratch, stream_);
+  }
+  run(g);
 }
 
 }  // namespace qattn::cuda

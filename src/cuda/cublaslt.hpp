@@ -1,8 +1,9 @@
 // Every dense matmul of the model through cuBLASLt: bf16 operands, fp32
 // accumulation, fused epilogues (bias, residual add through C, GELU with the
-// pre-activation saved, GELU backward). One handle and one workspace for the
-// backend's lifetime; descriptors and the heuristic's algorithm are cached per
-// shape (and pointer alignment), so a step does no planning after the first.
+// pre-activation saved, GELU backward, bias gradient). One handle and one
+// workspace for the backend's lifetime; descriptors and the heuristic's
+// algorithm are cached per shape (and pointer alignment), so a step does no
+// planning after the first.
 #pragma once
 #include <cublasLt.h>
 
@@ -31,8 +32,14 @@ class Matmuls {
   // result is multiplied by gelu'(pre_gelu): the gradient before the GELU.
   void backward_input(bf16* dinp, const bf16* dout, const bf16* w, const bf16* pre_gelu, int N,
                       int IC, int OC);
-  // dw (OC, IC) fp32 += dout (N, OC)^T . inp (N, IC).
-  void backward_weight(float* dw, const bf16* dout, const bf16* inp, int N, int IC, int OC);
+  // dw (OC, IC) fp32 += dout (N, OC)^T . inp (N, IC). When dbias is given,
+  // also dbias (OC) fp32 += the column sums of dout, from the matmul's
+  // bias-gradient epilogue (which writes them into scratch, then a small kernel
+  // adds them), or from column_sum's kernels where cuBLASLt has no algorithm
+  // with that epilogue for the shape. scratch: bias_backward_scratch_floats(N, OC)
+  // floats (column_sum.cuh); null without dbias.
+  void backward_weight(float* dw, float* dbias, const bf16* dout, const bf16* inp, int N, int IC,
+                       int OC, float* scratch);
 
  private:
   // Column-major D (m, n) = op(A) (m, k) . op(B) (k, n) + beta C, C laid out as D.
@@ -47,7 +54,7 @@ class Matmuls {
     void* d;
     bool d_fp32;
     cublasLtEpilogue_t epilogue;
-    const void* bias;  // (m)
+    const void* bias;  // (m) input, or (n) fp32 output of the bias-gradient epilogue
     void* aux;         // (m, n) GELU pre-activation, ld m
   };
   using Key = std::tuple<bool, bool, int, int, int, int, int, bool, bool, int, int, int, int, int>;
@@ -55,9 +62,10 @@ class Matmuls {
     cublasLtMatmulDesc_t desc;
     cublasLtMatrixLayout_t a, b, d;  // C shares D's layout
     cublasLtMatmulAlgo_t algo;
+    bool found;  // the heuristic returned an algorithm
   };
   void run(const Gemm& g);
-  Plan& plan_for(const Gemm& g);
+  Plan& plan_for(const Gemm& g);  // cached, including a shape with no algorithm
 
   cudaStream_t stream_;
   cublasLtHandle_t handle_;

@@ -630,7 +630,7 @@ class CudaBackend final : public Backend {
     const int C = m_.dim, H = m_.heads, hd = m_.head_dim(), N = B * T;
     const bf16* last = m_.layers ? acts_.layers.back().residual3 : acts_.encoded;
     matmuls_->backward_input(acts_.dln, acts_.logits, param(P_WTE), nullptr, N, C, Vp_);
-    matmuls_->backward_weight(grad(P_WTE), acts_.logits, acts_.lnf, N, C, Vp_);
+    matmuls_->backward_weight(grad(P_WTE), nullptr, acts_.logits, acts_.lnf, N, C, Vp_, nullptr);
     CUDA_CHECK(cudaMemsetAsync(acts_.dres, 0, static_cast<size_t>(N) * C * sizeof(bf16), stream_));
     cuda::layernorm_backward(acts_.dres, grad(P_LNFW), grad(P_LNFB), acts_.dln, last,
                              param(P_LNFW), acts_.lnf_mean, acts_.lnf_rstd, N, C, acts_.partials,
@@ -639,18 +639,18 @@ class CudaBackend final : public Backend {
       LayerActivations& a = acts_.layers[l];
       const bf16* residual = l == 0 ? acts_.encoded : acts_.layers[l - 1].residual3;
       // dres holds d(residual3). MLP projection, then fc through GELU' (DGELU epilogue).
-      matmuls_->backward_weight(grad(P_FCPROJW, l), acts_.dres, a.fch_gelu, N, 4 * C, C);
-      cuda::bias_backward(grad(P_FCPROJB, l), acts_.dres, N, C, acts_.partials, stream_);
+      matmuls_->backward_weight(grad(P_FCPROJW, l), grad(P_FCPROJB, l), acts_.dres, a.fch_gelu, N,
+                                4 * C, C, acts_.partials);
       matmuls_->backward_input(acts_.dbig, acts_.dres, param(P_FCPROJW, l), a.fch, N, 4 * C, C);
-      matmuls_->backward_weight(grad(P_FCW, l), acts_.dbig, a.ln2, N, C, 4 * C);
-      cuda::bias_backward(grad(P_FCB, l), acts_.dbig, N, 4 * C, acts_.partials, stream_);
+      matmuls_->backward_weight(grad(P_FCW, l), grad(P_FCB, l), acts_.dbig, a.ln2, N, C, 4 * C,
+                                acts_.partials);
       matmuls_->backward_input(acts_.dln, acts_.dbig, param(P_FCW, l), nullptr, N, C, 4 * C);
       cuda::layernorm_backward(acts_.dres, grad(P_LN2W, l), grad(P_LN2B, l), acts_.dln,
                                a.residual2, param(P_LN2W, l), a.ln2_mean, a.ln2_rstd, N, C,
                                acts_.partials, stream_);
       // dres holds d(residual2). Attention projection and attention.
-      matmuls_->backward_weight(grad(P_ATTPROJW, l), acts_.dres, a.atty, N, C, C);
-      cuda::bias_backward(grad(P_ATTPROJB, l), acts_.dres, N, C, acts_.partials, stream_);
+      matmuls_->backward_weight(grad(P_ATTPROJW, l), grad(P_ATTPROJB, l), acts_.dres, a.atty, N, C,
+                                C, acts_.partials);
       matmuls_->backward_input(acts_.datty, acts_.dres, param(P_ATTPROJW, l), nullptr, N, C, C);
       if (dout_capture) {
         auto& host = (*dout_capture)[l];
@@ -666,8 +666,8 @@ class CudaBackend final : public Backend {
                                param(P_QGAMMA, l), param(P_KGAMMA, l), N, H, hd, acts_.partials,
                                stream_);
       }
-      matmuls_->backward_weight(grad(P_QKVW, l), dqkv, a.ln1, N, C, 3 * C);
-      cuda::bias_backward(grad(P_QKVB, l), dqkv, N, 3 * C, acts_.partials, stream_);
+      matmuls_->backward_weight(grad(P_QKVW, l), grad(P_QKVB, l), dqkv, a.ln1, N, C, 3 * C,
+                                acts_.partials);
       matmuls_->backward_input(acts_.dln, dqkv, param(P_QKVW, l), nullptr, N, C, 3 * C);
       cuda::layernorm_backward(acts_.dres, grad(P_LN1W, l), grad(P_LN1B, l), acts_.dln, residual,
                                param(P_LN1W, l), a.ln1_mean, a.ln1_rstd, N, C, acts_.partials,

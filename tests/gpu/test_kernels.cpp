@@ -179,28 +179,43 @@ TEST_CASE("cuBLASLt matmuls and their epilogues match the CPU", "[kernels]") {
       cpu::gelu_backward(dgelu.data(), pre_in.data(), dinp.data(), dgelu.size());
       CHECK(rel_l2(to_float(d_dinp.download()), dgelu) < kBf16Tol);
 
-      auto dw = randn(OC * IC), dbias = randn(OC);
-      DeviceBuffer<float> d_dw(OC * IC), d_dbias(OC),
-          d_scratch(cuda::bias_backward_scratch_floats(N, OC));
-      d_dw.upload(dw);
-      d_dbias.upload(dbias);
-      mm.backward_weight(d_dw.get(), d_dout.get(), d_inp.get(), N, IC, OC);
-      cuda::bias_backward(d_dbias.get(), d_dout.get(), N, OC, d_scratch.get(), stream);
-      std::vector<float> unused_dinp(N * IC, 0.0f);
-      cpu::matmul_backward(unused_dinp.data(), dw.data(), dbias.data(), dout.data(), inp.data(),
-                           w.data(), N, IC, OC);
-      CHECK(rel_l2(d_dw.download(), dw) < kF32Tol);
-      CHECK(rel_l2(d_dbias.download(), dbias) < kF32Tol);
+      // The bias gradient from the matmul's epilogue, and from column_sum's
+      // kernels (what backward_weight falls back to without the epilogue).
+      for (const bool epilogue : {true, false}) {
+        INFO("bias gradient from the epilogue: " << epilogue);
+        auto dw = randn(OC * IC), dbias = randn(OC);
+        DeviceBuffer<float> d_dw(OC * IC), d_dbias(OC),
+            d_scratch(cuda::bias_backward_scratch_floats(N, OC));
+        d_dw.upload(dw);
+        d_dbias.upload(dbias);
+        if (epilogue) {
+          mm.backward_weight(d_dw.get(), d_dbias.get(), d_dout.get(), d_inp.get(), N, IC, OC,
+                             d_scratch.get());
+        } else {
+          mm.backward_weight(d_dw.get(), nullptr, d_dout.get(), d_inp.get(), N, IC, OC, nullptr);
+          cuda::bias_backward(d_dbias.get(), d_dout.get(), N, OC, d_scratch.get(), stream);
+        }
+        std::vector<float> unused_dinp(N * IC, 0.0f);
+        cpu::matmul_backward(unused_dinp.data(), dw.data(), dbias.data(), dout.data(), inp.data(),
+                             w.data(), N, IC, OC);
+        CHECK(rel_l2(d_dw.download(), dw) < kF32Tol);
+        CHECK(rel_l2(d_dbias.download(), dbias) < kF32Tol);
+      }
     }
   }
   CUDA_CHECK(cudaStreamDestroy(stream));
 }
 
 TEST_CASE("fused classifier matches softmax cross-entropy on the CPU", "[kernels]") {
-  // A small vocab (one sweep of the block), GPT-2's, and a larger one.
-  const auto [N, V, Vp] = GENERATE(std::tuple{67, 1001, 1024}, std::tuple{5, 50257, 50304},
-                                   std::tuple{3, 60001, 60008});
-  INFO("N = " << N << ", V = " << V << ", Vp = " << Vp);
+  // A small vocab (one sweep of the block), GPT-2's, a larger one, and one
+  // whose rows (300 KB) exceed shared memory: the gradient pass then reads
+  // global memory twice instead of a shared-memory copy.
+  const auto [N, V, Vp] = GENERATE(std::tuple{67, 1001, 1024}, std::tuple{37, 50257, 50304},
+                                   std::tuple{3, 60001, 60008}, std::tuple{2, 150001, 150008});
+  const bool row_in_shared = Vp * 2 <= cuda::classifier_shared_row_limit();
+  INFO("N = " << N << ", V = " << V << ", Vp = " << Vp
+                << ", row in shared memory: " << row_in_shared);
+  CHECK(row_in_shared == (Vp < 100000));  // the cases cover both paths
   const float dloss = 1.0f / N;
   const auto logits_real = round_bf16(randn(N * V, 3.0f));
   const auto targets = random_tokens(N, V);
