@@ -63,9 +63,10 @@ void read_qk_norm(ObjectReader& r, QkNormConfig& q, int seq_len, std::vector<std
   if (q.form == QkNormForm::logit_scale) {
     q.logit_scale_init = default_logit_scale_init(seq_len);
     o.number("logit_scale_init", q.logit_scale_init, 0.0, 1e4, /*lo_open=*/true);
-  } else if (o.has("logit_scale_init")) {
-    o.known("logit_scale_init");
-    warnings.push_back(o.path_of("logit_scale_init") + ": unused, the form is \"gain\"");
+  } else {
+    o.known("logit_scale_init");  // a key of the object, if not of this form
+    if (o.has("logit_scale_init"))
+      warnings.push_back(o.path_of("logit_scale_init") + ": unused, the form is \"gain\"");
   }
   o.finish();
 }
