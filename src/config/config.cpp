@@ -402,7 +402,14 @@ void apply_override(json& j, const std::string& assignment) {
     const auto dot = path.find('.', start);
     const std::string key = path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
     if (key.empty()) throw ConfigError({"--set " + assignment + ": empty key in path '" + path + "'"});
-    if (!node->is_object()) throw ConfigError({"--set " + assignment + ": '" + path + "' goes through a non-object"});
+    if (!node->is_object() && start == 0)
+      throw ConfigError({"--set " + assignment + ": the config is not a JSON object"});
+    if (!node->is_object()) {
+      const std::string through = path.substr(0, start - 1);
+      throw ConfigError({"--set " + assignment + ": '" + path + "' goes through " + through + " = " +
+                         node->dump() + ", which is not an object; set " + through +
+                         " as a whole (e.g. " + through + "={...})"});
+    }
     if (dot == std::string::npos) {
       (*node)[key] = value;
       return;

@@ -155,6 +155,11 @@ TEST_CASE("model.qk_norm: booleans, form names and the options object", "[config
     CHECK(s.model.qk_norm.form == QkNormForm::logit_scale);
     CHECK(s.model.qk_norm.lr_mult == 0.0);
     CHECK(s.model.qk_norm.logit_scale_init == 10.0);
+    json b = good();  // a boolean in the file takes no dotted override, and the error says what to do
+    b["model"]["qk_norm"] = true;
+    CHECK_THROWS_WITH(qattn::apply_override(b, "model.qk_norm.lr_mult=10"),
+                      Catch::Contains("--set model.qk_norm.lr_mult=10: 'model.qk_norm.lr_mult' goes through "
+                                      "model.qk_norm = true, which is not an object; set model.qk_norm as a whole"));
     json j = good();  // an object in the file takes dotted overrides
     j["model"]["qk_norm"] = {{"form", "gain"}};
     qattn::apply_override(j, "model.qk_norm.form=logit_scale");
