@@ -51,7 +51,8 @@ void qk_norm_backward(F* dinp, F* dgamma, const F* dout, const F* inp, const F* 
 // QK-norm, form logit_scale (docs/attention-maths.md §3.4) of one layer's q and
 // k, each (B, H, T, d), with g (H) the logit scale of each head:
 // q_out = (g_h / sqrt(d)) * q * r_q, k_out = k * r_k, r = (mean(x^2) + 1e-6)^(-1/2),
-// so that attention's (1/sqrt(d)) q_out . k_out is g_h times the cosine of q and k.
+// so that attention's (1/sqrt(d)) q_out . k_out is g_h times the product of the unit rows
+// q / sqrt(|q|^2 + d * 1e-6) and k / sqrt(|k|^2 + d * 1e-6).
 // q_rrms, k_rrms (B, H, T) saved for the backward, which accumulates into dq, dk and dg.
 template <typename F>
 void qk_logit_scale_forward(F* q_out, F* k_out, F* q_rrms, F* k_rrms, const F* q, const F* k,
