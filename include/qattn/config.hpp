@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "qattn/attention.hpp"
+#include "qattn/qk_norm.hpp"
 
 namespace qattn {
 
@@ -18,7 +19,7 @@ struct ModelConfig {
   int heads = 12;
   int dim = 768;           // channels C; head_dim = dim / heads
   int seq_len = 1024;      // T
-  bool qk_norm = false;    // docs/attention-maths.md §3
+  QkNormConfig qk_norm;    // docs/attention-maths.md §3
   std::string init_from;   // llm.c model file or HF GPT-2 directory to start from ("": random init)
   int head_dim() const { return dim / heads; }
 };

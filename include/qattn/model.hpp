@@ -1,6 +1,6 @@
 // GPT-2 parameter layout shared by every backend, checkpoints and llm.c export.
 // All parameters live in one flat buffer, tensors in the order below (llm.c's
-// order, with the QK-norm gains appended when model.qk_norm is on).
+// order, with the QK-norm parameters of model.qk_norm's form appended).
 #pragma once
 #include <array>
 #include <cstddef>
@@ -28,8 +28,9 @@ enum ParamTensor {
   P_FCPROJB,   // (L, C)
   P_LNFW,      // (C)
   P_LNFB,      // (C)
-  P_QGAMMA,    // (L, hd)    QK-norm gain of q (size 0 without qk_norm)
-  P_KGAMMA,    // (L, hd)    QK-norm gain of k (size 0 without qk_norm)
+  P_QGAMMA,    // (L, hd)    QK-norm gain of q (form gain; size 0 otherwise)
+  P_KGAMMA,    // (L, hd)    QK-norm gain of k (form gain; size 0 otherwise)
+  P_QKSCALE,   // (L, H)     QK-norm logit scale g (form logit_scale; size 0 otherwise)
   P_COUNT
 };
 
@@ -40,11 +41,20 @@ struct ParamLayout {
   explicit ParamLayout(const ModelConfig& m);
   // True for the 2-D weight matrices that get weight decay (and wte, wpe).
   static bool decayed(int tensor);
+  // True for QK-norm's parameters (γ_q, γ_k, g): model.qk_norm.lr_mult applies to them.
+  static bool qk_norm_param(int tensor);
+  // True for the tensors stacked per layer, (L, ...).
+  static bool layered(int tensor);
   static const char* name(int tensor);
 };
 
+// The learning-rate multiplier of a tensor: model.qk_norm.lr_mult for QK-norm's
+// parameters, 1 for the rest.
+double lr_multiplier(const ModelConfig& m, int tensor);
+
 // GPT-2 init: N(0, 0.02), residual projections / sqrt(2L), LayerNorm weights 1,
-// biases 0, QK-norm gains 1. Deterministic in the seed.
+// biases 0, QK-norm gains 1, logit scales model.qk_norm.logit_scale_init.
+// Deterministic in the seed.
 void init_params(const ModelConfig& m, uint64_t seed, std::vector<float>& params);
 
 // The parameters of model `from` for model `to`, which has the same sizes but

@@ -27,13 +27,57 @@ ConfigError::ConfigError(std::vector<std::string> errs)
 
 namespace {
 
-void read_model(ObjectReader r, ModelConfig& m) {
+// model.qk_norm (docs/attention-maths.md §3): false | true (= "gain") | "gain" |
+// "logit_scale" | {"form", "lr_mult", "logit_scale_init"}. A boolean stays as
+// written in the effective config; a string or object becomes the full object.
+void read_qk_norm(ObjectReader& r, QkNormConfig& q, int seq_len, std::vector<std::string>& warnings) {
+  const std::string allowed = "allowed: false | true | \"gain\" | \"logit_scale\" | "
+                              "{\"form\": \"gain\" | \"logit_scale\", \"lr_mult\": number, "
+                              "\"logit_scale_init\": number}";
+  const json* in = r.raw("qk_norm");
+  if (!in || in->is_boolean()) {
+    bool on = q.on();
+    r.boolean("qk_norm", on);
+    q.form = on ? QkNormForm::gain : QkNormForm::off;
+    return;
+  }
+  json expanded;
+  if (in->is_string()) {
+    const std::string form = in->get<std::string>();
+    if (form != "gain" && form != "logit_scale") {
+      r.error("qk_norm", in->dump() + " is not allowed; " + allowed);
+      r.known("qk_norm");
+      return;
+    }
+    expanded = {{"form", form}};
+    in = &expanded;
+  } else if (!in->is_object()) {
+    r.error("qk_norm", in->dump() + " has the wrong type; " + allowed);
+    r.known("qk_norm");
+    return;
+  }
+  ObjectReader o = r.object("qk_norm", in);
+  q.form = QkNormForm::gain;
+  o.choice("form", q.form, {{"gain", QkNormForm::gain}, {"logit_scale", QkNormForm::logit_scale}});
+  o.number("lr_mult", q.lr_mult, 0.0, 1e4);
+  if (q.form == QkNormForm::logit_scale) {
+    q.logit_scale_init = default_logit_scale_init(seq_len);
+    o.number("logit_scale_init", q.logit_scale_init, 0.0, 1e4, /*lo_open=*/true);
+  } else {
+    o.known("logit_scale_init");  // a key of the object, if not of this form
+    if (o.has("logit_scale_init"))
+      warnings.push_back(o.path_of("logit_scale_init") + ": unused, the form is \"gain\"");
+  }
+  o.finish();
+}
+
+void read_model(ObjectReader r, ModelConfig& m, std::vector<std::string>& warnings) {
   r.integer("vocab", m.vocab, 2, 65536);  // tokens are uint16 in the shards
   r.integer("layers", m.layers, 1, 1024);
   r.integer("heads", m.heads, 1, 1024);
   r.integer("dim", m.dim, 1, 1 << 16);
   r.integer("seq_len", m.seq_len, 1, 1 << 20);
-  r.boolean("qk_norm", m.qk_norm);
+  read_qk_norm(r, m.qk_norm, m.seq_len, warnings);
   r.string("init_from", m.init_from);
   if (m.heads > 0 && m.dim % m.heads != 0)
     r.error("dim", std::to_string(m.dim) + " is not divisible by model.heads = " +
@@ -261,7 +305,7 @@ Config config_from_json(const json& j, const std::string& source, int world_size
   c.source = source;
   std::vector<std::string> errors;
   ObjectReader root(&j, c.effective, "", errors);
-  read_model(root.object("model"), c.model);
+  read_model(root.object("model"), c.model, c.warnings);
   read_attention(root.object("attention"), c.attention, &c.attention_layers, c.model.layers, c.warnings);
   {
     ObjectReader d = root.object("data");
@@ -358,7 +402,14 @@ void apply_override(json& j, const std::string& assignment) {
     const auto dot = path.find('.', start);
     const std::string key = path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
     if (key.empty()) throw ConfigError({"--set " + assignment + ": empty key in path '" + path + "'"});
-    if (!node->is_object()) throw ConfigError({"--set " + assignment + ": '" + path + "' goes through a non-object"});
+    if (!node->is_object() && start == 0)
+      throw ConfigError({"--set " + assignment + ": the config is not a JSON object"});
+    if (!node->is_object()) {
+      const std::string through = path.substr(0, start - 1);
+      throw ConfigError({"--set " + assignment + ": '" + path + "' goes through " + through + " = " +
+                         node->dump() + ", which is not an object; set " + through +
+                         " as a whole (e.g. " + through + "={...})"});
+    }
     if (dot == std::string::npos) {
       (*node)[key] = value;
       return;

@@ -99,9 +99,11 @@ void ObjectReader::string(const std::string& key, std::string& out) {
   eff_[key] = out;
 }
 
-ObjectReader ObjectReader::object(const std::string& key) {
+ObjectReader ObjectReader::object(const std::string& key) { return object(key, raw(key)); }
+
+ObjectReader ObjectReader::object(const std::string& key, const json* in) {
   asked_.insert(key);
-  return ObjectReader(raw(key), eff_[key], path_of(key), errors_);
+  return ObjectReader(in, eff_[key], path_of(key), errors_);
 }
 
 void ObjectReader::finish() {

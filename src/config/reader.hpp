@@ -28,6 +28,9 @@ class ObjectReader {
   void choice(const std::string& key, E& out, const std::vector<std::pair<std::string, E>>& allowed);
   // A nested object; returns a reader for it (absent -> all defaults).
   ObjectReader object(const std::string& key);
+  // The same, reading `in` in place of the key's value: a shorthand the caller
+  // has expanded to its object (in must outlive the reader).
+  ObjectReader object(const std::string& key, const nlohmann::json* in);
   // Marks a key read by other means as known (when absent, the effective
   // config gets nothing for it).
   void known(const std::string& key) { asked_.insert(key); }

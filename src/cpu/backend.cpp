@@ -46,8 +46,10 @@ class CpuBackend final : public Backend {
     const ParamLayout& lay = model_.layout();
     for (int p = 0; p < P_COUNT; ++p) {
       const size_t o = lay.offset[p];
+      AdamWHyper ht = h;
+      ht.lr = static_cast<float>(h.lr * lr_multiplier(cfg_.model, p));
       adamw_update(model_.params.data() + o, model_.grads.data() + o, m_.data() + o, v_.data() + o,
-                   lay.size[p], h, ParamLayout::decayed(p), grad_mult, t);
+                   lay.size[p], ht, ParamLayout::decayed(p), grad_mult, t);
     }
   }
 

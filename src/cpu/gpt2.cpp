@@ -58,8 +58,7 @@ Gpt2<F>::Gpt2(const ModelConfig& m, std::vector<AttentionConfig> per_layer)
 template <typename F>
 const F* Gpt2<F>::param(int tensor, int layer) const {
   // Per-layer tensors are stacked (L, ...); the others ignore `layer`.
-  const bool layered = (tensor >= P_LN1W && tensor <= P_FCPROJB) || tensor == P_QGAMMA || tensor == P_KGAMMA;
-  const size_t per_layer = layered ? layout_.size[tensor] / m_.layers : 0;
+  const size_t per_layer = ParamLayout::layered(tensor) ? layout_.size[tensor] / m_.layers : 0;
   return params.data() + layout_.offset[tensor] + layer * per_layer;
 }
 
@@ -81,7 +80,7 @@ void Gpt2<F>::resize(int B, int T) {
     auto& a = layers_[l];
     a.ln1.resize(BT * C), a.ln1_mean.resize(BT), a.ln1_rstd.resize(BT);
     a.qkv.resize(BT * 3 * C);
-    if (m_.qk_norm) a.q_raw.resize(BT * C), a.k_raw.resize(BT * C), a.q_rrms.resize(BHT), a.k_rrms.resize(BHT);
+    if (m_.qk_norm.on()) a.q_raw.resize(BT * C), a.k_raw.resize(BT * C), a.q_rrms.resize(BHT), a.k_rrms.resize(BHT);
     a.atty.resize(BT * C), a.residual2.resize(BT * C);
     a.ln2.resize(BT * C), a.ln2_mean.resize(BT), a.ln2_rstd.resize(BT);
     a.fch.resize(BT * 4 * C), a.fch_gelu.resize(BT * 4 * C), a.residual3.resize(BT * C);
@@ -94,7 +93,7 @@ void Gpt2<F>::resize(int B, int T) {
   g.tmp.resize(BT * C), g.dlogits.resize(BT * m_.vocab), g.dlnf.resize(BT * C), g.dres.resize(BT * C);
   g.dfch_gelu.resize(4 * BT * C), g.dfch.resize(4 * BT * C), g.dln.resize(BT * C), g.datty.resize(BT * C);
   g.dqkv.resize(3 * BT * C), g.dq.resize(BT * C), g.dk.resize(BT * C), g.dv.resize(BT * C);
-  if (m_.qk_norm) g.dq_raw.resize(BT * C), g.dk_raw.resize(BT * C);
+  if (m_.qk_norm.on()) g.dq_raw.resize(BT * C), g.dk_raw.resize(BT * C);
 }
 
 template <typename F>
@@ -114,14 +113,17 @@ F Gpt2<F>::forward(const int32_t* inputs, const int32_t* targets, int B, int T) 
                       param(P_LN1W, l), param(P_LN1B, l), N, C);
     matmul_forward(a.qkv.data(), a.ln1.data(), param(P_QKVW, l), param(P_QKVB, l), N, C, 3 * C);
     // Without QK-norm, q and k go straight to what attention reads.
-    F* q_split = m_.qk_norm ? a.q_raw.data() : io.q.data();
-    F* k_split = m_.qk_norm ? a.k_raw.data() : io.k.data();
+    F* q_split = m_.qk_norm.on() ? a.q_raw.data() : io.q.data();
+    F* k_split = m_.qk_norm.on() ? a.k_raw.data() : io.k.data();
     split_heads(q_split, a.qkv.data(), B, T, H, hd, 3 * C, 0);
     split_heads(k_split, a.qkv.data(), B, T, H, hd, 3 * C, C);
     split_heads(io.v.data(), a.qkv.data(), B, T, H, hd, 3 * C, 2 * C);
-    if (m_.qk_norm) {
+    if (m_.qk_norm.form == QkNormForm::gain) {
       qk_norm_forward(io.q.data(), a.q_rrms.data(), a.q_raw.data(), param(P_QGAMMA, l), B * H * T, hd);
       qk_norm_forward(io.k.data(), a.k_rrms.data(), a.k_raw.data(), param(P_KGAMMA, l), B * H * T, hd);
+    } else if (m_.qk_norm.form == QkNormForm::logit_scale) {
+      qk_logit_scale_forward(io.q.data(), io.k.data(), a.q_rrms.data(), a.k_rrms.data(), a.q_raw.data(),
+                             a.k_raw.data(), param(P_QKSCALE, l), B, H, T, hd);
     }
 #pragma omp parallel for
     for (int bh = 0; bh < B * H; ++bh) {
@@ -187,16 +189,22 @@ void Gpt2<F>::backward(F grad_scale) {
                          io.o.data() + o, io.dout.data() + o, dq.data() + o, dk.data() + o,
                          dv.data() + o);
     }
-    if (m_.qk_norm) {  // back through QK-norm to the projection's q and k
+    if (m_.qk_norm.on()) {  // back through QK-norm to the projection's q and k
       std::fill(g.dq_raw.begin(), g.dq_raw.end(), F(0));
       std::fill(g.dk_raw.begin(), g.dk_raw.end(), F(0));
+    }
+    if (m_.qk_norm.form == QkNormForm::gain) {
       qk_norm_backward(g.dq_raw.data(), grad(P_QGAMMA, l), dq.data(), a.q_raw.data(),
                        param(P_QGAMMA, l), a.q_rrms.data(), B * H * T, hd);
       qk_norm_backward(g.dk_raw.data(), grad(P_KGAMMA, l), dk.data(), a.k_raw.data(),
                        param(P_KGAMMA, l), a.k_rrms.data(), B * H * T, hd);
+    } else if (m_.qk_norm.form == QkNormForm::logit_scale) {
+      qk_logit_scale_backward(g.dq_raw.data(), g.dk_raw.data(), grad(P_QKSCALE, l), dq.data(), dk.data(),
+                              a.q_raw.data(), a.k_raw.data(), param(P_QKSCALE, l), a.q_rrms.data(),
+                              a.k_rrms.data(), B, H, T, hd);
     }
-    merge_heads(dqkv.data(), (m_.qk_norm ? g.dq_raw : dq).data(), B, T, H, hd, 3 * C, 0);
-    merge_heads(dqkv.data(), (m_.qk_norm ? g.dk_raw : dk).data(), B, T, H, hd, 3 * C, C);
+    merge_heads(dqkv.data(), (m_.qk_norm.on() ? g.dq_raw : dq).data(), B, T, H, hd, 3 * C, 0);
+    merge_heads(dqkv.data(), (m_.qk_norm.on() ? g.dk_raw : dk).data(), B, T, H, hd, 3 * C, C);
     merge_heads(dqkv.data(), dv.data(), B, T, H, hd, 3 * C, 2 * C);
     std::fill(dln.begin(), dln.end(), F(0));
     matmul_backward(dln.data(), grad(P_QKVW, l), grad(P_QKVB, l), dqkv.data(), a.ln1.data(),

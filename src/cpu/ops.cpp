@@ -181,39 +181,91 @@ void residual_forward(F* out, const F* a, const F* b, size_t n) {
   for (size_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
 }
 
+namespace {
+
+// One row of QK-norm (docs/attention-maths.md §3.1, §3.4): y = w ∘ x·r with
+// r = (mean(x²) + ε)^(−1/2). The form's multiplier of entry i is w[i·w_step]:
+// w_step 1 for the gain form's γ, 0 for one multiplier of the whole row.
+// Returns r.
+template <typename F>
+F qk_norm_row_forward(F* y, const F* x, const F* w, int w_step, int d) {
+  F ms = 0;
+  for (int i = 0; i < d; ++i) ms += x[i] * x[i];
+  const F r = F(1) / std::sqrt(ms / d + F(1e-6));
+  for (int i = 0; i < d; ++i) y[i] = w[i * w_step] * x[i] * r;
+  return r;
+}
+
+// Its backward to x (§3.2): dx += r·(w ∘ dy) − x·r³·⟨w ∘ dy, x⟩ / d.
+template <typename F>
+void qk_norm_row_backward(F* dx, const F* dy, const F* x, const F* w, int w_step, F r, int d) {
+  F dot = 0;
+  for (int i = 0; i < d; ++i) dot += w[i * w_step] * dy[i] * x[i];
+  for (int i = 0; i < d; ++i) dx[i] += r * w[i * w_step] * dy[i] - x[i] * r * r * r * dot / d;
+}
+
+}  // namespace
+
 template <typename F>
 void qk_norm_forward(F* out, F* rrms, const F* inp, const F* gamma, int rows, int d) {
-  const F eps = F(1e-6);
 #pragma omp parallel for
   for (int r = 0; r < rows; ++r) {
-    const F* x = inp + static_cast<size_t>(r) * d;
-    F ms = 0;
-    for (int i = 0; i < d; ++i) ms += x[i] * x[i];
-    const F s = F(1) / std::sqrt(ms / d + eps);
-    F* o = out + static_cast<size_t>(r) * d;
-    for (int i = 0; i < d; ++i) o[i] = gamma[i] * x[i] * s;
-    rrms[r] = s;
+    const size_t o = static_cast<size_t>(r) * d;
+    rrms[r] = qk_norm_row_forward(out + o, inp + o, gamma, 1, d);
   }
 }
 
 template <typename F>
 void qk_norm_backward(F* dinp, F* dgamma, const F* dout, const F* inp, const F* gamma,
                       const F* rrms, int rows, int d) {
-  // y = g x s, s = (mean(x^2) + eps)^(-1/2): dx = s (g dy) - x s^3 <g dy, x> / d.
 #pragma omp parallel for
   for (int r = 0; r < rows; ++r) {
-    const F* x = inp + static_cast<size_t>(r) * d;
-    const F* dy = dout + static_cast<size_t>(r) * d;
-    const F s = rrms[r];
-    F dot = 0;
-    for (int i = 0; i < d; ++i) dot += gamma[i] * dy[i] * x[i];
-    F* dx = dinp + static_cast<size_t>(r) * d;
-    for (int i = 0; i < d; ++i) dx[i] += s * gamma[i] * dy[i] - x[i] * s * s * s * dot / d;
+    const size_t o = static_cast<size_t>(r) * d;
+    qk_norm_row_backward(dinp + o, dout + o, inp + o, gamma, 1, rrms[r], d);
   }
   for (int r = 0; r < rows; ++r)  // serial: every row adds into the same d gains
     for (int i = 0; i < d; ++i) {
       const size_t k = static_cast<size_t>(r) * d + i;
       dgamma[i] += dout[k] * inp[k] * rrms[r];
+    }
+}
+
+template <typename F>
+void qk_logit_scale_forward(F* q_out, F* k_out, F* q_rrms, F* k_rrms, const F* q, const F* k,
+                            const F* g, int B, int H, int T, int d) {
+  const F c = F(1) / std::sqrt(F(d));
+  const F one = 1;
+#pragma omp parallel for collapse(2)
+  for (int bh = 0; bh < B * H; ++bh)
+    for (int t = 0; t < T; ++t) {
+      const size_t r = static_cast<size_t>(bh) * T + t, o = r * d;
+      const F w_q = g[bh % H] * c;  // the fold: (1/√d)·q'·k' = g_h·q̂·k̂
+      q_rrms[r] = qk_norm_row_forward(q_out + o, q + o, &w_q, 0, d);
+      k_rrms[r] = qk_norm_row_forward(k_out + o, k + o, &one, 0, d);
+    }
+}
+
+template <typename F>
+void qk_logit_scale_backward(F* dq, F* dk, F* dg, const F* dq_out, const F* dk_out, const F* q,
+                             const F* k, const F* g, const F* q_rrms, const F* k_rrms, int B,
+                             int H, int T, int d) {
+  const F c = F(1) / std::sqrt(F(d));
+  const F one = 1;
+#pragma omp parallel for collapse(2)
+  for (int bh = 0; bh < B * H; ++bh)
+    for (int t = 0; t < T; ++t) {
+      const size_t r = static_cast<size_t>(bh) * T + t, o = r * d;
+      const F w_q = g[bh % H] * c;
+      qk_norm_row_backward(dq + o, dq_out + o, q + o, &w_q, 0, q_rrms[r], d);
+      qk_norm_row_backward(dk + o, dk_out + o, k + o, &one, 0, k_rrms[r], d);
+    }
+  // dg_h = c·Σ over the rows of head h of ⟨dq', q·r⟩ (§3.5); serial, in row order.
+  for (int bh = 0; bh < B * H; ++bh)
+    for (int t = 0; t < T; ++t) {
+      const size_t r = static_cast<size_t>(bh) * T + t, o = r * d;
+      F dot = 0;
+      for (int i = 0; i < d; ++i) dot += dq_out[o + i] * q[o + i];
+      dg[bh % H] += c * dot * q_rrms[r];
     }
 }
 
@@ -260,6 +312,10 @@ void crossentropy_backward(F* dlogits, const F* logits, const int32_t* targets, 
   template void residual_forward<F>(F*, const F*, const F*, size_t);                             \
   template void qk_norm_forward<F>(F*, F*, const F*, const F*, int, int);                        \
   template void qk_norm_backward<F>(F*, F*, const F*, const F*, const F*, const F*, int, int);   \
+  template void qk_logit_scale_forward<F>(F*, F*, F*, F*, const F*, const F*, const F*, int, int, \
+                                          int, int);                                             \
+  template void qk_logit_scale_backward<F>(F*, F*, F*, const F*, const F*, const F*, const F*,   \
+                                           const F*, const F*, const F*, int, int, int, int);    \
   template F crossentropy_forward<F>(F*, const F*, const int32_t*, int, int);                    \
   template void crossentropy_backward<F>(F*, const F*, const int32_t*, F, int, int);
 

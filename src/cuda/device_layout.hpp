@@ -53,7 +53,7 @@ class DeviceLayout {
     end_block();
     for (int l = 0; l < layers; ++l) {
       for (int t = 0; t < P_COUNT; ++t) {
-        if (!layered(t) || canonical.size[t] == 0) continue;
+        if (!ParamLayout::layered(t) || canonical.size[t] == 0) continue;
         const size_t per_layer = canonical.size[t] / layers;
         place(t, l, per_layer, per_layer);
       }
@@ -68,8 +68,6 @@ class DeviceLayout {
       }
     }
   }
-
-  static bool layered(int t) { return (t >= P_LN1W && t <= P_FCPROJB) || t == P_QGAMMA || t == P_KGAMMA; }
 
   size_t total() const { return total_; }                    // elements of params / grads
   size_t packed_total() const { return total_ / shards_; }   // elements of master / m / v

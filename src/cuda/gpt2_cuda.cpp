@@ -86,9 +86,9 @@ struct LayerActivations {
   bf16* ln1;          // (N, C)
   float* ln1_mean;    // (N)
   float* ln1_rstd;    // (N)
-  bf16* qkv;          // (N, 3C) q and k normalised in place when qk_norm
-  bf16* qk_raw;       // (N, 2C) q, k before QK-norm (qk_norm only)
-  float* qk_rrms;     // (N, 2H) (qk_norm only)
+  bf16* qkv;          // (N, 3C) q and k normalised in place with QK-norm on
+  bf16* qk_raw;       // (N, 2C) q, k before QK-norm (QK-norm on only)
+  float* qk_rrms;     // (N, 2H) (QK-norm on only)
   bf16* atty;         // (N, C) attention output
   float* att_stats;   // (B, H, T, row_stats) softmax statistics
   void* att_saved;    // what the attention forward keeps for its backward (sage: int8 Q, K, V)
@@ -127,7 +127,7 @@ struct Activations {
   void carve(Arena& a, const ModelConfig& m, const std::vector<AttentionConfig>& att, int Vp, int B,
              int T, int owned_ranges) {
     const size_t N = static_cast<size_t>(B) * T, C = m.dim, L = m.layers, H = m.heads;
-    const size_t qk = m.qk_norm ? 1 : 0;
+    const size_t qk = m.qk_norm.on() ? 1 : 0;
     const cuda::AttentionShape shape{B, m.heads, T, m.head_dim()};
     encoded = a.take<bf16>(N * C);
     layers.resize(L);
@@ -164,7 +164,7 @@ struct Activations {
     const int iN = static_cast<int>(N);
     partials = a.take<float>(std::max({cuda::bias_backward_scratch_floats(iN, 4 * m.dim),
                                        cuda::layernorm_backward_scratch_floats(iN, m.dim),
-                                       cuda::qk_norm_backward_scratch_floats(iN, m.heads, m.head_dim()),
+                                       qk * cuda::qk_norm_backward_scratch_floats(m.qk_norm.form, iN, m.heads, m.head_dim()),
                                        cuda::global_norm_scratch_floats()}));
     attention_workspace = a.take<char>(workspace);
     inputs = a.take<int32_t>(N);
@@ -339,8 +339,9 @@ class CudaBackend final : public Backend {
     return static_cast<float>(std::sqrt(sq));
   }
 
-  // AdamW on the owned ranges, tensor slice by tensor slice (weight decay is
-  // per tensor); under ZeRO-1 the updated bf16 shards are then all-gathered.
+  // AdamW on the owned ranges, tensor slice by tensor slice (weight decay and
+  // the lr multiplier are per tensor); under ZeRO-1 the updated bf16 shards are
+  // then all-gathered.
   void adamw_step(const AdamWHyper& h, float grad_mult, int64_t t) override {
     require_reduced("adamw_step");
     cuda::AdamWArgs a{h.lr, h.beta1, h.beta2, h.eps, 0.0f, grad_mult,
@@ -352,6 +353,7 @@ class CudaBackend final : public Backend {
         const size_t lo = std::max(own.begin, s.offset);
         const size_t hi = std::min(own.begin + own.count, s.offset + s.count);
         if (lo >= hi) continue;
+        a.lr = static_cast<float>(h.lr * lr_multiplier(m_, s.tensor));
         a.weight_decay = ParamLayout::decayed(s.tensor) ? h.weight_decay : 0.0f;
         const size_t packed = own.packed + (lo - own.begin);
         cuda::adamw_update(params_ + lo, master_ + packed, adam_m_ + packed, adam_v_ + packed,
@@ -407,6 +409,10 @@ class CudaBackend final : public Backend {
   // Layer `layer`'s slice of a stacked (L, ...) tensor; whole tensors for the rest.
   const bf16* param(int t, int layer = 0) const { return params_ + dev_layout_.offset(t, layer); }
   float* grad(int t, int layer = 0) const { return grads_ + dev_layout_.offset(t, layer); }
+  // Layer `layer`'s QK-norm parameters; the tensors of the other form have size 0.
+  cuda::QkNormParams qk_norm_params(int layer) const {
+    return {m_.qk_norm.form, param(P_QGAMMA, layer), param(P_KGAMMA, layer), param(P_QKSCALE, layer)};
+  }
 
   // Waits for everything enqueued on the compute stream; with a communicator
   // the wait is bounded and watches NCCL (a dead peer must not hang us).
@@ -597,10 +603,8 @@ class CudaBackend final : public Backend {
       cuda::layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, residual, param(P_LN1W, l),
                               param(P_LN1B, l), N, C, stream_);
       matmuls_->forward(a.qkv, a.ln1, param(P_QKVW, l), param(P_QKVB, l), nullptr, N, C, 3 * C);
-      if (m_.qk_norm) {
-        cuda::qk_norm_forward(a.qkv, a.qk_raw, a.qk_rrms, param(P_QGAMMA, l), param(P_KGAMMA, l),
-                              N, H, hd, stream_);
-      }
+      if (m_.qk_norm.on())
+        cuda::qk_norm_forward(a.qkv, a.qk_raw, a.qk_rrms, qk_norm_params(l), N, H, hd, stream_);
       cuda::attention_forward(attention_[l], {B, H, T, hd}, a.qkv, a.atty, a.att_stats,
                               a.att_saved, stream_);
       // residual2 = residual + atty . W^T + b: the add rides in cuBLASLt's C input.
@@ -661,10 +665,10 @@ class CudaBackend final : public Backend {
       bf16* dqkv = acts_.dbig;  // (N, 3C): the MLP's gradient is no longer needed
       cuda::attention_backward(attention_[l], {B, H, T, hd}, a.qkv, a.atty, acts_.datty,
                                a.att_stats, a.att_saved, dqkv, acts_.attention_workspace, stream_);
-      if (m_.qk_norm) {
-        cuda::qk_norm_backward(dqkv, grad(P_QGAMMA, l), grad(P_KGAMMA, l), a.qk_raw, a.qk_rrms,
-                               param(P_QGAMMA, l), param(P_KGAMMA, l), N, H, hd, acts_.partials,
-                               stream_);
+      if (m_.qk_norm.on()) {
+        const cuda::QkNormGrads qk_grads{grad(P_QGAMMA, l), grad(P_KGAMMA, l), grad(P_QKSCALE, l)};
+        cuda::qk_norm_backward(dqkv, qk_grads, a.qk_raw, a.qk_rrms, qk_norm_params(l), N, H, hd,
+                               acts_.partials, stream_);
       }
       matmuls_->backward_weight(grad(P_QKVW, l), grad(P_QKVB, l), dqkv, a.ln1, N, C, 3 * C,
                                 acts_.partials);

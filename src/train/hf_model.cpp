@@ -86,9 +86,10 @@ std::string join(const std::vector<std::string>& lines) {
 }
 
 void require_gpt2(const ModelConfig& m, const std::string& what) {
-  if (m.qk_norm)
-    throw HfError(what + ": model.qk_norm is true, but GPT-2 (transformers' GPT2LMHeadModel) has no "
-                         "QK-norm; allowed: GPT-2 configs with model.qk_norm = false");
+  if (m.qk_norm.on())
+    throw HfError(what + ": model.qk_norm is on (form \"" + to_string(m.qk_norm.form) +
+                  "\"), but GPT-2 (transformers' GPT2LMHeadModel) has no QK-norm; allowed: GPT-2 "
+                  "configs with model.qk_norm = false");
 }
 
 // config.json -> ModelConfig, with every setting qattn's model fixes checked.
@@ -124,8 +125,7 @@ ModelConfig read_hf_config(const fs::path& path) {
   };
   if (c.value("model_type", json()) != "gpt2")
     problems.push_back("model_type: " + c.value("model_type", json()).dump() + " is not allowed; allowed: \"gpt2\"");
-  ModelConfig m;
-  m.qk_norm = false;
+  ModelConfig m;  // QK-norm off, as GPT-2
   size_key("vocab_size", m.vocab);
   size_key("n_positions", m.seq_len);
   size_key("n_embd", m.dim);

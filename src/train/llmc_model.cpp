@@ -29,9 +29,10 @@ std::array<size_t, kLlmcTensors> file_sizes(const ModelConfig& m, int vp) {
 }
 
 void require_no_qk_norm(const ModelConfig& m, const std::string& what) {
-  if (m.qk_norm)
-    throw LlmcError(what + ": model.qk_norm is true, but llm.c's model file has no place for the "
-                           "QK-norm gains; allowed: GPT-2 configs with model.qk_norm = false");
+  if (m.qk_norm.on())
+    throw LlmcError(what + ": model.qk_norm is on (form \"" + to_string(m.qk_norm.form) +
+                    "\"), but llm.c's model file has no place for the QK-norm parameters; allowed: "
+                    "GPT-2 configs with model.qk_norm = false");
 }
 
 }  // namespace
@@ -103,7 +104,7 @@ LlmcModel read_header(const std::string& path, std::ifstream& f) {
   LlmcModel out;
   out.version = h[1];
   ModelConfig& m = out.model;
-  m.seq_len = h[2], m.vocab = h[3], m.layers = h[4], m.heads = h[5], m.dim = h[6], m.qk_norm = false;
+  m.seq_len = h[2], m.vocab = h[3], m.layers = h[4], m.heads = h[5], m.dim = h[6];
   out.padded_vocab = h[7];
   if (m.seq_len < 1 || m.vocab < 2 || m.layers < 1 || m.heads < 1 || m.dim < 1 || m.dim % m.heads != 0 ||
       out.padded_vocab < m.vocab)

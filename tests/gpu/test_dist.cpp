@@ -10,7 +10,9 @@
 //   1e-2 nats, parameters and moments within a relative L2 of 1e-2 (bf16
 //   rounding of diverging-by-ulps weights); both ranks hold identical
 //   parameters; ZeRO-0 and ZeRO-1 agree likewise. The same holds, over 30
-//   steps under ZeRO-1, for a model whose layer 0 runs sage (attention.layers).
+//   steps under ZeRO-1, for a model whose layer 0 runs sage (attention.layers),
+//   and for a model with QK-norm's logit_scale form at lr_mult 10 (QK-norm's
+//   parameters are updated with their own learning rate on each rank's shard).
 #include <cmath>
 #include <cstdio>
 #include <string>
@@ -221,6 +223,28 @@ TEST_CASE("two GPUs match one GPU with a different attention kind per layer (sag
   const auto batches = make_batches(steps * 2, one_cfg);
   const Run one = train_plain(one_cfg, batches, steps);
   const auto runs = run_ranks(mixed(small_config(1, 1)), batches, steps, 2);
+  REQUIRE(runs[0].error.empty());
+  REQUIRE(runs[1].error.empty());
+  CHECK(runs[0].probe_loss == runs[1].probe_loss);
+  check_close(runs[0], one, kLossTol, kStateTol);
+}
+
+TEST_CASE("two GPUs match one GPU with QK-norm's logit_scale form at lr_mult 10 (ZeRO-1)", "[dist][qknorm]") {
+  if (device_count() < 2) {
+    WARN("SKIP: the 2-GPU data-parallel test needs 2 visible GPUs, found " << device_count());
+    return;
+  }
+  const int steps = 30;
+  auto logit_scale = [](Config c) {
+    c.model.qk_norm.form = QkNormForm::logit_scale;
+    c.model.qk_norm.lr_mult = 10.0;
+    c.model.qk_norm.logit_scale_init = default_logit_scale_init(c.model.seq_len);
+    return c;
+  };
+  const Config one_cfg = logit_scale(small_config(2, 1));
+  const auto batches = make_batches(steps * 2, one_cfg);
+  const Run one = train_plain(one_cfg, batches, steps);
+  const auto runs = run_ranks(logit_scale(small_config(1, 1)), batches, steps, 2);
   REQUIRE(runs[0].error.empty());
   REQUIRE(runs[1].error.empty());
   CHECK(runs[0].probe_loss == runs[1].probe_loss);

@@ -315,63 +315,110 @@ void scatter_part(std::vector<float>& qkv, const std::vector<float>& rows, int N
 }
 }  // namespace
 
-TEST_CASE("QK-norm forward and backward on qkv match the CPU", "[kernels]") {
-  for (const int d : {64, 128}) {
-    const int N = 333, H = 3, C = H * d, rows = N * H;
-    INFO("d = " << d);
-    const auto qkv = round_bf16(randn(N * 3 * C, 2.0f));
-    const auto gq = round_bf16(randn(d, 0.2f, 1.0f)), gk = round_bf16(randn(d, 0.2f, 1.0f));
-    DeviceBuffer<bf16> d_qkv(N * 3 * C), d_raw(N * 2 * C), d_gq(d), d_gk(d);
-    DeviceBuffer<float> d_rrms(N * 2 * H);
-    d_qkv.upload(to_bf16(qkv));
-    d_gq.upload(to_bf16(gq));
-    d_gk.upload(to_bf16(gk));
-    d_raw.poison();
-    d_rrms.poison();
-    cuda::qk_norm_forward(d_qkv.get(), d_raw.get(), d_rrms.get(), d_gq.get(), d_gk.get(), N, H, d,
-                          nullptr);
-    const auto xq = gather_part(qkv, N, H, d, 0), xk = gather_part(qkv, N, H, d, 1);
-    std::vector<float> yq(rows * d), yk(rows * d), rq(rows), rk(rows);
-    cpu::qk_norm_forward(yq.data(), rq.data(), xq.data(), gq.data(), rows, d);
-    cpu::qk_norm_forward(yk.data(), rk.data(), xk.data(), gk.data(), rows, d);
-    std::vector<float> ref_qkv = qkv, ref_rrms(2 * rows), ref_raw(2 * rows * d);
-    scatter_part(ref_qkv, yq, N, H, d, 0);
-    scatter_part(ref_qkv, yk, N, H, d, 1);
-    for (int n = 0; n < N; ++n)
-      for (int h = 0; h < H; ++h) {  // rrms (N, 2H): q heads then k heads of each token
-        ref_rrms[n * 2 * H + h] = rq[n * H + h];
-        ref_rrms[n * 2 * H + H + h] = rk[n * H + h];
+// Both forms through the same checks; what differs is the CPU reference (form
+// gain: qk_norm_* per part with its gains; logit_scale: qk_logit_scale_* with a
+// scale per head) and the parameters it is given. Rows in (n, h) order are the
+// CPU's (B, H, T, d) with B = N and T = 1.
+TEST_CASE("QK-norm forward and backward on qkv match the CPU, both forms", "[kernels][qknorm]") {
+  for (const QkNormForm form : {QkNormForm::gain, QkNormForm::logit_scale}) {
+    for (const int d : {64, 128}) {
+      const int N = 333, H = 3, C = H * d, rows = N * H;
+      INFO("form " << to_string(form) << ", d = " << d);
+      const bool gain = form == QkNormForm::gain;
+      const auto qkv = round_bf16(randn(N * 3 * C, 2.0f));
+      // gain: gains near 1; logit_scale: scales near log2(T^2 - T) for T = 1024, one negative.
+      const auto gq = round_bf16(randn(d, 0.2f, 1.0f)), gk = round_bf16(randn(d, 0.2f, 1.0f));
+      auto scale = round_bf16(randn(H, 3.0f, 20.0f));
+      scale[1] = -scale[1];
+      DeviceBuffer<bf16> d_qkv(N * 3 * C), d_raw(N * 2 * C), d_gq(d), d_gk(d), d_scale(H);
+      DeviceBuffer<float> d_rrms(N * 2 * H);
+      d_qkv.upload(to_bf16(qkv));
+      d_gq.upload(to_bf16(gq));
+      d_gk.upload(to_bf16(gk));
+      d_scale.upload(to_bf16(scale));
+      d_raw.poison();
+      d_rrms.poison();
+      cuda::QkNormParams params{form};
+      if (gain)
+        params.gamma_q = d_gq.get(), params.gamma_k = d_gk.get();
+      else
+        params.scale = d_scale.get();
+      cuda::qk_norm_forward(d_qkv.get(), d_raw.get(), d_rrms.get(), params, N, H, d, nullptr);
+      const auto xq = gather_part(qkv, N, H, d, 0), xk = gather_part(qkv, N, H, d, 1);
+      std::vector<float> yq(rows * d), yk(rows * d), rq(rows), rk(rows);
+      if (gain) {
+        cpu::qk_norm_forward(yq.data(), rq.data(), xq.data(), gq.data(), rows, d);
+        cpu::qk_norm_forward(yk.data(), rk.data(), xk.data(), gk.data(), rows, d);
+      } else {
+        cpu::qk_logit_scale_forward(yq.data(), yk.data(), rq.data(), rk.data(), xq.data(), xk.data(),
+                                    scale.data(), N, H, 1, d);
       }
-    for (int n = 0; n < N; ++n)
-      for (int c = 0; c < 2 * C; ++c) ref_raw[n * 2 * C + c] = qkv[n * 3 * C + c];
-    const auto got_qkv = to_float(d_qkv.download());
-    CHECK(rel_l2(got_qkv, ref_qkv) < kBf16Tol);
-    CHECK(rel_l2(gather_part(got_qkv, N, H, d, 2), gather_part(qkv, N, H, d, 2)) == 0.0);
-    CHECK(rel_l2(d_rrms.download(), ref_rrms) < kF32Tol);
-    CHECK(rel_l2(to_float(d_raw.download()), ref_raw) == 0.0);
+      std::vector<float> ref_qkv = qkv, ref_rrms(2 * rows), ref_raw(2 * rows * d);
+      scatter_part(ref_qkv, yq, N, H, d, 0);
+      scatter_part(ref_qkv, yk, N, H, d, 1);
+      for (int n = 0; n < N; ++n)
+        for (int h = 0; h < H; ++h) {  // rrms (N, 2H): q heads then k heads of each token
+          ref_rrms[n * 2 * H + h] = rq[n * H + h];
+          ref_rrms[n * 2 * H + H + h] = rk[n * H + h];
+        }
+      for (int n = 0; n < N; ++n)
+        for (int c = 0; c < 2 * C; ++c) ref_raw[n * 2 * C + c] = qkv[n * 3 * C + c];
+      const auto got_qkv = to_float(d_qkv.download());
+      CHECK(rel_l2(gather_part(got_qkv, N, H, d, 0), yq) < kBf16Tol);
+      CHECK(rel_l2(gather_part(got_qkv, N, H, d, 1), yk) < kBf16Tol);
+      CHECK(rel_l2(gather_part(got_qkv, N, H, d, 2), gather_part(qkv, N, H, d, 2)) == 0.0);
+      CHECK(rel_l2(d_rrms.download(), ref_rrms) < kF32Tol);
+      CHECK(rel_l2(to_float(d_raw.download()), ref_raw) == 0.0);
 
-    // Backward: the q, k parts of dqkv are replaced in place; v is untouched.
-    const auto dqkv = round_bf16(randn(N * 3 * C));
-    auto dgq = randn(d), dgk = randn(d);
-    DeviceBuffer<bf16> d_dqkv(N * 3 * C);
-    DeviceBuffer<float> d_dgq(d), d_dgk(d),
-        d_scratch(cuda::qk_norm_backward_scratch_floats(N, H, d));
-    d_dqkv.upload(to_bf16(dqkv));
-    d_dgq.upload(dgq);
-    d_dgk.upload(dgk);
-    cuda::qk_norm_backward(d_dqkv.get(), d_dgq.get(), d_dgk.get(), d_raw.get(), d_rrms.get(),
-                           d_gq.get(), d_gk.get(), N, H, d, d_scratch.get(), nullptr);
-    const auto dyq = gather_part(dqkv, N, H, d, 0), dyk = gather_part(dqkv, N, H, d, 1);
-    std::vector<float> dxq(rows * d, 0.0f), dxk(rows * d, 0.0f);
-    cpu::qk_norm_backward(dxq.data(), dgq.data(), dyq.data(), xq.data(), gq.data(), rq.data(),
-                          rows, d);
-    cpu::qk_norm_backward(dxk.data(), dgk.data(), dyk.data(), xk.data(), gk.data(), rk.data(),
-                          rows, d);
-    std::vector<float> ref_dqkv = dqkv;
-    scatter_part(ref_dqkv, dxq, N, H, d, 0);
-    scatter_part(ref_dqkv, dxk, N, H, d, 1);
-    CHECK(rel_l2(to_float(d_dqkv.download()), ref_dqkv) < kBf16Tol);
-    CHECK(rel_l2(d_dgq.download(), dgq) < kF32Tol);
-    CHECK(rel_l2(d_dgk.download(), dgk) < kF32Tol);
+      // Backward: the q, k parts of dqkv are replaced in place; v is untouched;
+      // the parameters' gradients start from random values (+=).
+      const auto dqkv = round_bf16(randn(N * 3 * C));
+      auto dgq = randn(d), dgk = randn(d), dscale = randn(H);
+      DeviceBuffer<bf16> d_dqkv(N * 3 * C);
+      DeviceBuffer<float> d_dgq(d), d_dgk(d), d_dscale(H),
+          d_scratch(cuda::qk_norm_backward_scratch_floats(form, N, H, d));
+      d_dqkv.upload(to_bf16(dqkv));
+      d_dgq.upload(dgq);
+      d_dgk.upload(dgk);
+      d_dscale.upload(dscale);
+      d_scratch.poison();
+      const cuda::QkNormGrads grads{d_dgq.get(), d_dgk.get(), d_dscale.get()};
+      cuda::qk_norm_backward(d_dqkv.get(), grads, d_raw.get(), d_rrms.get(), params, N, H, d,
+                             d_scratch.get(), nullptr);
+      const auto dyq = gather_part(dqkv, N, H, d, 0), dyk = gather_part(dqkv, N, H, d, 1);
+      std::vector<float> dxq(rows * d, 0.0f), dxk(rows * d, 0.0f);
+      const auto dgq0 = dgq, dgk0 = dgk, dscale0 = dscale;
+      if (gain) {
+        cpu::qk_norm_backward(dxq.data(), dgq.data(), dyq.data(), xq.data(), gq.data(), rq.data(),
+                              rows, d);
+        cpu::qk_norm_backward(dxk.data(), dgk.data(), dyk.data(), xk.data(), gk.data(), rk.data(),
+                              rows, d);
+      } else {
+        cpu::qk_logit_scale_backward(dxq.data(), dxk.data(), dscale.data(), dyq.data(), dyk.data(),
+                                     xq.data(), xk.data(), scale.data(), rq.data(), rk.data(), N,
+                                     H, 1, d);
+      }
+      std::vector<float> ref_dqkv = dqkv;
+      scatter_part(ref_dqkv, dxq, N, H, d, 0);
+      scatter_part(ref_dqkv, dxk, N, H, d, 1);
+      const auto got_dqkv = to_float(d_dqkv.download());
+      CHECK(rel_l2(gather_part(got_dqkv, N, H, d, 0), dxq) < kBf16Tol);
+      CHECK(rel_l2(gather_part(got_dqkv, N, H, d, 1), dxk) < kBf16Tol);
+      CHECK(rel_l2(gather_part(got_dqkv, N, H, d, 2), gather_part(dqkv, N, H, d, 2)) == 0.0);
+      // The increments, so that the random start does not hide their error.
+      const auto increment = [](std::vector<float> after, const std::vector<float>& before) {
+        for (size_t i = 0; i < after.size(); ++i) after[i] -= before[i];
+        return after;
+      };
+      if (gain) {
+        CHECK(rel_l2(increment(d_dgq.download(), dgq0), increment(dgq, dgq0)) < kF32Tol);
+        CHECK(rel_l2(increment(d_dgk.download(), dgk0), increment(dgk, dgk0)) < kF32Tol);
+        CHECK(d_dscale.download() == dscale0);
+      } else {
+        CHECK(rel_l2(increment(d_dscale.download(), dscale0), increment(dscale, dscale0)) < kF32Tol);
+        CHECK(d_dgq.download() == dgq0);
+        CHECK(d_dgk.download() == dgk0);
+      }
+    }
   }
 }

@@ -3,10 +3,16 @@
 //   one step: loss within 1e-2 (absolute, nats), every parameter tensor's
 //   gradient within a relative L2 of 3e-2 (bf16 activations through 2 layers; measured <= 1.1e-2);
 //   20 AdamW steps: every step's loss within 1e-2 of the CPU run's.
+// Both run without QK-norm and with each form of it (docs/attention-maths.md §3).
+// With QK-norm's lr multiplier at 10, the first AdamW step moves QK-norm's
+// parameters by lr * 10 (within 0.1%; at least 90% of it on average), 20 steps
+// per form follow the CPU run's losses, and the QK-norm parameters end within a
+// relative L2 of 3e-2 of the CPU's.
 // Also: loss and grad norm are bit-identical when a step is repeated; the
 // diagnostics agree with the CPU backend's and leave the gradients alone; a
 // model with a different kind per layer (attention.layers) follows the CPU
 // backend within the same loss and grad-norm tolerances for 5 steps.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -23,14 +29,16 @@ namespace {
 constexpr double kLossTol = 1e-2;
 constexpr double kGradTol = 3e-2;
 
-Config small_config(bool qk_norm) {
+Config small_config(QkNormForm qk_norm = QkNormForm::off, double qk_lr_mult = 1.0) {
   Config c;
   c.model.vocab = 1000;  // padded to 1024 inside the CUDA backend
   c.model.layers = 2;
   c.model.heads = 2;
   c.model.dim = 128;     // head_dim 64
   c.model.seq_len = 64;
-  c.model.qk_norm = qk_norm;
+  c.model.qk_norm.form = qk_norm;
+  c.model.qk_norm.lr_mult = qk_lr_mult;
+  c.model.qk_norm.logit_scale_init = default_logit_scale_init(c.model.seq_len);
   c.train.micro_batch = 4;
   c.train.seed = rng()();
   return c;
@@ -81,13 +89,17 @@ struct StepResult {
   float norm[2];
 };
 
+constexpr float kLr = 1e-3f;
+
 // `steps` AdamW steps of both backends on the same fresh batches, `accum`
-// micro-batches per step; the per-step results, printed as they come.
-std::vector<StepResult> train_both(Twins& t, const Config& cfg, int steps, int accum) {
+// micro-batches per step, counted from first_step; the per-step results,
+// printed as they come.
+std::vector<StepResult> train_both(Twins& t, const Config& cfg, int steps, int accum,
+                                   int first_step = 1) {
   const int B = cfg.train.micro_batch, T = cfg.model.seq_len;
-  const AdamWHyper h{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f};
+  const AdamWHyper h{kLr, 0.9f, 0.95f, 1e-8f, 0.1f};
   std::vector<StepResult> out;
-  for (int step = 1; step <= steps; ++step) {
+  for (int step = first_step; step < first_step + steps; ++step) {
     std::vector<std::vector<int32_t>> ins(accum), tgs(accum);
     for (int a = 0; a < accum; ++a) make_batch(B, T, cfg.model.vocab, ins[a], tgs[a]);
     StepResult r{};
@@ -109,9 +121,9 @@ std::vector<StepResult> train_both(Twins& t, const Config& cfg, int steps, int a
 
 }  // namespace
 
-TEST_CASE("CUDA model: one step's loss and every gradient match the CPU backend", "[model]") {
-  for (const bool qk_norm : {false, true}) {
-    INFO("qk_norm = " << qk_norm);
+TEST_CASE("CUDA model: one step's loss and every gradient match the CPU backend", "[model][qknorm]") {
+  for (const QkNormForm qk_norm : {QkNormForm::off, QkNormForm::gain, QkNormForm::logit_scale}) {
+    INFO("qk_norm = " << to_string(qk_norm));
     const Config cfg = small_config(qk_norm);
     Twins twins = make_twins(cfg);
     auto& cpu = twins.cpu;
@@ -139,7 +151,7 @@ TEST_CASE("CUDA model: one step's loss and every gradient match the CPU backend"
     for (int t = 0; t < P_COUNT; ++t) {
       if (lay.size[t] == 0) continue;
       const double err = tensor_rel_l2(g_gpu, g_cpu, lay.offset[t], lay.size[t]);
-      std::printf("qk_norm=%d grad %-9s rel L2 %.2e\n", qk_norm, ParamLayout::name(t), err);
+      std::printf("qk_norm=%s grad %-9s rel L2 %.2e\n", to_string(qk_norm), ParamLayout::name(t), err);
       INFO("tensor " << ParamLayout::name(t));
       CHECK(err < kGradTol);
     }
@@ -155,7 +167,7 @@ TEST_CASE("CUDA model: one step's loss and every gradient match the CPU backend"
 }
 
 TEST_CASE("CUDA model: 20 training steps follow the CPU backend's losses", "[model]") {
-  const Config cfg = small_config(false);
+  const Config cfg = small_config();
   Twins twins = make_twins(cfg);
   const auto steps = train_both(twins, cfg, 20, /*accum=*/2);
   for (size_t i = 0; i < steps.size(); ++i) {
@@ -164,9 +176,61 @@ TEST_CASE("CUDA model: 20 training steps follow the CPU backend's losses", "[mod
   }
 }
 
+TEST_CASE("CUDA model: 20 steps with each QK-norm form at lr_mult 10 follow the CPU backend",
+          "[model][qknorm]") {
+  for (const QkNormForm form : {QkNormForm::gain, QkNormForm::logit_scale}) {
+    INFO("qk_norm = " << to_string(form));
+    const double mult = 10.0;
+    const Config cfg = small_config(form, mult);
+    Twins twins = make_twins(cfg);
+    std::vector<float> init, p_cpu, p_gpu;
+    twins.cpu->get_params(init);
+    const ParamLayout& lay = twins.cpu->layout();
+    // AdamW's first step moves a parameter by lr * g / (|g| + eps): by lr * lr_mult
+    // for QK-norm's parameters (their gradients are far above eps), on both backends.
+    auto steps = train_both(twins, cfg, 1, /*accum=*/1);
+    twins.cpu->get_params(p_cpu);
+    twins.gpu->get_params(p_gpu);
+    for (int t = 0; t < P_COUNT; ++t) {
+      if (!ParamLayout::qk_norm_param(t) || lay.size[t] == 0) continue;
+      for (const auto* p : {&p_cpu, &p_gpu}) {
+        INFO("tensor " << ParamLayout::name(t) << (p == &p_cpu ? " cpu" : " cuda"));
+        double max_step = 0, mean_step = 0;
+        for (size_t e = lay.offset[t]; e < lay.offset[t] + lay.size[t]; ++e) {
+          const double step = std::abs(static_cast<double>((*p)[e]) - init[e]);
+          max_step = std::max(max_step, step);
+          mean_step += step / static_cast<double>(lay.size[t]);
+        }
+        std::printf("qk_norm=%s %-8s %s first step max %.4e mean %.4e (lr * lr_mult %.1e)\n",
+                    to_string(form), ParamLayout::name(t), p == &p_cpu ? "cpu " : "cuda", max_step,
+                    mean_step, kLr * mult);
+        CHECK(max_step <= kLr * mult * (1 + 1e-3));
+        CHECK(mean_step >= 0.9 * kLr * mult);
+      }
+    }
+    const auto more = train_both(twins, cfg, 19, /*accum=*/1, /*first_step=*/2);
+    steps.insert(steps.end(), more.begin(), more.end());
+    for (size_t i = 0; i < steps.size(); ++i) {
+      INFO("step " << i + 1);
+      CHECK(std::abs(steps[i].loss[0] - steps[i].loss[1]) < kLossTol);
+    }
+    // After 20 steps both backends hold about the same QK-norm parameters.
+    twins.cpu->get_params(p_cpu);
+    twins.gpu->get_params(p_gpu);
+    for (int t = 0; t < P_COUNT; ++t) {
+      if (!ParamLayout::qk_norm_param(t) || lay.size[t] == 0) continue;
+      INFO("tensor " << ParamLayout::name(t));
+      const double err = tensor_rel_l2(p_gpu, p_cpu, lay.offset[t], lay.size[t]);
+      std::printf("qk_norm=%s %-8s after 20 steps cuda vs cpu rel L2 %.2e\n", to_string(form),
+                  ParamLayout::name(t), err);
+      CHECK(err < kGradTol);
+    }
+  }
+}
+
 TEST_CASE("CUDA model: diagnostics match the CPU backend and leave the gradients alone",
           "[model]") {
-  const Config cfg = small_config(true);
+  const Config cfg = small_config(QkNormForm::gain);
   Twins twins = make_twins(cfg);
   auto& cpu = twins.cpu;
   auto& gpu = twins.gpu;
@@ -202,7 +266,7 @@ TEST_CASE("CUDA model with sage trains like the CPU backend: the defaults, and w
   k.K = 16, k.calibration = Calibration::fwm, k.rounding = Rounding::nearest, k.ste = Ste::prob;
   for (const bool with_block : {false, true}) {
     INFO("softmax block: " << (with_block ? "kinterval" : "none"));
-    Config cfg = small_config(false);
+    Config cfg = small_config();
     cfg.model.seq_len = 128;  // two 64-row quantisation blocks
     cfg.attention.kind = AttentionKind::sage;
     if (with_block) cfg.attention.sage.softmax = k;
@@ -225,7 +289,7 @@ TEST_CASE("CUDA model with sage trains like the CPU backend: the defaults, and w
 TEST_CASE("CUDA model with a different attention kind per layer (fpa, sage, kinterval) trains like the CPU "
           "backend, and its diagnostics name each layer's kind",
           "[model][layers]") {
-  Config cfg = small_config(false);
+  Config cfg = small_config();
   cfg.model.layers = 3;
   cfg.model.seq_len = 128;  // two 64-row quantisation blocks for sage
   // Layer 0 runs the global FPA; layers 1 and 2 each keep statistics and saved

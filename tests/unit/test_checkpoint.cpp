@@ -208,6 +208,41 @@ TEST_CASE("resume continues bit-exactly and refuses a different config", "[check
   }
 }
 
+TEST_CASE("resume restores QK-norm's parameters and continues bit-exactly, each form", "[checkpoint][train][qknorm]") {
+  const auto d = scratch_dir("ckpt_resume_qknorm");
+  make_corpus(d);
+  for (const json& qk_norm : {json({{"form", "gain"}, {"lr_mult", 10}}), json({{"form", "logit_scale"}, {"lr_mult", 10}})}) {
+    const std::string form = qk_norm["form"];
+    INFO("model.qk_norm = " << qk_norm.dump());
+    json whole = tiny_config(d, "whole_" + form, 12);
+    whole["model"]["qk_norm"] = qk_norm;
+    REQUIRE(train_in_process(whole).status == RunStatus::finished);
+    json cut = tiny_config(d, "cut_" + form, 12);
+    cut["model"]["qk_norm"] = qk_norm;
+    REQUIRE(train_in_process(cut).status == RunStatus::finished);
+    const fs::path cut_dir = d / "runs" / ("cut_" + form);
+    fs::remove_all(cut_dir / "checkpoints" / "step_00000012");  // as if killed after step 11
+    const TrainResult r = train_in_process(cut);
+    CHECK(r.resumed_from == 8);
+    CHECK(loss_columns(cut_dir / "metrics.csv") == loss_columns(d / "runs" / ("whole_" + form) / "metrics.csv"));
+    // The final state is the same bit for bit, QK-norm's tensors included, and they moved.
+    const Checkpoint a = load_checkpoint(latest_checkpoint((d / "runs" / ("whole_" + form)).string()));
+    const Checkpoint b = load_checkpoint(latest_checkpoint(cut_dir.string()));
+    CHECK(a.params == b.params);
+    CHECK(a.adam_m == b.adam_m);
+    CHECK(a.adam_v == b.adam_v);
+    const Config cfg = config_from_json(whole);
+    const ParamLayout lay(cfg.model);
+    std::vector<float> init;
+    init_params(cfg.model, cfg.train.seed, init);
+    REQUIRE(a.params.size() == lay.total);
+    const int tensor = form == "gain" ? P_QGAMMA : P_QKSCALE;
+    REQUIRE(lay.size[tensor] > 0);
+    const auto begin = static_cast<std::ptrdiff_t>(lay.offset[tensor]), end = begin + static_cast<std::ptrdiff_t>(lay.size[tensor]);
+    CHECK_FALSE(std::equal(a.params.begin() + begin, a.params.begin() + end, init.begin() + begin));
+  }
+}
+
 TEST_CASE("a stop during an evaluation ends it between batches; resume evaluates first", "[checkpoint][train]") {
   const auto d = scratch_dir("ckpt_stop_eval");
   make_corpus(d);

@@ -1,5 +1,6 @@
 // Config validation: every bad value is an error that names its JSON path.
 #include <catch2/catch.hpp>
+#include <cmath>
 
 #include "qattn/config.hpp"
 #include "qattn/json_file.hpp"
@@ -65,6 +66,18 @@ TEST_CASE("bad configs name the JSON path, the value and what is allowed", "[con
       {{"dist.zero_stage=3"}, "dist.zero_stage: 3 is out of range"},
       {{"bogus.x=1"}, "bogus: unknown key"},
       {{"train.warmup=11"}, "train.warmup: 11 exceeds train.steps"},
+      {{"model.qk_norm=3"}, "model.qk_norm: 3 has the wrong type; allowed: false | true | \"gain\" | \"logit_scale\" | {\"form\""},
+      {{"model.qk_norm=null"}, "model.qk_norm: null has the wrong type; allowed: false | true"},
+      {{"model.qk_norm=cosine"}, "model.qk_norm: \"cosine\" is not allowed; allowed: false | true | \"gain\" | \"logit_scale\""},
+      {{"model.qk_norm={\"form\":\"l2\"}"}, "model.qk_norm.form: \"l2\" is not allowed; allowed: \"gain\" | \"logit_scale\""},
+      {{"model.qk_norm={\"form\":true}"}, "model.qk_norm.form: true has the wrong type; expected a string"},
+      {{"model.qk_norm={\"lr_mult\":-1}"}, "model.qk_norm.lr_mult: -1 is out of range; allowed: >= 0.0 and <= 10000.0"},
+      {{"model.qk_norm={\"lr_mult\":\"x\"}"}, "model.qk_norm.lr_mult: \"x\" has the wrong type; expected a number"},
+      {{"model.qk_norm={\"form\":\"logit_scale\",\"logit_scale_init\":0}"},
+       "model.qk_norm.logit_scale_init: 0 is out of range; allowed: > 0.0 and <= 10000.0"},
+      {{"model.qk_norm={\"form\":\"logit_scale\",\"logit_scale_init\":[1]}"},
+       "model.qk_norm.logit_scale_init: [1] has the wrong type; expected a number"},
+      {{"model.qk_norm={\"scale\":1}"}, "model.qk_norm.scale: unknown key; allowed keys here: form, logit_scale_init, lr_mult"},
   };
   for (const auto& c : cases) {
     INFO("overrides: " << c.sets[0]);
@@ -102,8 +115,74 @@ TEST_CASE("set-overrides parse JSON values and bare words", "[config]") {
   const auto c = qattn::config_from_json(j);
   CHECK(c.attention.kind == qattn::AttentionKind::kinterval);
   CHECK(c.attention.kinterval.K == 16);
-  CHECK(c.model.qk_norm);
+  CHECK(c.model.qk_norm.form == qattn::QkNormForm::gain);
   CHECK_THROWS_AS(qattn::apply_override(j, "noequals"), ConfigError);
+}
+
+TEST_CASE("model.qk_norm: booleans, form names and the options object", "[config][qknorm]") {
+  using qattn::QkNormForm;
+  const auto read = [](const std::string& set) {
+    json j = good();
+    qattn::apply_override(j, set);
+    return qattn::config_from_json(j);
+  };
+  SECTION("booleans stay as written; true is the gain form") {
+    const auto off = qattn::config_from_json(good());
+    CHECK(off.model.qk_norm.form == QkNormForm::off);
+    CHECK(off.effective["model"]["qk_norm"] == false);
+    const auto on = read("model.qk_norm=true");
+    CHECK(on.model.qk_norm.form == QkNormForm::gain);
+    CHECK(on.model.qk_norm.lr_mult == 1.0);
+    CHECK(on.effective["model"]["qk_norm"] == true);
+  }
+  SECTION("a form name is the object with that form and every default") {
+    const auto c = read("model.qk_norm=logit_scale");
+    CHECK(c.model.qk_norm.form == QkNormForm::logit_scale);
+    CHECK(c.model.qk_norm.lr_mult == 1.0);
+    CHECK(c.model.qk_norm.logit_scale_init == std::log2(16.0 * 16.0 - 16.0));  // seq_len 16
+    CHECK(c.effective["model"]["qk_norm"] ==
+          json({{"form", "logit_scale"}, {"lr_mult", 1.0}, {"logit_scale_init", std::log2(240.0)}}));
+    CHECK(c.warnings.empty());
+    const auto g = read("model.qk_norm=gain");
+    CHECK(g.model.qk_norm.form == QkNormForm::gain);
+    CHECK(g.effective["model"]["qk_norm"] == json({{"form", "gain"}, {"lr_mult", 1.0}}));
+  }
+  SECTION("the object: form defaults to gain, options as given") {
+    const auto c = read(R"(model.qk_norm={"lr_mult": 30})");
+    CHECK(c.model.qk_norm.form == QkNormForm::gain);
+    CHECK(c.model.qk_norm.lr_mult == 30.0);
+    const auto s = read(R"(model.qk_norm={"form": "logit_scale", "lr_mult": 0, "logit_scale_init": 10})");
+    CHECK(s.model.qk_norm.form == QkNormForm::logit_scale);
+    CHECK(s.model.qk_norm.lr_mult == 0.0);
+    CHECK(s.model.qk_norm.logit_scale_init == 10.0);
+    json b = good();  // a boolean in the file takes no dotted override, and the error says what to do
+    b["model"]["qk_norm"] = true;
+    CHECK_THROWS_WITH(qattn::apply_override(b, "model.qk_norm.lr_mult=10"),
+                      Catch::Contains("--set model.qk_norm.lr_mult=10: 'model.qk_norm.lr_mult' goes through "
+                                      "model.qk_norm = true, which is not an object; set model.qk_norm as a whole"));
+    json j = good();  // an object in the file takes dotted overrides
+    j["model"]["qk_norm"] = {{"form", "gain"}};
+    qattn::apply_override(j, "model.qk_norm.form=logit_scale");
+    qattn::apply_override(j, "model.qk_norm.lr_mult=10");
+    const auto o = qattn::config_from_json(j);
+    CHECK(o.model.qk_norm.form == QkNormForm::logit_scale);
+    CHECK(o.model.qk_norm.lr_mult == 10.0);
+  }
+  SECTION("logit_scale_init with the gain form is warned about and left out") {
+    const auto c = read(R"(model.qk_norm={"form": "gain", "logit_scale_init": 5})");
+    REQUIRE(c.warnings.size() == 1);
+    CHECK(c.warnings[0] == "model.qk_norm.logit_scale_init: unused, the form is \"gain\"");
+    CHECK_FALSE(c.effective["model"]["qk_norm"].contains("logit_scale_init"));
+  }
+  SECTION("the default init follows model.seq_len") {
+    json j = good();
+    j["model"]["seq_len"] = 1024;
+    j["train"]["tokens_per_step"] = 4096;
+    j["model"]["qk_norm"] = "logit_scale";
+    CHECK(qattn::config_from_json(j).model.qk_norm.logit_scale_init == std::log2(1024.0 * 1024.0 - 1024.0));
+    CHECK(qattn::default_logit_scale_init(1) == 1.0);
+    CHECK(qattn::default_logit_scale_init(2) == 1.0);
+  }
 }
 
 TEST_CASE("ste with lerp is legal but warned about", "[config]") {

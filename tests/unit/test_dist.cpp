@@ -351,18 +351,19 @@ TEST_CASE("only rank 0 writes the run's files", "[dist]") {
 
 TEST_CASE("ZeRO-1 shards partition every block, aligned, and cover every parameter", "[dist]") {
   using qattn::cuda::DeviceLayout;
-  for (bool qk_norm : {false, true}) {
+  using qattn::QkNormForm;
+  for (QkNormForm form : {QkNormForm::off, QkNormForm::gain, QkNormForm::logit_scale}) {
     qattn::ModelConfig m;
     m.vocab = 1000;
     m.layers = 3;
     m.heads = 2;
     m.dim = 64;
     m.seq_len = 32;
-    m.qk_norm = qk_norm;
+    m.qk_norm.form = form;
     const qattn::ParamLayout canonical(m);
     const size_t padded_wte = 1024 * 64;
     for (int world : {1, 2, 3, 8}) {
-      INFO("world " << world << " qk_norm " << qk_norm);
+      INFO("world " << world << " qk_norm " << qattn::to_string(form));
       std::vector<DeviceLayout> ranks;
       for (int r = 0; r < world; ++r) ranks.emplace_back(canonical, m.layers, padded_wte, world, r);
       const DeviceLayout& L = ranks[0];
@@ -393,7 +394,7 @@ TEST_CASE("ZeRO-1 shards partition every block, aligned, and cover every paramet
         int block = 0;
         while (block + 1 < L.blocks() && L.block_begin(block + 1) <= s.offset) ++block;
         CHECK(s.offset + s.count <= L.block_begin(block) + L.block_size(block));
-        CHECK((block == 0) == !DeviceLayout::layered(s.tensor));
+        CHECK((block == 0) == !qattn::ParamLayout::layered(s.tensor));
         CHECK(L.block_size(block) % (DeviceLayout::kAlign * world) == 0);
       }
       CHECK(canonical_total == canonical.total);

@@ -290,12 +290,14 @@ TEST_CASE("HF export: GPT-2's names, Conv1D transposes and config.json", "[hf]")
   CHECK(g["bos_token_id"] == 50256);
   CHECK(g["torch_dtype"] == "bfloat16");
 
-  ModelConfig qk = m;
-  qk.qk_norm = true;
-  CHECK_THROWS_WITH(write_hf_model((d / "qk").string(), qk, std::vector<float>(ParamLayout(qk).total), TensorDtype::f32),
-                    Catch::Contains("model.qk_norm is true") && Catch::Contains("GPT-2") &&
-                        Catch::Contains("has no QK-norm"));
-  CHECK_FALSE(fs::exists(d / "qk"));
+  for (const QkNormForm form : {QkNormForm::gain, QkNormForm::logit_scale}) {
+    ModelConfig qk = m;
+    qk.qk_norm.form = form;
+    CHECK_THROWS_WITH(write_hf_model((d / "qk").string(), qk, std::vector<float>(ParamLayout(qk).total), TensorDtype::f32),
+                      Catch::Contains(std::string("model.qk_norm is on (form \"") + to_string(form)) &&
+                          Catch::Contains("GPT-2") && Catch::Contains("has no QK-norm"));
+    CHECK_FALSE(fs::exists(d / "qk"));
+  }
 }
 
 TEST_CASE("HF export: GPT-2 computed from the exported tensors by transformers' definition gives qattn's logits",
@@ -399,9 +401,11 @@ TEST_CASE("HF model directories: what differs is named (file, key or tensor, val
                       Catch::Contains(config + ": vocab_size = 37 but model.vocab = 50257") &&
                       Catch::Contains(config + ": n_embd = 8 but model.dim = 16") &&
                       Catch::Contains("n_positions = 6 but model.seq_len = 64"));
-    ModelConfig qk = m;
-    qk.qk_norm = true;
-    CHECK_THAT(error_of(qk), Catch::Contains("model.qk_norm is true"));
+    for (const QkNormForm form : {QkNormForm::gain, QkNormForm::logit_scale}) {
+      ModelConfig qk = m;
+      qk.qk_norm.form = form;
+      CHECK_THAT(error_of(qk), Catch::Contains(std::string("model.qk_norm is on (form \"") + to_string(form)));
+    }
   }
   SECTION("a truncated safetensors file") {
     fs::resize_file(weights, fs::file_size(weights) - 4);

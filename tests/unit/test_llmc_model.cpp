@@ -122,10 +122,15 @@ TEST_CASE("llm.c bf16 files round to nearest even and round-trip exactly after t
 }
 
 TEST_CASE("llm.c files refuse QK-norm models", "[llmc]") {
-  ModelConfig m = small_model();
-  m.qk_norm = true;
-  CHECK_THROWS_WITH(write_llmc_model("/tmp/never.bin", m, std::vector<float>(ParamLayout(m).total), 3),
-                    Catch::Contains("model.qk_norm is true") && Catch::Contains("allowed: GPT-2 configs"));
+  for (const QkNormForm form : {QkNormForm::gain, QkNormForm::logit_scale}) {
+    ModelConfig m = small_model();
+    m.qk_norm.form = form;
+    const std::string named = std::string("model.qk_norm is on (form \"") + to_string(form) + "\")";
+    CHECK_THROWS_WITH(write_llmc_model("/tmp/never.bin", m, std::vector<float>(ParamLayout(m).total), 3),
+                      Catch::Contains(named) && Catch::Contains("allowed: GPT-2 configs"));
+    CHECK_THROWS_WITH(check_llmc_model("/tmp/never.bin", m),
+                      Catch::Contains("model.init_from = /tmp/never.bin") && Catch::Contains(named));
+  }
 }
 
 TEST_CASE("export a checkpoint, start a run from it with model.init_from, sample from it", "[llmc][cli]") {

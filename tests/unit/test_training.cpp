@@ -1,6 +1,9 @@
 // Training smoke: a tiny model on a generated shard lowers its loss, and the
-// same seed twice gives identical loss columns.
+// same seed twice gives identical loss columns; with either QK-norm form it
+// learns too, and model.qk_norm.lr_mult scales the AdamW step of QK-norm's
+// parameters alone.
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -42,8 +45,8 @@ std::vector<std::string> loss_columns(const fs::path& csv) {
   return out;
 }
 
-qattn::Config tiny_config(const fs::path& d, const std::string& name) {
-  json j = {{"model", {{"vocab", 257}, {"layers", 2}, {"heads", 2}, {"dim", 32}, {"seq_len", 32}}},
+qattn::Config tiny_config(const fs::path& d, const std::string& name, const json& qk_norm = false) {
+  json j = {{"model", {{"vocab", 257}, {"layers", 2}, {"heads", 2}, {"dim", 32}, {"seq_len", 32}, {"qk_norm", qk_norm}}},
             {"data", {{"train", (d / "s_train_*.bin").string()}, {"val", (d / "s_val_*.bin").string()}}},
             {"train", {{"tokens_per_step", 256}, {"micro_batch", 4}, {"steps", 40}, {"lr", 1e-2}, {"warmup", 5}, {"device", "cpu"}}},
             {"eval", {{"every", 20}, {"batches", 2}}},
@@ -71,4 +74,63 @@ TEST_CASE("a tiny model learns and training is deterministic", "[train]") {
   CHECK(last < first - 2.0);
   CHECK(fs::exists(fs::path(d) / "run0" / "config.json"));
   CHECK(fs::exists(fs::path(d) / "run0" / "events.log"));
+}
+
+TEST_CASE("a tiny model with either QK-norm form learns", "[train][qknorm]") {
+  const fs::path d = make_corpus();
+  for (const char* form : {"gain", "logit_scale"}) {
+    INFO("form " << form);
+    const auto cfg = tiny_config(d, std::string("qk_") + form, json({{"form", form}, {"lr_mult", 10}}));
+    auto backend = qattn::make_cpu_backend(cfg);
+    const auto result = qattn::train(cfg, *backend, qattn::run_directory(cfg));
+    CHECK_FALSE(result.diverged);
+    const auto rows = loss_columns(fs::path(qattn::run_directory(cfg)) / "metrics.csv");
+    REQUIRE(rows.size() == 41);
+    const double first = std::stod(rows.front().substr(1));
+    const double last = std::stod(rows.back().substr(rows.back().find('|') + 1));
+    CHECK(last < first - 2.0);
+  }
+}
+
+TEST_CASE("model.qk_norm.lr_mult scales the AdamW step of QK-norm's parameters alone", "[train][qknorm]") {
+  using qattn::ParamLayout;
+  const fs::path d = make_corpus();
+  for (const char* form : {"gain", "logit_scale"}) {
+    INFO("form " << form);
+    // The first AdamW step moves each parameter by lr * g / (|g| + eps): linear in lr.
+    std::vector<float> before, after[2];
+    for (int i = 0; i < 2; ++i) {
+      const double mult = i == 0 ? 1.0 : 7.0;
+      const auto cfg = tiny_config(d, "lr_mult", json({{"form", form}, {"lr_mult", mult}}));
+      auto backend = qattn::make_cpu_backend(cfg);
+      backend->get_params(before);
+      std::vector<int32_t> in(4 * 32), tg(4 * 32);
+      for (size_t t = 0; t < in.size(); ++t) in[t] = static_cast<int32_t>(t * 7 % 257), tg[t] = static_cast<int32_t>(t * 11 % 257);
+      backend->zero_grad();
+      backend->forward_backward(in.data(), tg.data(), 4, 32, 1.0f);
+      backend->adamw_step({1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f}, 1.0f, 1);
+      backend->get_params(after[i]);
+    }
+    const ParamLayout lay(tiny_config(d, "lr_mult", json({{"form", form}})).model);
+    int qk_tensors = 0;
+    for (int t = 0; t < qattn::P_COUNT; ++t) {
+      INFO("tensor " << ParamLayout::name(t));
+      double err = 0, ref = 0;
+      size_t differing = 0;
+      for (size_t e = lay.offset[t]; e < lay.offset[t] + lay.size[t]; ++e) {
+        const double step1 = after[0][e] - before[e], step7 = after[1][e] - before[e];
+        err += (step7 - 7 * step1) * (step7 - 7 * step1);
+        ref += 49 * step1 * step1;
+        differing += after[1][e] != after[0][e];
+      }
+      if (!ParamLayout::qk_norm_param(t)) {
+        CHECK(differing == 0);  // the same lr: bit for bit
+      } else if (lay.size[t] > 0) {
+        ++qk_tensors;
+        CHECK(ref > 0);
+        CHECK(std::sqrt(err / ref) < 1e-3);  // fp32 rounding of the parameters (g is about 10)
+      }
+    }
+    CHECK(qk_tensors == (std::string(form) == "gain" ? 2 : 1));
+  }
 }

@@ -38,8 +38,8 @@ class Gpt2 {
   struct LayerActs {
     std::vector<F> ln1, ln1_mean, ln1_rstd;   // (B,T,C), (B,T), (B,T)
     std::vector<F> qkv;                       // (B,T,3C)
-    std::vector<F> q_raw, k_raw;              // (B,H,T,hd) before QK-norm (qk_norm only)
-    std::vector<F> q_rrms, k_rrms;            // (B,H,T) QK-norm saved statistics (qk_norm only)
+    std::vector<F> q_raw, k_raw;              // (B,H,T,hd) before QK-norm (QK-norm on)
+    std::vector<F> q_rrms, k_rrms;            // (B,H,T) QK-norm saved statistics (QK-norm on)
     std::vector<F> atty;                      // (B,T,C)
     std::vector<F> residual2;                 // (B,T,C)
     std::vector<F> ln2, ln2_mean, ln2_rstd;   // (B,T,C), (B,T), (B,T)
@@ -69,7 +69,7 @@ class Gpt2 {
     std::vector<F> dfch_gelu, dfch;           // (B,T,4C)
     std::vector<F> dqkv;                      // (B,T,3C)
     std::vector<F> dq, dk, dv;                // (B,H,T,hd) attention gradients
-    std::vector<F> dq_raw, dk_raw;            // (B,H,T,hd) before QK-norm (qk_norm only)
+    std::vector<F> dq_raw, dk_raw;            // (B,H,T,hd) before QK-norm (QK-norm on)
   } scratch_;
 };
 

@@ -39,14 +39,28 @@ void gelu_backward(F* dinp, const F* inp, const F* dout, size_t n);
 template <typename F>
 void residual_forward(F* out, const F* a, const F* b, size_t n);
 
-// QK-norm (docs/attention-maths.md §3) over rows of length d:
+// QK-norm, form gain (docs/attention-maths.md §3.1) over rows of length d:
 // out = gamma * x / sqrt(mean(x^2) + 1e-6).
-// rrms (rows) saved for the backward.
+// rrms (rows) saved for the backward. The backward accumulates into dinp and dgamma.
 template <typename F>
 void qk_norm_forward(F* out, F* rrms, const F* inp, const F* gamma, int rows, int d);
 template <typename F>
 void qk_norm_backward(F* dinp, F* dgamma, const F* dout, const F* inp, const F* gamma,
                       const F* rrms, int rows, int d);
+
+// QK-norm, form logit_scale (docs/attention-maths.md §3.4) of one layer's q and
+// k, each (B, H, T, d), with g (H) the logit scale of each head:
+// q_out = (g_h / sqrt(d)) * q * r_q, k_out = k * r_k, r = (mean(x^2) + 1e-6)^(-1/2),
+// so that attention's (1/sqrt(d)) q_out . k_out is g_h times the product of the unit rows
+// q / sqrt(|q|^2 + d * 1e-6) and k / sqrt(|k|^2 + d * 1e-6).
+// q_rrms, k_rrms (B, H, T) saved for the backward, which accumulates into dq, dk and dg.
+template <typename F>
+void qk_logit_scale_forward(F* q_out, F* k_out, F* q_rrms, F* k_rrms, const F* q, const F* k,
+                            const F* g, int B, int H, int T, int d);
+template <typename F>
+void qk_logit_scale_backward(F* dq, F* dk, F* dg, const F* dq_out, const F* dk_out, const F* q,
+                             const F* k, const F* g, const F* q_rrms, const F* k_rrms, int B,
+                             int H, int T, int d);
 
 // Fused softmax + cross-entropy over logits (N, V). losses (N). Returns mean loss.
 // The backward writes (not accumulates) dlogits = (softmax - onehot) * dloss.
