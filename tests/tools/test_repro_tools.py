@@ -37,15 +37,25 @@ class ScaleSweep(unittest.TestCase):
             self.assertEqual(scaled["set"]["log.diag_every"], round(own["set"]["log.diag_every"] * factor))
 
     def test_committed_grid_follows_the_protocol(self):
-        """The K-interval grid: >= 3 seeds, evaluations every <= 100 steps, >= 157M tokens per run."""
-        for grid in ("kinterval_small.json",):
+        """Both grids: >= 3 seeds, evaluations every <= 100 steps, enough tokens per run
+        (157M for K-interval, 105M for SageBwd), the warmup fixed in tokens across cells."""
+        for grid, min_tokens in (("kinterval_small.json", 157_000_000), ("sagebwd_small.json", 104_000_000)):
             with open(os.path.join(ROOT, "configs", "sweeps", grid)) as f:
                 text = "\n".join(l for l in f.read().splitlines() if not l.lstrip().startswith("//"))
                 s = json.loads(text)
             self.assertGreaterEqual(len(s["seeds"]), 3, grid)
-            self.assertLessEqual(s["set"]["eval.every"], 100, grid)
-            self.assertGreaterEqual(s["set"]["train.tokens"], 157_000_000, grid)
-            self.assertEqual(s["set"]["train.tokens"] % s["set"]["train.tokens_per_step"], 0, grid)
+            tokens = s["set"]["train.tokens"]
+            self.assertGreaterEqual(tokens, min_tokens, grid)
+            zipped = s["zip"][0]
+            cells = len(zipped["attention.kind"])
+            def per_cell(key):
+                return zipped[key] if key in zipped else [s["set"][key]] * cells
+            for every, per_step, warmup in zip(per_cell("eval.every"), per_cell("train.tokens_per_step"),
+                                               per_cell("train.warmup")):
+                self.assertLessEqual(every, 100, grid)
+                self.assertEqual(tokens % per_step, 0, grid)
+                self.assertEqual(warmup * per_step, per_cell("train.warmup")[0] * per_cell("train.tokens_per_step")[0],
+                                 f"{grid}: warmup not fixed in tokens")
 
 
 def fake_run(folder, status, wall=10.0):
