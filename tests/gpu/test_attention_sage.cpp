@@ -1081,4 +1081,19 @@ TEST_CASE("sage kernels refuse what they cannot run, naming the option", "[sage]
           "dkdv_kernels = wgmma: the wgmma kernel runs only attention.sage.precision.qk "
           "= dv = dk = int8, dp = bf16, bwd_granularity rowcol (got qk = int8, dv = int8, "
           "dk = int8, dp = int8, bwd_granularity rowcol)"));
+  // fp8 operands run on the CPU backend only: sizing the buffers refuses them,
+  // as does the forward, naming the key.
+  using qattn::SagePrecision;
+  for (const auto& [key, member] :
+       {std::pair{"qk", &SagePrecision::qk}, std::pair{"pv", &SagePrecision::pv},
+        std::pair{"dv", &SagePrecision::dv}, std::pair{"dp", &SagePrecision::dp},
+        std::pair{"dq", &SagePrecision::dq}, std::pair{"dk", &SagePrecision::dk}}) {
+    SageOptions fp8;
+    fp8.precision.*member = Precision::fp8;
+    const std::string named = std::string("attention.sage.precision.") + key + " = \"fp8\"";
+    CHECK_THROWS_WITH(qattn::cuda::sage_saved_bytes(fp8, s), Catch::Contains(named));
+    CHECK_THROWS_WITH(qattn::cuda::attention_forward(sage_config(fp8), s, nullptr, nullptr, nullptr,
+                                                     nullptr, nullptr),
+                      Catch::Contains(named));
+  }
 }

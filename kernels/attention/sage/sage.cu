@@ -755,6 +755,14 @@ void dispatch(const SageOptions& opt, const AttentionShape& s, Run&& run) {
 }  // namespace
 
 void sage_check_options(const SageOptions& opt) {
+  const SagePrecision& pr = opt.precision;
+  for (const auto& [key, p] :
+       {std::pair{"qk", pr.qk}, std::pair{"pv", pr.pv}, std::pair{"dv", pr.dv},
+        std::pair{"dp", pr.dp}, std::pair{"dq", pr.dq}, std::pair{"dk", pr.dk}})
+    if (p == Precision::fp8)
+      throw std::invalid_argument(std::string("attention.sage.precision.") + key +
+                                  " = \"fp8\": the CUDA kernels run int8 and bf16 operands only "
+                                  "(allowed: \"int8\" | \"bf16\"; the CPU backend runs fp8)");
   if (opt.block_q != kSageBlock || opt.block_k != kSageBlock)
     throw std::invalid_argument("attention.sage.block_q/block_k = " + std::to_string(opt.block_q) +
                                 "/" + std::to_string(opt.block_k) +
@@ -794,6 +802,7 @@ SageTiles sage_default_tiles(const AttentionShape& s) {
 }
 
 size_t sage_saved_bytes(const SageOptions& opt, const AttentionShape& s) {
+  sage_check_options(opt);  // a backend sizes its buffers first: it refuses what cannot run then
   return sage_saved_bytes(opt, s, sage_copies(opt));
 }
 
