@@ -295,11 +295,14 @@ TEST_CASE("sage fp8: accuracy against FPA, all fp8 and mixed (SageBwd Table 1 se
   const int T = 1024, d = 64;
   SagePrecision fp8_dp_bf16 = all_fp8();
   fp8_dp_bf16.dp = Precision::bf16;
+  SagePrecision fp8_sums = fp8_dp_bf16;  // fp8 exactly where the sums run over blocks
+  fp8_sums.qk = Precision::int8;
   std::vector<std::pair<std::string, SagePrecision>> settings = {
       {"int8 (default: dp bf16)", SagePrecision{}},
       {"all fp8", all_fp8()},
       {"fp8, dp bf16", fp8_dp_bf16},
-      {"qk int8, the rest fp8", int8_qk_fp8_rest()}};
+      {"qk int8, the rest fp8", int8_qk_fp8_rest()},
+      {"qk int8, dp bf16, the rest fp8", fp8_sums}};
   for (const auto& [key, member] :  // the defaults with one product in fp8
        {std::pair{"qk", &SagePrecision::qk}, std::pair{"pv", &SagePrecision::pv},
         std::pair{"dv", &SagePrecision::dv}, std::pair{"dp", &SagePrecision::dp},
