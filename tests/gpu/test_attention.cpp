@@ -39,6 +39,7 @@ using qattn::test::kKInterval;
 using qattn::test::kKIntervalLerp;
 using qattn::test::kSage;
 using qattn::test::kSageKInterval;
+using qattn::test::kSageSigma5;
 using qattn::test::Tolerance;
 
 // ---------------------------------------------------------------------------
@@ -55,6 +56,7 @@ enum class Group {
   sage,
   sage_subnormal,
   sage_kinterval,
+  sage_fp8,
 };
 
 const std::vector<FpaKernels> kAutomatic{FpaKernels::automatic};
@@ -180,6 +182,27 @@ std::vector<std::pair<Group, AttentionCase>> attention_cases() {
       add(Group::sage, qattn::test::sage_config(opt), qattn::test::sage_families(opt), s,
           sage_inputs, {}, kSage);
 
+  // pv = fp8 (the wgmma forward's e4m3 P̂ V̂, docs/attention-maths.md §4.12) on
+  // the shapes of the defaults, with smooth_q, with V of a wide range (V's
+  // block scales far apart, so the folds of P̂ span 2^-12), and at sigma = 5.
+  SageOptions pv_fp8, pv_fp8_smooth_q;
+  pv_fp8.precision.pv = pv_fp8_smooth_q.precision.pv = Precision::fp8;
+  pv_fp8_smooth_q.smooth_q = true;
+  for (const AttentionShape& s :
+       {AttentionShape{1, 2, 64, 64}, AttentionShape{1, 2, 1000, 64}, AttentionShape{1, 3, 65, 128},
+        AttentionShape{1, 2, 1000, 128}, AttentionShape{2, 1, 1024, 128}})
+    add(Group::sage_fp8, qattn::test::sage_config(pv_fp8), qattn::test::sage_families(pv_fp8), s,
+        sage_inputs, {}, kSage);
+  for (const AttentionShape& s :
+       {AttentionShape{1, 2, 1000, 64}, AttentionShape{1, 1, 1000, 128}}) {
+    add(Group::sage_fp8, qattn::test::sage_config(pv_fp8_smooth_q),
+        qattn::test::sage_families(pv_fp8_smooth_q), s, sage_inputs, {}, kSage);
+    add(Group::sage_fp8, qattn::test::sage_config(pv_fp8), qattn::test::sage_families(pv_fp8), s,
+        {InputRecipe::normal, 5.0f, 5.0f, 0.0f}, {}, kSageSigma5);
+    add(Group::sage_fp8, qattn::test::sage_config(pv_fp8), qattn::test::sage_families(pv_fp8), s,
+        {InputRecipe::wide_values, 1.0f, 1.0f, 0.3f}, {}, kSage);
+  }
+
   // c·Q and K near 1e-20, so that s_Q·s_K (about 1e-44) is below the smallest
   // normal float: the exact softmax's backward takes the scores in units of the
   // sums and smooth_q's bias in those units (HopperScores::backward_unit), whose
@@ -277,6 +300,10 @@ TEST_CASE("K-interval attention: ties route the calibration terms to the lowest 
 
 TEST_CASE("sage on the GPU matches the CPU sage reference, forward and backward", "[sage]") {
   qattn::test::check_cases(cases_of(Group::sage));
+}
+
+TEST_CASE("sage with pv = fp8 matches the CPU sage reference (wgmma forward)", "[sage][fp8]") {
+  qattn::test::check_cases(cases_of(Group::sage_fp8));
 }
 
 TEST_CASE("sage with c·Q and K so small that s_Q·s_K is subnormal matches the CPU reference",
