@@ -65,7 +65,7 @@ bool wgmma_dq_runs(const SageOptions& opt);
 bool wgmma_dkdv_runs(const SageOptions& opt);
 bool some_sage_kernel_on_wgmma(const SageOptions& opt);
 // mma.sync, and wgmma where some sage kernel runs these options on it; wgmma
-// alone under pv = fp8.
+// alone under pv or dv = fp8.
 std::vector<FpaKernels> sage_families(const SageOptions& opt);
 // The default tiles with each kernel that has a wgmma version on `family`
 // (wgmma only where it runs these options; the others on mma.sync).
@@ -92,8 +92,9 @@ struct AttentionInputs {
   std::vector<bf16> qkv, dout;
 };
 
-// V's rows of 64-row block b times 2^-(b mod 13): V's block scales span 2^12.
-void scale_value_blocks(std::vector<bf16>& qkv, const AttentionShape& s);
+// The rows of 64-row block b times 2^-(b mod 13) (exact in bf16), so that the
+// block scales span 2^12: of V (slot 2 of qkv, nslots 3) or of dO (nslots 1).
+void scale_row_blocks(std::vector<bf16>& x, const AttentionShape& s, int nslots, int slot);
 
 // Every later token's key repeats one of tokens 0-3 (which keep their own), so
 // every row's max and min are shared by many keys.
@@ -189,7 +190,7 @@ struct InputRecipe {
     normal,         // normal_qkv(q_sigma, k_sigma, k_mean)
     repeated_keys,  // normal, then repeat_first_four_keys
     grid_exact,     // grid_exact_qkv(q_sigma)
-    wide_values,    // normal, then V's 64-row block b times 2^-(b mod 13) (scale_value_blocks)
+    wide_values,    // normal, then V's and dO's 64-row block b times 2^-(b mod 13)
   } kind = normal;
   float q_sigma = 1.0f, k_sigma = 1.0f, k_mean = 0.0f;
 };

@@ -5,8 +5,9 @@
 //   quantise         one block of every operand of the pass: smoothing, ψ, the
 //                    copies (forward Q, K, V; backward dO and δ)
 //   query_bias       smooth_q's fp32 bias c·μ_Qi·(K_j − μ_K), one row per query block
-// Under pv = fp8, V's copies hold e4m3 values on power-of-two block scales
-// (docs/attention-maths.md §4.12) where the others hold ψ's int8 levels.
+// Under pv = fp8 V's copies, under dv = fp8 dO's, hold e4m3 values on
+// power-of-two block scales (docs/attention-maths.md §4.12) where the others
+// hold ψ's int8 levels.
 //
 // The block kernels move a 64-row block as 16-byte chunks of 8 bf16: thread i
 // owns channels 8(i mod d/8) … +7 of rows i / (d/8) + k·(256 / (d/8)), the same
@@ -37,7 +38,8 @@ struct QuantiseParams {
   int B, H, T;
   float c;  // 1 / sqrt(d)
   bool smooth_q, smooth_k;
-  bool v_fp8;  // pv = fp8: V's copies in e4m3
+  bool v_fp8;   // pv = fp8: V's copies in e4m3
+  bool do_fp8;  // dv = fp8: dO's copies in e4m3
 };
 
 // A block of kSageBlock rows of d channels as 16-byte chunks over kQuantThreads threads.
@@ -279,7 +281,7 @@ __global__ void __launch_bounds__(kQuantThreads) quantise_kernel(const QuantiseP
     amax = 0.0f;
 #pragma unroll
     for (int w = 0; w < kQuantThreads / 32; ++w) amax = fmaxf(amax, sm.warp_amax[i][w]);
-    const bool fp8 = which == 2 && p.v_fp8;  // uniform over the grid
+    const bool fp8 = (which == 2 && p.v_fp8) || (which == 3 && p.do_fp8);  // uniform
     const float scale = fp8 ? fp8_block_scale(amax) : amax == 0.0f ? 1.0f : amax / 127.0f;
     if (threadIdx.x == 0) out.scale[ws.head_block0(bh) + blk] = scale;
 
@@ -490,7 +492,8 @@ QuantiseParams quantise_params(const SageOptions& opt, const AttentionShape& s, 
           1.0f / std::sqrt(static_cast<float>(s.d)),
           opt.smooth_q,
           opt.smooth_k,
-          opt.precision.pv == Precision::fp8};
+          opt.precision.pv == Precision::fp8,
+          opt.precision.dv == Precision::fp8};
 }
 
 template <int D>
