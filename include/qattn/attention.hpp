@@ -11,7 +11,7 @@ enum class AttentionKind { fpa, sage, kinterval };
 enum class Calibration { minmax, fwm };      // §5.2: grid from [min, max] or [max - W, max]
 enum class Rounding { nearest, lerp };       // §5.4: forward weights
 enum class Ste { weight, prob };             // §5.8-5.9: surrogate gradient for nearest
-enum class Precision { int8, bf16 };         // §4.7: operand precision of one matmul
+enum class Precision { int8, bf16, fp8 };    // §4.7, §4.12: operand precision of one matmul
 enum class BwdGranularity { rowcol, tile };  // §4.6: scales of P and dS in the backward
 
 struct KIntervalOptions {

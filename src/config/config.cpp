@@ -112,8 +112,8 @@ void read_sage(ObjectReader r, SageOptions& s, std::vector<std::string>& warning
            {{"rowcol", BwdGranularity::rowcol}, {"tile", BwdGranularity::tile}});
   {
     ObjectReader p = r.object("precision");
-    const std::vector<std::pair<std::string, Precision>> prec = {{"int8", Precision::int8},
-                                                                 {"bf16", Precision::bf16}};
+    const std::vector<std::pair<std::string, Precision>> prec = {
+        {"int8", Precision::int8}, {"bf16", Precision::bf16}, {"fp8", Precision::fp8}};
     p.choice("qk", s.precision.qk, prec);
     p.choice("pv", s.precision.pv, prec);
     p.choice("dv", s.precision.dv, prec);
@@ -143,6 +143,14 @@ void read_sage(ObjectReader r, SageOptions& s, std::vector<std::string>& warning
     if (kind == "exact" && options_given)
       warnings.push_back(r.path_of("softmax") + ": K-interval options unused, kind is \"exact\"");
   }
+  // An fp8 dS takes its scale from a bound on |dS| known before dS is computed
+  // (docs/attention-maths.md §4.12); the K-interval gradient has no such bound.
+  if (s.softmax)
+    for (const auto& [key, p] : {std::pair{"dq", s.precision.dq}, std::pair{"dk", s.precision.dk}})
+      if (p == Precision::fp8)
+        r.error(std::string("precision.") + key,
+                "\"fp8\" is not allowed with softmax.kind \"kinterval\" (fp8's dS scale needs a "
+                "bound on exact-softmax gradients); allowed: \"int8\" | \"bf16\"");
   r.finish();
 }
 

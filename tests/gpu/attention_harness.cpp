@@ -107,7 +107,8 @@ std::vector<FpaKernels> every_family() {
 }
 
 bool wgmma_forward_runs(const SageOptions& opt) {
-  return opt.precision.qk == Precision::int8 && opt.precision.pv == Precision::int8;
+  return opt.precision.qk == Precision::int8 &&
+         (opt.precision.pv == Precision::int8 || opt.precision.pv == Precision::fp8);
 }
 bool wgmma_dq_runs(const SageOptions& opt) {
   const SagePrecision& pr = opt.precision;
@@ -116,14 +117,17 @@ bool wgmma_dq_runs(const SageOptions& opt) {
 }
 bool wgmma_dkdv_runs(const SageOptions& opt) {
   const SagePrecision& pr = opt.precision;
-  return pr.qk == Precision::int8 && pr.dv == Precision::int8 && pr.dk == Precision::int8 &&
-         pr.dp == Precision::bf16 && opt.bwd_granularity == BwdGranularity::rowcol;
+  return pr.qk == Precision::int8 && (pr.dv == Precision::int8 || pr.dv == Precision::fp8) &&
+         pr.dk == Precision::int8 && pr.dp == Precision::bf16 &&
+         opt.bwd_granularity == BwdGranularity::rowcol;
 }
 bool some_sage_kernel_on_wgmma(const SageOptions& opt) {
   return wgmma_forward_runs(opt) || wgmma_dq_runs(opt) || wgmma_dkdv_runs(opt);
 }
 
 std::vector<FpaKernels> sage_families(const SageOptions& opt) {
+  if (opt.precision.pv == Precision::fp8 || opt.precision.dv == Precision::fp8)
+    return {FpaKernels::wgmma};  // the fp8 products' only family
   if (some_sage_kernel_on_wgmma(opt)) return {FpaKernels::mma_sync, FpaKernels::wgmma};
   return {FpaKernels::mma_sync};
 }
@@ -183,6 +187,16 @@ void repeat_first_four_keys(std::vector<bf16>& qkv, const AttentionShape& s, std
     for (int t = 4; t < s.T; ++t) {
       const size_t src = b * s.T + pick(gen), dst = b * s.T + t;
       std::memcpy(&qkv[(dst * 3 + 1) * row], &qkv[(src * 3 + 1) * row], row * sizeof(bf16));
+    }
+}
+
+void scale_row_blocks(std::vector<bf16>& x, const AttentionShape& s, int nslots, int slot) {
+  const size_t row = static_cast<size_t>(s.H) * s.d;  // one token's slot
+  for (size_t b = 0; b < static_cast<size_t>(s.B); ++b)
+    for (int t = 0; t < s.T; ++t) {
+      const float factor = std::ldexp(1.0f, -((t / 64) % 13));
+      bf16* y = &x[((b * s.T + t) * nslots + slot) * row];
+      for (size_t i = 0; i < row; ++i) y[i] = __float2bfloat16(__bfloat162float(y[i]) * factor);
     }
 }
 
@@ -410,6 +424,10 @@ Drawn draw(const AttentionCase& c) {
                                                : normal_qkv(s, r.q_sigma, r.k_sigma, r.k_mean, gen);
   d.in.dout = normal_heads(s, gen);
   if (r.kind == InputRecipe::repeated_keys) repeat_first_four_keys(d.in.qkv, s, gen);
+  if (r.kind == InputRecipe::wide_values) {
+    scale_row_blocks(d.in.qkv, s, 3, 2);
+    scale_row_blocks(d.in.dout, s, 1, 0);
+  }
   if (const KIntervalOptions* softmax = kinterval_softmax(c.cfg))
     d.clear = r.kind == InputRecipe::grid_exact
                   ? keep_grid_exact_rows_off_discontinuities(*softmax, s, d.in.qkv, r.q_sigma, gen)

@@ -58,13 +58,14 @@ const char* family_name(FpaKernels family);
 std::vector<FpaKernels> every_family();
 
 // The sage kernels that have a wgmma version (sage.cuh, SageTiles): the forward
-// with qk = pv = int8; dQ with qk = dq = int8, dK/dV with qk = dv = dk = int8,
-// both with dp = bf16 and rowcol.
+// with qk = int8 and pv = int8 or fp8 (fp8 runs there alone); dQ with qk = dq = int8, dK/dV with qk
+// = dv = dk = int8, both with dp = bf16 and rowcol.
 bool wgmma_forward_runs(const SageOptions& opt);
 bool wgmma_dq_runs(const SageOptions& opt);
 bool wgmma_dkdv_runs(const SageOptions& opt);
 bool some_sage_kernel_on_wgmma(const SageOptions& opt);
-// mma.sync, and wgmma where some sage kernel runs these options on it.
+// mma.sync, and wgmma where some sage kernel runs these options on it; wgmma
+// alone under pv or dv = fp8.
 std::vector<FpaKernels> sage_families(const SageOptions& opt);
 // The default tiles with each kernel that has a wgmma version on `family`
 // (wgmma only where it runs these options; the others on mma.sync).
@@ -90,6 +91,10 @@ std::vector<bf16> normal_heads(const AttentionShape& s, std::mt19937_64& gen);
 struct AttentionInputs {
   std::vector<bf16> qkv, dout;
 };
+
+// The rows of 64-row block b times 2^-(b mod 13) (exact in bf16), so that the
+// block scales span 2^12: of V (slot 2 of qkv, nslots 3) or of dO (nslots 1).
+void scale_row_blocks(std::vector<bf16>& x, const AttentionShape& s, int nslots, int slot);
 
 // Every later token's key repeats one of tokens 0-3 (which keep their own), so
 // every row's max and min are shared by many keys.
@@ -185,6 +190,7 @@ struct InputRecipe {
     normal,         // normal_qkv(q_sigma, k_sigma, k_mean)
     repeated_keys,  // normal, then repeat_first_four_keys
     grid_exact,     // grid_exact_qkv(q_sigma)
+    wide_values,    // normal, then V's and dO's 64-row block b times 2^-(b mod 13)
   } kind = normal;
   float q_sigma = 1.0f, k_sigma = 1.0f, k_mean = 0.0f;
 };
@@ -212,6 +218,11 @@ inline constexpr Tolerance kKIntervalLerp{1e-2, -1, 2.5e-2, 2.5e-2, 1e-2};
 // where fp32 and fp64 straddle a .5 (three H200 runs: O <= 3.8e-3, dQ/dK/dV <=
 // 5.8e-3).
 inline constexpr Tolerance kSage{1e-2, -1, 2e-2, 2e-2, 2e-2};
+// Sage with pv = fp8 at sigma = 5 (Q, K ~ N(0, 25)): rows nearly one-hot, so an
+// int8 level of Q̂ or K̂ that flips between fp32 and fp64 moves a row's weights
+// further than at sigma = 1; the e4m3 P̂ itself flips only where fp32 and fp64
+// straddle a rounding boundary of e4m3 (relative 2^-4 apart).
+inline constexpr Tolerance kSageSigma5{2e-2, -1, 5e-2, 5e-2, 5e-2};
 
 // Sage with the K-interval block on grid-exact inputs: Q, K, V quantise to the
 // same levels on both sides, so what is left is bf16 outputs and the P̃ / dS

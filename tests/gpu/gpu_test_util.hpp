@@ -132,5 +132,9 @@ void quant_levels(const std::vector<float>& x, const std::vector<float>& s,
 // (quant_levels.cu).
 void weight_scales(const std::vector<float>& amax, std::vector<float>& scale,
                    std::vector<float>& inv, std::vector<int>& top_level);
+// CUDA's e4m3 code of each x[i] (saturating, round to nearest even): by the
+// device's conversion instruction and by <cuda_fp8.h>'s host converter (e4m3_codes.cu).
+void e4m3_codes(const std::vector<float>& x, std::vector<uint8_t>& on_device,
+                std::vector<uint8_t>& on_host);
 
 }  // namespace qattn::test

@@ -39,6 +39,7 @@ using qattn::test::kKInterval;
 using qattn::test::kKIntervalLerp;
 using qattn::test::kSage;
 using qattn::test::kSageKInterval;
+using qattn::test::kSageSigma5;
 using qattn::test::Tolerance;
 
 // ---------------------------------------------------------------------------
@@ -55,6 +56,7 @@ enum class Group {
   sage,
   sage_subnormal,
   sage_kinterval,
+  sage_fp8,
 };
 
 const std::vector<FpaKernels> kAutomatic{FpaKernels::automatic};
@@ -180,6 +182,33 @@ std::vector<std::pair<Group, AttentionCase>> attention_cases() {
       add(Group::sage, qattn::test::sage_config(opt), qattn::test::sage_families(opt), s,
           sage_inputs, {}, kSage);
 
+  // fp8 (docs/attention-maths.md §4.12) where the CUDA kernels run it: pv (the
+  // wgmma forward's e4m3 P̂ V̂), dv (the wgmma dK/dV's e4m3 P̂ᵀ dÔ) and both, on
+  // the shapes of the defaults; then each with smooth_q, at sigma = 5, and with
+  // V's and dO's 64-row blocks scaled 2^0 ... 2^-12 (the folds span 2^-12).
+  SageOptions pv_fp8, dv_fp8, both_fp8;
+  pv_fp8.precision.pv = both_fp8.precision.pv = Precision::fp8;
+  dv_fp8.precision.dv = both_fp8.precision.dv = Precision::fp8;
+  for (const SageOptions& opt : {pv_fp8, dv_fp8, both_fp8}) {
+    const AttentionConfig cfg = qattn::test::sage_config(opt);
+    const std::vector<FpaKernels> families = qattn::test::sage_families(opt);
+    for (const AttentionShape& s : {AttentionShape{1, 2, 64, 64}, AttentionShape{1, 2, 1000, 64},
+                                    AttentionShape{1, 3, 65, 128}, AttentionShape{1, 2, 1000, 128},
+                                    AttentionShape{2, 1, 1024, 128}})
+      add(Group::sage_fp8, cfg, families, s, sage_inputs, {}, kSage);
+    SageOptions with_smooth_q = opt;
+    with_smooth_q.smooth_q = true;
+    for (const AttentionShape& s :
+         {AttentionShape{1, 2, 1000, 64}, AttentionShape{1, 1, 1000, 128}}) {
+      add(Group::sage_fp8, qattn::test::sage_config(with_smooth_q), families, s, sage_inputs, {},
+          kSage);
+      add(Group::sage_fp8, cfg, families, s, {InputRecipe::normal, 5.0f, 5.0f, 0.0f}, {},
+          kSageSigma5);
+      add(Group::sage_fp8, cfg, families, s, {InputRecipe::wide_values, 1.0f, 1.0f, 0.3f}, {},
+          kSage);
+    }
+  }
+
   // c·Q and K near 1e-20, so that s_Q·s_K (about 1e-44) is below the smallest
   // normal float: the exact softmax's backward takes the scores in units of the
   // sums and smooth_q's bias in those units (HopperScores::backward_unit), whose
@@ -277,6 +306,10 @@ TEST_CASE("K-interval attention: ties route the calibration terms to the lowest 
 
 TEST_CASE("sage on the GPU matches the CPU sage reference, forward and backward", "[sage]") {
   qattn::test::check_cases(cases_of(Group::sage));
+}
+
+TEST_CASE("sage with pv = fp8 matches the CPU sage reference (wgmma forward)", "[sage][fp8]") {
+  qattn::test::check_cases(cases_of(Group::sage_fp8));
 }
 
 TEST_CASE("sage with c·Q and K so small that s_Q·s_K is subnormal matches the CPU reference",

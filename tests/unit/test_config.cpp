@@ -60,7 +60,9 @@ TEST_CASE("bad configs name the JSON path, the value and what is allowed", "[con
       {{"attention.kinterval.K=0"}, "attention.kinterval.K: 0 is out of range"},
       {{"attention.kinterval.window=0"}, "attention.kinterval.window: 0 is out of range; allowed: > 0"},
       {{"attention.sage.block_q=48"}, "attention.sage.block_q: 48 is not allowed"},
-      {{"attention.sage.precision.dp=fp8"}, "attention.sage.precision.dp: \"fp8\" is not allowed"},
+      {{"attention.sage.precision.dp=fp4"}, "attention.sage.precision.dp: \"fp4\" is not allowed; allowed: \"int8\" | \"bf16\" | \"fp8\""},
+      {{"attention.sage.softmax.kind=kinterval", "attention.sage.precision.dk=fp8"},
+       "attention.sage.precision.dk: \"fp8\" is not allowed with softmax.kind \"kinterval\""},
       {{"attention.sage.softmax.kind=sage"}, "attention.sage.softmax.kind: \"sage\" is not allowed; allowed: \"exact\" | \"kinterval\""},
       {{"eval.batches=0"}, "eval.batches: 0 is out of range"},
       {{"dist.zero_stage=3"}, "dist.zero_stage: 3 is out of range"},
@@ -84,6 +86,23 @@ TEST_CASE("bad configs name the JSON path, the value and what is allowed", "[con
     const std::string err = error_of(c.sets);
     CHECK_THAT(err, Catch::Contains(c.must_contain));
   }
+}
+
+TEST_CASE("every sage precision key takes fp8, alone or mixed", "[config]") {
+  json j = good();
+  for (const char* key : {"qk", "pv", "dv", "dp", "dq", "dk"})
+    qattn::apply_override(j, std::string("attention.sage.precision.") + key + "=fp8");
+  qattn::apply_override(j, "attention.sage.precision.qk=int8");
+  const auto c = qattn::config_from_json(j);
+  const qattn::SagePrecision& p = c.attention.sage.precision;
+  CHECK(p.qk == qattn::Precision::int8);
+  for (qattn::Precision x : {p.pv, p.dv, p.dp, p.dq, p.dk}) CHECK(x == qattn::Precision::fp8);
+  CHECK(c.effective["attention"]["sage"]["precision"]["dk"] == "fp8");
+  // With a K-interval softmax the forward and dV products may still be fp8.
+  qattn::apply_override(j, "attention.sage.softmax.kind=kinterval");
+  qattn::apply_override(j, "attention.sage.precision.dq=int8");
+  qattn::apply_override(j, "attention.sage.precision.dk=bf16");
+  CHECK(qattn::config_from_json(j).attention.sage.precision.pv == qattn::Precision::fp8);
 }
 
 TEST_CASE("missing required keys are reported together", "[config]") {

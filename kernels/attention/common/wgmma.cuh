@@ -249,6 +249,30 @@ __device__ __forceinline__ void mma_s8_rs(int (&acc)[1][kNTiles][4], const uint3
 #endif
 }
 
+// acc (64, N) += A (64, 32) B, e4m3 x e4m3 -> f32, A from registers (one
+// 8-bit A fragment per warp, the s8 layout) and B K-major in shared memory (B's
+// rows are output columns). The accumulators carry over from earlier products:
+// fp8 sums need no conversion, so one accumulator runs over every block.
+template <int kNTiles>
+__device__ __forceinline__ void mma_e4m3_rs(float (&acc)[1][kNTiles][4], const uint32_t (&a)[4],
+                                            uint64_t b_desc) {
+  static_assert(kNTiles == 8 || kNTiles == 16, "wgmma N is 64 or 128 here");
+#if QATTN_SM90A_DEVICE
+  auto& c = acc[0];
+  if constexpr (kNTiles == 8) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 " QATTN_REGS32
+                 ", {%32, %33, %34, %35}, %36, 1, 1, 1;\n"
+                 : QATTN_ACC32(c)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc));
+  } else {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 " QATTN_REGS64
+                 ", {%64, %65, %66, %67}, %68, 1, 1, 1;\n"
+                 : QATTN_ACC64(c)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc));
+  }
+#endif
+}
+
 #undef QATTN_ACC4
 #undef QATTN_ACC32
 #undef QATTN_ACC64
@@ -349,6 +373,22 @@ __device__ __forceinline__ void issue_s8_rs(int (&acc)[1][kNTiles][4], uint32_t 
   wgmma_fence();
 #pragma unroll
   for (int ks = 0; ks < kKSteps; ++ks) mma_s8_rs(acc, a[0][ks], desc_plus(b_desc, 32 * ks), ks > 0);
+  wgmma_commit();
+  fence_operands(acc);
+}
+
+// acc (64, N) += a bᵀ over e4m3 operands, into the fp32 accumulators as they
+// are: a (64, 32 kKSteps) e4m3 A fragments of the calling warpgroup (untouched
+// until the wait), bt (N, 32 kKSteps) the transposed B (O += P̂ V̂ with bt = V̂ᵀ).
+template <int kNTiles, int kKSteps, int kRowsB, int kRowBytes>
+__device__ __forceinline__ void issue_e4m3_rs(float (&acc)[1][kNTiles][4],
+                                              uint32_t (&a)[1][kKSteps][4],
+                                              Int8SmemTile<kRowsB, kRowBytes> bt) {
+  static_assert(kNTiles * 8 == kRowsB && kKSteps * 32 == kRowBytes);
+  const uint64_t b_desc = desc_k_major(bt, 0);
+  wgmma_fence();
+#pragma unroll
+  for (int ks = 0; ks < kKSteps; ++ks) mma_e4m3_rs(acc, a[0][ks], desc_plus(b_desc, 32 * ks));
   wgmma_commit();
   fence_operands(acc);
 }

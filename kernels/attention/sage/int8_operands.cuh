@@ -16,6 +16,8 @@
 // The B operands of these products (V̂, dÔ, Q̂, K̂ along T) are stored transposed,
 // (d, T), with T permuted the same way by the quantisation pre-pass (quant.cu).
 #pragma once
+#include <cuda_fp8.h>
+
 #include <cstdint>
 
 #include "attention/common/online_softmax.cuh"
@@ -141,6 +143,35 @@ __device__ __forceinline__ void pack_weights(uint32_t (&a)[kKSteps][4],
     a[ks][1] = pack_s8x4(w0[2], w0[3], w1[2], w1[3], inv[1]);
     a[ks][2] = pack_s8x4(w2[0], w2[1], w3[0], w3[1], inv[0]);
     a[ks][3] = pack_s8x4(w2[2], w2[3], w3[2], w3[3], inv[1]);
+  }
+}
+
+// fp32 -> e4m3 (docs/attention-maths.md §1.2): four values times `factor` (a
+// power of two, so the product is exact) as the bytes of one register, a in
+// the low byte; cvt.rn.satfinite.e4m3x2.f32 on sm_89 and up, the conversion
+// the CPU's e4m3_encode is tested against (tests/gpu/test_e4m3.cpp).
+__device__ __forceinline__ uint32_t pack_e4m3x4(float a, float b, float c, float d, float factor) {
+  const uint32_t lo =
+      __nv_cvt_float2_to_fp8x2(make_float2(a * factor, b * factor), __NV_SATFINITE, __NV_E4M3);
+  const uint32_t hi =
+      __nv_cvt_float2_to_fp8x2(make_float2(c * factor, d * factor), __NV_SATFINITE, __NV_E4M3);
+  return lo | (hi << 16);
+}
+
+// The weights w times `factor` as e4m3 A fragments over the permuted k: the
+// layout of pack_weights, with one e4m3 value where it has an int8 level.
+template <int kKSteps, int kNTiles>
+__device__ __forceinline__ void pack_weights_e4m3(uint32_t (&a)[kKSteps][4],
+                                                  const float (&w)[1][kNTiles][4], float factor) {
+  static_assert(kNTiles == 4 * kKSteps, "a k32 step is four 8-column accumulator tiles");
+#pragma unroll
+  for (int ks = 0; ks < kKSteps; ++ks) {
+    const float(&w0)[4] = w[0][4 * ks], (&w1)[4] = w[0][4 * ks + 1];
+    const float(&w2)[4] = w[0][4 * ks + 2], (&w3)[4] = w[0][4 * ks + 3];
+    a[ks][0] = pack_e4m3x4(w0[0], w0[1], w1[0], w1[1], factor);
+    a[ks][1] = pack_e4m3x4(w0[2], w0[3], w1[2], w1[3], factor);
+    a[ks][2] = pack_e4m3x4(w2[0], w2[1], w3[0], w3[1], factor);
+    a[ks][3] = pack_e4m3x4(w2[2], w2[3], w3[2], w3[3], factor);
   }
 }
 

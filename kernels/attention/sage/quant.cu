@@ -5,10 +5,15 @@
 //   quantise         one block of every operand of the pass: smoothing, ψ, the
 //                    copies (forward Q, K, V; backward dO and δ)
 //   query_bias       smooth_q's fp32 bias c·μ_Qi·(K_j − μ_K), one row per query block
+// Under pv = fp8 V's copies, under dv = fp8 dO's, hold e4m3 values on
+// power-of-two block scales (docs/attention-maths.md §4.12) where the others
+// hold ψ's int8 levels.
 //
 // The block kernels move a 64-row block as 16-byte chunks of 8 bf16: thread i
 // owns channels 8(i mod d/8) … +7 of rows i / (d/8) + k·(256 / (d/8)), the same
 // channels for every k, so a warp reads whole 128/256-byte rows.
+#include <cuda_fp8.h>
+
 #include <cmath>
 #include <cstdint>
 
@@ -33,6 +38,8 @@ struct QuantiseParams {
   int B, H, T;
   float c;  // 1 / sqrt(d)
   bool smooth_q, smooth_k;
+  bool v_fp8;   // pv = fp8: V's copies in e4m3
+  bool do_fp8;  // dv = fp8: dO's copies in e4m3
 };
 
 // A block of kSageBlock rows of d channels as 16-byte chunks over kQuantThreads threads.
@@ -274,7 +281,8 @@ __global__ void __launch_bounds__(kQuantThreads) quantise_kernel(const QuantiseP
     amax = 0.0f;
 #pragma unroll
     for (int w = 0; w < kQuantThreads / 32; ++w) amax = fmaxf(amax, sm.warp_amax[i][w]);
-    const float scale = amax == 0.0f ? 1.0f : amax / 127.0f;
+    const bool fp8 = (which == 2 && p.v_fp8) || (which == 3 && p.do_fp8);  // uniform
+    const float scale = fp8 ? fp8_block_scale(amax) : amax == 0.0f ? 1.0f : amax / 127.0f;
     if (threadIdx.x == 0) out.scale[ws.head_block0(bh) + blk] = scale;
 
     // The natural copies, one 16-byte (bf16) or 8-byte (int8) store per chunk;
@@ -302,7 +310,13 @@ __global__ void __launch_bounds__(kQuantThreads) quantise_kernel(const QuantiseP
         }
       }
     };
-    if (scale >= kReciprocalScaleMin) {  // uniform over the block
+    if (fp8) {  // x / s is exact (a power of two), e4m3's rounding the only one
+      const float inv_scale = scale == 0.0f ? 0.0f : 1.0f / scale;
+      write_copies([&](float v) {
+        return static_cast<uint32_t>(
+            __nv_cvt_float_to_fp8(v * inv_scale, __NV_SATFINITE, __NV_E4M3));
+      });
+    } else if (scale >= kReciprocalScaleMin) {  // uniform over the block
       const float inv_scale = __frcp_rn(scale);
       write_copies([&](float v) { return quantise_level(v, scale, inv_scale); });
     } else {
@@ -467,10 +481,19 @@ SageWorkspace carve(const SageOptions& opt, const AttentionShape& s, const SageC
 QuantiseParams quantise_params(const SageOptions& opt, const AttentionShape& s, const bf16* qkv,
                                const bf16* o, const bf16* dout, const SageWorkspace& ws,
                                const SageCopies& copies) {
-  return {qkv,          o,           dout,
-          ws,           copies,      s.B,
-          s.H,          s.T,         1.0f / std::sqrt(static_cast<float>(s.d)),
-          opt.smooth_q, opt.smooth_k};
+  return {qkv,
+          o,
+          dout,
+          ws,
+          copies,
+          s.B,
+          s.H,
+          s.T,
+          1.0f / std::sqrt(static_cast<float>(s.d)),
+          opt.smooth_q,
+          opt.smooth_k,
+          opt.precision.pv == Precision::fp8,
+          opt.precision.dv == Precision::fp8};
 }
 
 template <int D>

@@ -132,6 +132,17 @@ __device__ __forceinline__ uint32_t quantise_level(float x, float s, float r) {
   if (a - n == 0.5f) n += 1.0f;
   return __float_as_uint(copysignf(n, q) + 12582912.0f) & 0xFFu;
 }
+
+// fp8's scale of a block whose largest magnitude is amax (docs/attention-maths.md
+// §4.12): 2^e with e the smallest such that amax <= 2^(e + 8). A block of zeros
+// gets 0, where the definition has 1: its values are zeros either way, and 0
+// keeps it out of the head's largest scale, which the forward folds against.
+__device__ __forceinline__ float fp8_block_scale(float amax) {
+  if (amax == 0.0f) return 0.0f;
+  int e = 0;
+  const float f = frexpf(amax, &e);  // amax = f·2^e, f in [0.5, 1)
+  return ldexpf(1.0f, (f == 0.5f ? e - 1 : e) - 8);
+}
 #endif  // __CUDACC__
 
 }  // namespace qattn::cuda

@@ -87,8 +87,9 @@ struct SageParams {
   int B, H, T;
   float c;  // 1 / sqrt(d)
   // Precision of each product (the keys of docs/attention-maths.md §4.7): true = int8, false =
-  // bf16.
+  // bf16, or fp8 where the fp8 flag says so (pv only, on the wgmma forward).
   bool qk8, pv8, dv8, dp8, dq8, dk8;
+  bool pv_fp8, dv_fp8;
   bool tile_scales;  // bwd_granularity "tile": one scale per 64x64 tile of P and dS
   bool smooth_q;     // add the bias to S and the dK correction
 };
@@ -527,6 +528,7 @@ SageParams make_params(const SageOptions& opt, const AttentionShape& s, void* sa
   p.dv8 = pr.dv == Precision::int8;
   p.dp8 = pr.dp == Precision::int8, p.dq8 = pr.dq == Precision::int8,
   p.dk8 = pr.dk == Precision::int8;
+  p.pv_fp8 = pr.pv == Precision::fp8, p.dv_fp8 = pr.dv == Precision::fp8;
   p.tile_scales = opt.bwd_granularity == BwdGranularity::tile;
   p.smooth_q = opt.smooth_q;
   p.row_terms = opt.softmax ? p.ws.row_terms : p.ws.delta;
@@ -580,7 +582,21 @@ bool on_wgmma(FpaKernels requested, bool supported, const char* field, const std
   return supported && resolve_kernels(requested, "CUDA attention kind sage") == FpaKernels::wgmma;
 }
 std::string precision_name(bool int8) { return int8 ? "int8" : "bf16"; }
+// The fp8 products run on the wgmma kernels only.
+void require_wgmma_for_fp8(const char* key) {
+  if (resolve_kernels(FpaKernels::automatic, "CUDA attention kind sage") != FpaKernels::wgmma)
+    throw std::invalid_argument(std::string("attention.sage.precision.") + key +
+                                " = \"fp8\" runs on the wgmma kernels only (an sm_90a build on a "
+                                "device of compute capability 9.x); allowed here: \"int8\" | "
+                                "\"bf16\"");
+}
+
 bool forward_on_wgmma(const SageParams& p, const SageTiles& tiles) {
+  // fp8 P̂ V̂ has the wgmma forward alone: it runs there whatever the tiles prefer.
+  if (p.pv_fp8) {
+    require_wgmma_for_fp8("pv");
+    return true;
+  }
   return on_wgmma(tiles.forward_kernels, p.qk8 && p.pv8, "forward_kernels",
                   "attention.sage.precision.qk = pv = int8 (got qk = " + precision_name(p.qk8) +
                       ", pv = " + precision_name(p.pv8) + ")");
@@ -594,6 +610,10 @@ bool dq_on_wgmma(const SageParams& p, const SageTiles& tiles) {
 }
 
 bool dkdv_on_wgmma(const SageParams& p, const SageTiles& tiles) {
+  if (p.dv_fp8) {  // fp8 P̂ᵀ dÔ has the wgmma dK/dV kernel alone
+    require_wgmma_for_fp8("dv");
+    return true;
+  }
   return on_wgmma(
       tiles.dkdv_kernels, p.qk8 && p.dv8 && p.dk8 && !p.dp8 && !p.tile_scales, "dkdv_kernels",
       "attention.sage.precision.qk = dv = dk = int8, dp = bf16, bwd_granularity rowcol (got qk = " +
@@ -632,7 +652,7 @@ CUtensorMap dout_map(const SageParams& p, int d) {
 }
 
 // The wgmma forward: tensor maps over the pre-pass's int8 copies.
-template <int D, class Softmax>
+template <int D, class Softmax, bool kPvFp8>
 void forward_sm90(const SageParams& p, cudaStream_t stream) {
   const SageWorkspace& ws = p.ws;
   const WorkspaceMaps<D> maps(p);
@@ -648,14 +668,16 @@ void forward_sm90(const SageParams& p, cudaStream_t stream) {
   f.vt = maps.transposed(ws.v.i8t);
   constexpr int kWarpgroups =
       SageForwardSm90Layout<D, Softmax>::kWarpgroups;  // one 64-row block each
-  launch(sage_forward_sm90_kernel<D, Softmax>, dim3(ceil_div(ws.blocks, kWarpgroups), p.B * p.H),
-         sm90::block_threads<kWarpgroups>(),
+  launch(sage_forward_sm90_kernel<D, Softmax, kPvFp8>,
+         dim3(ceil_div(ws.blocks, kWarpgroups), p.B * p.H), sm90::block_threads<kWarpgroups>(),
          SageForwardSm90Layout<D, Softmax>::kBytes + scale_table_bytes(2, ws.blocks), stream, f);
 }
 
 template <int D, class Softmax>
 void forward(const SageParams& p, const SageTiles& tiles, bool on_wgmma, cudaStream_t stream) {
-  if (on_wgmma) return forward_sm90<D, Softmax>(p, stream);
+  if constexpr (Softmax::kExact)  // fp8 pv runs with the exact softmax only (sage_check_options)
+    if (p.pv_fp8) return forward_sm90<D, Softmax, true>(p, stream);
+  if (on_wgmma) return forward_sm90<D, Softmax, false>(p, stream);
   with_warps(tiles.forward, [&](auto warps) {
     using Tr = SageTraits<D, decltype(warps)::value>;
     launch(sage_forward_kernel<Tr, Softmax>, grid_of<Tr>(p), Tr::kThreads,
@@ -699,7 +721,7 @@ void dq_sm90(const SageParams& p, const BackwardMaps<D>& maps, cudaStream_t stre
 }
 
 // The wgmma dK/dV kernel: also Q̂ᵀ and dÔᵀ.
-template <int D, class Softmax>
+template <int D, class Softmax, bool kDvFp8>
 void dkdv_sm90(const SageParams& p, const BackwardMaps<D>& maps, cudaStream_t stream) {
   const SageWorkspace& ws = p.ws;
   const WorkspaceMaps<D> copies(p);
@@ -711,8 +733,9 @@ void dkdv_sm90(const SageParams& p, const BackwardMaps<D>& maps, cudaStream_t st
   f.v = maps.v;
   f.dout = maps.dout;
   constexpr int kWarpgroups = SageDkDvSm90Layout<D, Softmax>::kWarpgroups;  // one 64-row block each
-  launch(sage_dkdv_sm90_kernel<D, Softmax>, dim3(ceil_div(ws.blocks, kWarpgroups), p.B * p.H),
-         sm90::block_threads<kWarpgroups>(), SageDkDvSm90Layout<D, Softmax>::kBytes, stream, f);
+  launch(sage_dkdv_sm90_kernel<D, Softmax, kDvFp8>,
+         dim3(ceil_div(ws.blocks, kWarpgroups), p.B * p.H), sm90::block_threads<kWarpgroups>(),
+         SageDkDvSm90Layout<D, Softmax>::kBytes, stream, f);
 }
 
 // dQ first: with a row sweep it writes the row terms the dK/dV kernel reads.
@@ -729,7 +752,9 @@ void backward(const SageParams& p, const SageTiles& tiles, bool dq_wgmma, bool d
       launch(sage_backward_dq_kernel<Tr, Softmax>, grid_of<Tr>(p), Tr::kThreads,
              smem_bytes<Tr, 1>(dq_plan<Tr>(p)), stream, p);
     });
-  if (dkdv_wgmma) return dkdv_sm90<D, Softmax>(p, *maps, stream);
+  if constexpr (Softmax::kExact)  // fp8 dv runs with the exact softmax only (sage_check_options)
+    if (p.dv_fp8) return dkdv_sm90<D, Softmax, true>(p, *maps, stream);
+  if (dkdv_wgmma) return dkdv_sm90<D, Softmax, false>(p, *maps, stream);
   with_warps(tiles.dkdv, [&](auto warps) {
     using Tr = SageTraits<D, decltype(warps)::value>;
     launch(sage_backward_dkdv_kernel<Tr, Softmax>, grid_of<Tr>(p), Tr::kThreads,
@@ -755,6 +780,34 @@ void dispatch(const SageOptions& opt, const AttentionShape& s, Run&& run) {
 }  // namespace
 
 void sage_check_options(const SageOptions& opt) {
+  const SagePrecision& pr = opt.precision;
+  for (const auto& [key, p] : {std::pair{"qk", pr.qk}, std::pair{"dp", pr.dp},
+                               std::pair{"dq", pr.dq}, std::pair{"dk", pr.dk}})
+    if (p == Precision::fp8)
+      throw std::invalid_argument(
+          std::string("attention.sage.precision.") + key +
+          " = \"fp8\": the CUDA kernels run fp8 for pv and dv only (allowed: "
+          "\"int8\" | \"bf16\"; the CPU backend runs fp8 everywhere)");
+  // V's int8 copies hold e4m3 under pv = fp8, dO's under dv = fp8, so no int8
+  // product may read them (dp), and the wgmma kernels that run them take int8
+  // scores and the exact softmax (and for dv the wgmma dK/dV's int8 dK, rowcol).
+  const auto state = [&] {
+    return "(got qk = " + to_string(pr.qk) + ", dp = " + to_string(pr.dp) +
+           ", dk = " + to_string(pr.dk) + ", bwd_granularity " + to_string(opt.bwd_granularity) +
+           (opt.softmax ? ", a K-interval softmax)" : ")");
+  };
+  const bool fp8_base = pr.qk == Precision::int8 && pr.dp == Precision::bf16 && !opt.softmax;
+  if (pr.pv == Precision::fp8 && !fp8_base)
+    throw std::invalid_argument(
+        "attention.sage.precision.pv = \"fp8\": the CUDA kernels run it with qk = \"int8\", "
+        "dp = \"bf16\" and no softmax block " +
+        state());
+  if (pr.dv == Precision::fp8 &&
+      !(fp8_base && pr.dk == Precision::int8 && opt.bwd_granularity == BwdGranularity::rowcol))
+    throw std::invalid_argument(
+        "attention.sage.precision.dv = \"fp8\": the CUDA kernels run it with qk = dk = "
+        "\"int8\", dp = \"bf16\", bwd_granularity \"rowcol\" and no softmax block " +
+        state());
   if (opt.block_q != kSageBlock || opt.block_k != kSageBlock)
     throw std::invalid_argument("attention.sage.block_q/block_k = " + std::to_string(opt.block_q) +
                                 "/" + std::to_string(opt.block_k) +
@@ -794,6 +847,7 @@ SageTiles sage_default_tiles(const AttentionShape& s) {
 }
 
 size_t sage_saved_bytes(const SageOptions& opt, const AttentionShape& s) {
+  sage_check_options(opt);  // a backend sizes its buffers first: it refuses what cannot run then
   return sage_saved_bytes(opt, s, sage_copies(opt));
 }
 

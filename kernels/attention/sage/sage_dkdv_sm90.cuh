@@ -25,6 +25,12 @@
 //   s_P s_dO and dK += dŜᵀ Q̂ · s_dS s_Q (s32, wgmma rs, B the transposed
 //   copies, per 64 columns of d, folded into the fp32 accumulators, dV's while
 //   dK's runs) -> smooth_q: dK += c (dSᵀ 1) μ_Qᵀ.
+//
+// With dv = fp8 (kDvFp8, exact softmax; docs/attention-maths.md §4.12) dÔᵀ holds
+// e4m3 values on power-of-two block scales, P̂ᵀ = e4m3(Pᵀ · 2^8 · s_dOi /
+// s_dO,top) (query block i's scale folded in), and dV's e4m3 wgmma accumulates
+// into the fp32 dV itself over every query block, issued over all of d before
+// dK's chunks; dV is scaled once by s_dO,top · 2^-8 at the end.
 #pragma once
 #include "attention/common/feeds.cuh"
 #include "attention/sage/int8_operands.cuh"
@@ -70,10 +76,11 @@ struct SageDkDvSm90Layout {
 
 // Grid (ceil(blocks / kWarpgroups), B·H); key tile 0, which sees every query,
 // starts first.
-template <int D, class Softmax>
+template <int D, class Softmax, bool kDvFp8>
 __global__ void __launch_bounds__(
     flash::sm90::block_threads<SageDkDvSm90Layout<D, Softmax>::kWarpgroups>(), 1)
     sage_dkdv_sm90_kernel(const __grid_constant__ SageDkDvSm90Params params) {
+  static_assert(!kDvFp8 || Softmax::kExact, "fp8 P̂ᵀ dÔ takes the exact softmax's P <= 1");
 #if QATTN_SM90A_DEVICE
   using namespace flash;
   using namespace flash::sm90;
@@ -153,6 +160,15 @@ __global__ void __launch_bounds__(
   const float s_k = ws.k.scale[scale0 + min(wg_key0 / kSageBlock, ws.blocks - 1)];
   const Softmax softmax(p.softmax);
   auto visible = [&](int key, int query) { return query < p.T && key <= query; };
+  // fp8: 2^8 / s_dO,top, the largest of the head's dO block scales (a block of
+  // zeros has scale 0, quant.cu; all zeros give FLT_MIN), each warp's own max.
+  float fold_do = 1.0f;
+  if constexpr (kDvFp8) {
+    float do_top = FLT_MIN;
+    for (int j = static_cast<int>(threadIdx.x % 32); j < ws.blocks; j += 32)
+      do_top = fmaxf(do_top, ws.dout.scale[scale0 + j]);
+    fold_do = 256.0f / warp_max(do_top);
+  }
 
   float dk_acc[1][D / 8][4],
       dv_acc[1][D / 8][4];  // (64, d) rows of dK, dV of the warpgroup; this warp's 16
@@ -232,10 +248,14 @@ __global__ void __launch_bounds__(
     visible_entries([&](int nt, int e, int, int qi) {
       return tile_softmax.probability(query_row(qi), score[0][nt][e]);
     });
-    float s_p[2], inv_s_p[2];  // ψ's scale of each of the thread's two keys
-    weight_scales<1>(w, false, nullptr, s_p, inv_s_p);
-    pack_weights(p_hat[0], w, inv_s_p);
-    dv_scale[0] = s_p[0] * s_do, dv_scale[1] = s_p[1] * s_do;
+    if constexpr (kDvFp8) {
+      pack_weights_e4m3(p_hat[0], w, s_do * fold_do);
+    } else {
+      float s_p[2], inv_s_p[2];  // ψ's scale of each of the thread's two keys
+      weight_scales<1>(w, false, nullptr, s_p, inv_s_p);
+      pack_weights(p_hat[0], w, inv_s_p);
+      dv_scale[0] = s_p[0] * s_do, dv_scale[1] = s_p[1] * s_do;
+    }
     wait_for<0>(dp);
     visible_entries([&](int nt, int e, int key, int qi) {
       return tile_softmax.grad(query_row(qi), score[0][nt][e], w[0][nt][e], dp[0][nt][e], key);
@@ -257,14 +277,25 @@ __global__ void __launch_bounds__(
     // Per 64 columns of d, dV's and dK's products are issued together and dV's
     // is folded while dK's runs. The loop stays rolled: ptxas gives every wgmma
     // of unrolled code accumulator registers of its own, which spills at d = 128.
+    if constexpr (kDvFp8) {  // dV += P̂ᵀ dÔ over all of d into dV itself, beside dK's chunks
+      issue_e4m3_rs(dv_acc, p_hat, dot_tile(s));
 #pragma unroll 1
-    for (int chunk = 0; chunk < kChunks; ++chunk) {
-      issue(sums[0], true, chunk, s);
-      issue(sums[1], false, chunk, s);
-      wait_for<1>(sums[0], p_hat);
-      fold(true, chunk, sums[0]);
-      wait_for<0>(sums[1], ds_hat);
-      fold(false, chunk, sums[1]);
+      for (int chunk = 0; chunk < kChunks; ++chunk) {
+        issue(sums[1], false, chunk, s);
+        wait_for<0>(sums[1], ds_hat);
+        fold(false, chunk, sums[1]);
+      }
+      wait_for<0>(dv_acc, p_hat);
+    } else {
+#pragma unroll 1
+      for (int chunk = 0; chunk < kChunks; ++chunk) {
+        issue(sums[0], true, chunk, s);
+        issue(sums[1], false, chunk, s);
+        wait_for<1>(sums[0], p_hat);
+        fold(true, chunk, sums[0]);
+        wait_for<0>(sums[1], ds_hat);
+        fold(false, chunk, sums[1]);
+      }
     }
     if (p.smooth_q) {  // dK_j += c (dSᵀ 1) μ_Qiᵀ
       const float* mu_q = ws.query_mean + (scale0 + i) * D;
@@ -287,7 +318,7 @@ __global__ void __launch_bounds__(
   const SmemTile<kRows, D> dk_tile{reinterpret_cast<bf16*>(smem)};
   const SmemTile<kRows, D> dv_tile{dk_tile.data + kRows * D};
   store_acc(dk_tile, dk_acc, warp_row0(), 1.0f);
-  store_acc(dv_tile, dv_acc, warp_row0(), 1.0f);
+  store_acc(dv_tile, dv_acc, warp_row0(), 1.0f / fold_do);
   feed.sync();
   const size_t ld = static_cast<size_t>(3) * p.H * D;
   bf16* head = p.dqkv + (static_cast<size_t>(b) * p.T + k0) * ld + static_cast<size_t>(h) * D;

@@ -21,6 +21,13 @@
 //   grown by 2^8 (ExactSoftmax::update_rescaling_rarely);
 // then O /= l and L (or, with the K-interval block, a first pass over K̂ for each
 // row's max and min, ŵ for P̃, O /= Ẑ and the RowStats).
+//
+// With pv = fp8 (kPvFp8, exact softmax; docs/attention-maths.md §4.12) V̂ᵀ holds
+// e4m3 values on power-of-two block scales, the reference max is the running
+// max (P̃ <= 1), and P̂ = e4m3(P̃ · 2^8 · s_Vj / s_V,top) goes straight into the
+// fp32 O accumulator of the e4m3 wgmma: block j's scale is folded into P̂, so
+// the accumulator runs over every key block with no conversion or fold, and O
+// is scaled once by s_V,top · 2^-8 at the end.
 #pragma once
 #include "attention/common/feeds.cuh"
 #include "attention/sage/int8_operands.cuh"
@@ -61,10 +68,11 @@ struct SageForwardSm90Layout {
 
 // Grid (ceil(blocks / kWarpgroups), B·H); every head's heaviest (last) query
 // tile starts first (block_by_rank).
-template <int D, class Softmax>
+template <int D, class Softmax, bool kPvFp8>
 __global__ void __launch_bounds__(
     flash::sm90::block_threads<SageForwardSm90Layout<D, Softmax>::kWarpgroups>(), 1)
     sage_forward_sm90_kernel(const __grid_constant__ SageForwardSm90Params params) {
+  static_assert(!kPvFp8 || Softmax::kExact, "fp8 P̂ V̂ takes the exact softmax's P̃ <= 1");
 #if QATTN_SM90A_DEVICE
   using namespace flash;
   using namespace flash::sm90;
@@ -118,6 +126,12 @@ __global__ void __launch_bounds__(
           smem + Layout::kBytes, {ws.k.scale + scale0, ws.v.scale + scale0}, ws.blocks);
   const QueryWarpgroup wg(ws, bh, q0, p.smooth_q, scales);
   const float* scale_v = scales + ws.blocks;
+  // fp8: 2^8 / s_V,top, so that block j's P̂ = e4m3(P̃ · 2^8 · s_Vj / s_V,top). A
+  // block of zeros has s_V = 0 (quant.cu), and all zeros give s_V,top = FLT_MIN.
+  float v_top = FLT_MIN;
+  if constexpr (kPvFp8)
+    for (int j = 0; j < ws.blocks; ++j) v_top = fmaxf(v_top, scale_v[j]);
+  const float fold_v = kPvFp8 ? 256.0f / v_top : 1.0f;
   // s (64, 64) = the scores of key block j (S·log2(e) for the exact softmax,
   // HopperScores), masked entries −inf; this warp's 16 rows.
   auto scores = [&](float(&s)[1][kNTiles][4], int j, int stage) {
@@ -145,6 +159,15 @@ __global__ void __launch_bounds__(
     if (!wg.sees(j, p.T)) return;
     float s[1][kNTiles][4];
     scores(s, j, stage);
+    if constexpr (kPvFp8) {
+      float p_max[2];                                                // ψ's amax, unused here
+      softmax.template update_rescaling_rarely<0>(s, o_acc, p_max);  // P̃ = exp(S − m) <= 1
+      uint32_t p_hat[1][kNTiles / 4][4];  // P̂ (64, 64) e4m3 A fragments over the permuted keys
+      pack_weights_e4m3(p_hat[0], s, scale_v[j] * fold_v);
+      issue_e4m3_rs(o_acc, p_hat, vt_tile(stage));  // O += P̂ V̂, fp32 across the key blocks
+      wait_for<0>(o_acc, p_hat);
+      return;
+    }
     float s_p[2], inv_s_p[2];  // ψ's scale of each of the thread's two rows
     if constexpr (Softmax::kExact) {
       float p_max[2];
@@ -163,7 +186,7 @@ __global__ void __launch_bounds__(
   softmax.finalize(o_acc);
   softmax.store(p.stats + static_cast<size_t>(bh) * p.T * Softmax::kStatFloats, wg.first_query,
                 p.T);
-  store_acc(o_tile, o_acc, warp_row0(), 1.0f);
+  store_acc(o_tile, o_acc, warp_row0(), 1.0f / fold_v);
   feed.sync();
   store_tile<Feed::kConsumerThreads>(
       o_tile, p.o + (static_cast<size_t>(b) * p.T + q0) * p.H * D + static_cast<size_t>(h) * D,

@@ -118,17 +118,19 @@ struct ExactSoftmax : flash::OnlineSoftmax<1> {
   // a P̃ above 2^8 (FlashAttention-4's conditional rescale): ψ's per-row scale
   // makes P̂ the same for any m, and l, O and L = m + log l share it, so a stale
   // m changes rounding only, and most blocks skip the rescale of O.
-  template <int kNTiles, int kDTiles>
+  // kMaxGrowthLog2 = 0 keeps m the running max itself (P̃ <= 1), rescaling O
+  // only on blocks where some row of the warp has a new max: the fp8 forward,
+  // whose P̂ is P̃ on a fixed scale.
+  template <int kMaxGrowthLog2 = 8, int kNTiles, int kDTiles>
   __device__ __forceinline__ void update_rescaling_rarely(float (&s)[1][kNTiles][4],
                                                           float (&o)[1][kDTiles][4],
                                                           float (&p_max)[2]) {
-    constexpr float kMaxGrowthLog2 = 8.0f;
     float top[2];  // the block's largest score per row
     bool grows = false;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       top[half] = block_max(s, 0, half);
-      grows = grows || (top[half] - row_max[0][half]) * scale_log2 > kMaxGrowthLog2;
+      grows = grows || (top[half] - row_max[0][half]) * scale_log2 > float(kMaxGrowthLog2);
     }
     if (__any_sync(0xffffffffu, grows))
 #pragma unroll

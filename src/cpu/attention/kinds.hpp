@@ -14,6 +14,7 @@ template <typename F>
 struct AttentionInternals {
   std::vector<F> p;   // (T, T)
   std::vector<F> ds;  // (T, T)
+  F fp8_peak = 0;     // sage: the largest |x / s| of any fp8 operand before its cast (§4.12)
 };
 
 // Backward functions overwrite dq, dk, dv; `keep` (may be null) receives P and dS.

@@ -1,7 +1,7 @@
-// The operand quantisers of docs/attention-maths.md §4.1, shared by sage and
-// its composition with a quantised softmax: psi (int8 levels with one fp32
-// scale per group) and bf16 rounding, and the dot product each matmul
-// accumulates.
+// The operand quantisers of docs/attention-maths.md §4.1 and §4.12, shared by
+// sage and its composition with a quantised softmax: psi (int8 levels with one
+// fp32 scale per group), e4m3 with a power-of-two scale per group, bf16
+// rounding, and the dot product each matmul accumulates.
 #pragma once
 #include <algorithm>
 #include <bit>
@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "e4m3.hpp"
 #include "qattn/attention.hpp"
 
 namespace qattn::cpu {
@@ -32,7 +33,18 @@ F int8_scale(F amax) {
   return amax == 0 ? F(1) : amax / F(127);
 }
 
-// How one int8 scale is shared over a (rows, cols) tile.
+// fp8's scale exponent of a group whose largest magnitude is amax (§4.12): the
+// smallest e with amax <= 2^(e + 8), so that x / 2^e lies in [-256, 256]; 0
+// when amax = 0.
+template <typename F>
+int fp8_exponent(F amax) {
+  if (amax == 0) return 0;
+  int e = 0;
+  const F f = std::frexp(amax, &e);  // amax = f 2^e, f in [0.5, 1)
+  return (f == F(0.5) ? e - 1 : e) - 8;
+}
+
+// How one scale is shared over a (rows, cols) tile.
 enum class ScaleGroup { whole, per_row, per_col };
 
 inline int group_count(ScaleGroup g, int rows, int cols) {
@@ -42,22 +54,42 @@ inline int group_index(ScaleGroup g, int r, int c) {
   return g == ScaleGroup::per_row ? r : g == ScaleGroup::per_col ? c : 0;
 }
 
-// One operand of one matmul as the kernel sees it: int8 levels with scales, or
-// bf16-rounded values (then every scale is 1).
+// One operand of one matmul as the kernel sees it: int8 levels with scales,
+// e4m3 values with power-of-two scales, or bf16-rounded values (then every
+// scale is 1).
 template <typename F>
 struct Operand {
   Precision precision;
   ScaleGroup group;
   int rows, cols;
-  std::vector<F> value;  // (rows, cols): levels in [-127, 127], exact in F, or bf16 values
+  std::vector<F> value;  // (rows, cols): int8 levels or e4m3 values (exact in F), or bf16 values
   std::vector<F> scale;  // one per group: 1, rows or cols of them
+  F peak = 0;            // fp8: the largest |x / s| before the cast (saturation above 448)
 
   const F* row(int r) const { return value.data() + (size_t)r * cols; }
   F scale_of(int r, int c) const { return scale[group_index(group, r, c)]; }
 };
 
-// x (rows, cols) with leading dimension ld -> its operand: for int8,
-// X^ = round-half-away-from-zero(X / s) with s = psi's scale of each group.
+// x (rows, cols) with leading dimension ld -> its fp8 operand with the given
+// scale exponent of each group: X^ = e4m3(X 2^-e), s = 2^e. The scaling is
+// exact, so the one rounding is e4m3's.
+template <typename F>
+Operand<F> quantise_fp8(ScaleGroup group, const F* x, int rows, int cols, size_t ld,
+                        const std::vector<int>& exponent) {
+  Operand<F> op{Precision::fp8, group, rows, cols, std::vector<F>((size_t)rows * cols), {}};
+  for (int e : exponent) op.scale.push_back(std::ldexp(F(1), e));
+  for (int r = 0; r < rows; r++)
+    for (int c = 0; c < cols; c++) {
+      const F scaled = std::ldexp(x[(size_t)r * ld + c], -exponent[group_index(group, r, c)]);
+      op.peak = std::max(op.peak, std::abs(scaled));
+      op.value[(size_t)r * cols + c] = round_to_e4m3(scaled);
+    }
+  return op;
+}
+
+// x (rows, cols) with leading dimension ld -> its operand, each group scaled
+// by its own largest magnitude: for int8, X^ = round-half-away-from-zero(X / s)
+// with s = psi's scale; for fp8, the exponent of fp8_exponent.
 template <typename F>
 Operand<F> quantise(Precision precision, ScaleGroup group, const F* x, int rows, int cols,
                     size_t ld) {
@@ -75,6 +107,11 @@ Operand<F> quantise(Precision precision, ScaleGroup group, const F* x, int rows,
       F& a = amax[group_index(group, r, c)];
       a = std::max(a, std::abs(at(r, c)));
     }
+  if (precision == Precision::fp8) {
+    std::vector<int> exponent;
+    for (F a : amax) exponent.push_back(fp8_exponent(a));
+    return quantise_fp8(group, x, rows, cols, ld, exponent);
+  }
   for (F a : amax) op.scale.push_back(int8_scale(a));
   for (int r = 0; r < rows; r++)
     for (int c = 0; c < cols; c++)
@@ -82,8 +119,15 @@ Operand<F> quantise(Precision precision, ScaleGroup group, const F* x, int rows,
   return op;
 }
 
+// The scale exponent of a power-of-two scale (fp8 operands).
+template <typename F>
+int exponent_of(F scale) {
+  return std::ilogb(scale);
+}
+
 // sum_n a[n * inc_a] b[n * inc_b] as the kernel accumulates it: exactly in int32
-// for int8 levels, in F (fp32 in training) for bf16 values.
+// for int8 levels, in F (fp32 in training) in order of n for bf16 and e4m3
+// values (a product of two e4m3 values is exact in F).
 template <typename F>
 F operand_dot(Precision precision, const F* a, size_t inc_a, const F* b, size_t inc_b, int n) {
   if (precision == Precision::int8) {
