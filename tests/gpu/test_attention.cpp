@@ -53,6 +53,7 @@ enum class Group {
   kinterval_many_heads,
   kinterval_mma_sync,
   kinterval_ties,
+  kinterval_large,
   sage,
   sage_subnormal,
   sage_kinterval,
@@ -157,6 +158,33 @@ std::vector<std::pair<Group, AttentionCase>> attention_cases() {
   for (int K : {2, 4})
     for (const auto& opt : qattn::test::every_option_combination(K))
       kinterval(Group::kinterval_ties, opt, {1, 2, 256, 64}, {}, kAutomaticAndMmaSync, repeated);
+
+  // Large scores (q, k of standard deviation σ give scores of standard deviation
+  // σ², rows spanning up to ~6σ² nats at T = 1024): lerp minmax K = 32 attached and
+  // detached (the detach_extrema sweep's cell) and nearest minmax with the
+  // probability STE (up to σ = 100). σ = 10 keeps the grid spacing Δ = (m − ℓ)/K below the kernels'
+  // cap of 32 nats on the grid values (docs/attention-maths.md §5.11); σ = 30 takes
+  // it past 87, where ex2 flushes e^−Δ and expm1f overflows; σ = 300 and 3000 put the
+  // scores past 2^16 and 2^23 nats. Every head and row is compared (the outputs
+  // are poisoned, so a NaN fails).
+  for (const float sigma : {10.0f, 30.0f, 100.0f, 300.0f, 3000.0f})
+    for (int d : {64, 128}) {
+      KIntervalOptions lerp, detached, nearest;
+      lerp.K = detached.K = nearest.K = 32;
+      lerp.rounding = detached.rounding = Rounding::lerp;
+      detached.detach_extrema = true;
+      nearest.rounding = Rounding::nearest, nearest.ste = Ste::prob;
+      const InputRecipe large{InputRecipe::normal, sigma, sigma, 0.0f};
+      for (const KIntervalOptions& opt : {lerp, detached})
+        kinterval(Group::kinterval_large, opt, {1, 2, 1024, d}, {}, kAutomaticAndMmaSync, large);
+      // The probability STE's dS is FPA's: at the max it is p_max (dP − δ) with δ
+      // from the bf16 output, whose rounding outweighs the true value once the
+      // row's other p are small, so dQ and dK are held finite only (a NaN fails
+      // "< inf"); past σ = 100 the fp64 reference's dQ can be exactly 0.
+      if (sigma <= 100.0f)
+        add(Group::kinterval_large, qattn::test::kinterval_config(nearest), kAutomaticAndMmaSync,
+            {1, 2, 1024, d}, large, {}, {1e-2, -1, INFINITY, INFINITY, 1e-2});
+    }
 
   // Sage: the default options on every shape (one tile, tail tiles, two
   // batches), the other option sets on a tail shape per head dim; T = 65 and
@@ -366,4 +394,9 @@ TEST_CASE("CUDA attention rejects unsupported head dims", "[attention]") {
   CHECK_THROWS_AS(qattn::cuda::attention_forward(AttentionConfig{}, bad_d, nullptr, nullptr,
                                                  nullptr, nullptr, nullptr),
                   std::invalid_argument);
+}
+
+TEST_CASE("K-interval attention: finite and matching the reference at large scores",
+          "[kinterval][large]") {
+  qattn::test::check_cases(cases_of(Group::kinterval_large));
 }

@@ -36,6 +36,13 @@ inline Rule rule_of(const KIntervalOptions& opt) {
   return opt.ste == Ste::weight ? Rule::weight_ste : Rule::prob_ste;
 }
 
+// The largest grid spacing Δ (nats) the grid values are computed with
+// (docs/attention-maths.md §5.11). Past it every grid value below v_K is under
+// e^−32 ≈ 1.3e-14 either way, so a weight moves by at most that, while the top
+// cell's v_{K−1} = e^−32 stays a normal float beside 1/Ẑ and ρ = e^32 − 1 stays
+// finite (both fail near Δ = 87: ex2 flushes below 2^−126, expm1f overflows at 88.7).
+constexpr float kMaxGridDelta = 32.0f;
+
 // Saved by the forward for each (b, h, row): 8 fp32 laid out (B, H, T, 8) as
 // this struct (the two indices are int bits), at the start of the kind's saved
 // state (the probability STE adds the exact softmax's output and L after them).
@@ -43,8 +50,9 @@ struct alignas(16) RowStats {
   float u_offset;  // −g0 · u_scale, g0 the raw score of the grid's first point (minmax: ℓ / c;
                    // fwm: (m − W) / c): u = r · u_scale + u_offset, one FMA
   float u_scale;   // c / Δ; 0 for a flat row
-  float step;      // Δ · log2(e); 0 for a flat row
-  float rho;       // v_{a+1} / v_a − 1 = e^Δ − 1 (expm1: exact for a small Δ)
+  float step;      // min(Δ, kMaxGridDelta) · log2(e); 0 for a flat row
+  float rho;       // v_{a+1} / v_a − 1 = e^step' − 1, step' = min(Δ, kMaxGridDelta) (expm1:
+                   // exact for a small Δ)
   float w_base;    // raw max · c · log2(e): the base of exp(s − m) (unquantised_weight)
   float inv_z;     // 1 / Σ_j ŵ_j (Σ ≥ 1: the max has ŵ = 1)
   int argmax;      // visible key with the largest score, the lowest index on ties
@@ -242,8 +250,12 @@ __device__ __forceinline__ RowStats make_row_stats(const Extremum& hi, const Ext
     r.u_scale = g.K / (hi.value - lo.value);
   }
   r.u_offset = -g0 * r.u_scale;
-  r.step = delta * flash::kLog2e;
-  r.rho = expm1f(delta);
+  // The grid values take Δ capped at kMaxGridDelta (u keeps the true Δ): uncapped,
+  // past Δ ≈ 87 the top cell's v_a = e^−Δ flushes to 0 and ρ = e^Δ − 1 overflows, so
+  // its weight v_a (1 + t ρ), whose true value is near t, would be 0 or NaN.
+  const float grid_delta = fminf(delta, kMaxGridDelta);
+  r.step = grid_delta * flash::kLog2e;
+  r.rho = expm1f(grid_delta);
   return r;
 }
 
