@@ -14,7 +14,14 @@ early losses above them are clipped, and a note on the axis says how many
 points and up to which loss.
 Figure 2 (<out stem>_gap.png, sweeps with baselines only): val loss minus the
 baseline's val loss (same seed, same tokens) per setting, in nats.
-A setting has one colour in both figures.
+Figure 3 (<out stem>_diag.png, when a run has diag.csv rows at two steps or
+more): the attention diagnostics against tokens (docs/attention-maths.md §7):
+(a) the largest max|S| over layers, log scale; (b), (c) the lowest cosine to
+FPA of dQ and of dK over the quantised layers (exact-attention runs have none);
+(d), sweeps with baselines only: each run's last paired val-loss gap against
+its last worst-layer max|S|, one point per run: do the runs that trail have
+growing scores. Runs with diagnostics at one step only are left out of it.
+A setting has one colour in every figure.
 
 Needs matplotlib (Debian: apt-get install python3-matplotlib).
 """
@@ -34,8 +41,60 @@ except ImportError:
     sys.exit("plot.py: matplotlib is missing; install Debian's python3-matplotlib and run with /usr/bin/python3")
 
 
+class DiagPoint:
+    """One diagnostics step of a run, reduced over its layers: the largest
+    max|S|, and the lowest cos_dq and cos_dk over the layers compared to FPA
+    (None where no layer is: an exact-attention run)."""
+
+    def __init__(self, step, max_abs_score, cos_dq, cos_dk):
+        self.step, self.max_abs_score, self.cos_dq, self.cos_dk = step, max_abs_score, cos_dq, cos_dk
+
+
+DIAG_COLUMNS = ("step", "layer", "max_abs_score", "cos_dq", "cos_dk")
+
+
+def diag_number(path, line, row, column, empty_ok=False):
+    """One diag.csv cell as a float (None for an empty cosine: an FPA layer)."""
+    text = (row.get(column) or "").strip()
+    if empty_ok and not text:
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(f"{path}: line {line}: {column} {text!r} is not allowed; "
+                         f"allowed: a number{' or empty' if empty_ok else ''}") from None
+
+
+def read_diag(path):
+    """diag.csv's steps as DiagPoints in step order; [] when it is missing or
+    empty. Raises ValueError naming the file, line, column and value when a row
+    is not what the trainer writes."""
+    if not os.path.exists(path):
+        return []
+    by_step = {}  # step -> [(max_abs_score, cos_dq, cos_dk)] over its layers
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        missing = [c for c in DIAG_COLUMNS if c not in (reader.fieldnames or [])]
+        if reader.fieldnames and missing:
+            raise ValueError(f"{path}: its header has no {', '.join(missing)}; "
+                             f"allowed: the trainer's header (step,layer,kind,q_rms,k_rms,max_abs_score,cos_o,...)")
+        for row in reader:
+            step = (row["step"] or "").strip()
+            if not step.isdigit():
+                raise ValueError(f"{path}: line {reader.line_num}: step {step!r} is not allowed; "
+                                 "allowed: a step number (0, 1, ...)")
+            by_step.setdefault(int(step), []).append(
+                tuple(diag_number(path, reader.line_num, row, c, c != "max_abs_score") for c in DIAG_COLUMNS[2:]))
+    points = []
+    for step, layers in sorted(by_step.items()):
+        dq = [c for _, c, _ in layers if c is not None]
+        dk = [c for _, _, c in layers if c is not None]
+        points.append(DiagPoint(step, max(s for s, _, _ in layers), min(dq, default=None), min(dk, default=None)))
+    return points
+
+
 class Run:
-    """One run directory: its metrics.csv rows and its place in a sweep."""
+    """One run directory: its metrics.csv rows, its diag.csv steps and its place in a sweep."""
 
     def __init__(self, path, run_id, setting, status="", baseline="", seed=""):
         self.path, self.id, self.setting = path, run_id, setting
@@ -43,9 +102,13 @@ class Run:
         self.train = []  # (tokens, train_loss)
         self.val = []  # (tokens, val_loss)
         self.diverged_at = None  # tokens of the diverged row
+        self.tokens_per_step = None  # from the last metrics row past step 0
         with open(os.path.join(path, "metrics.csv"), newline="") as f:
             for row in csv.DictReader(f):
                 tokens = float(row["tokens"] or 0)
+                step = int(row["step"] or 0)
+                if step > 0 and tokens > 0:
+                    self.tokens_per_step = tokens / step
                 if (row.get("event") or "").startswith("diverged"):
                     self.diverged_at = tokens
                     continue
@@ -55,6 +118,18 @@ class Run:
                     self.val.append((tokens, float(row["val_loss"])))
         if self.diverged_at is not None:
             self.status = "diverged"
+        try:
+            self.diag = read_diag(os.path.join(path, "diag.csv"))
+        except ValueError as e:
+            print(f"plot.py: {e}; this run is left out of the diagnostics figure", file=sys.stderr)
+            self.diag = []
+
+    def diag_curve(self, field):
+        """(tokens, value) of one DiagPoint field at every diagnostics step that has it and is finite."""
+        if self.tokens_per_step is None:
+            return []
+        return [(p.step * self.tokens_per_step, getattr(p, field)) for p in self.diag
+                if getattr(p, field) is not None and math.isfinite(getattr(p, field))]
 
 
 # Step counts that follow the tokens per step; they vary with it and say nothing more.
@@ -199,11 +274,15 @@ def legend_below(fig, ax):
         fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=2, fontsize=8, frameon=False)
 
 
+def setting_label(setting, members):
+    return setting + (" [baseline]" if members[0].baseline == "(baseline)" else "")
+
+
 def plot_losses(runs, window, title, colors):
     """Figure 1; returns it."""
     fig, (ax_train, ax_val) = plt.subplots(1, 2, figsize=(13, 5))
     for setting, members in by_setting(runs).items():
-        label = setting + (" [baseline]" if members[0].baseline == "(baseline)" else "")
+        label = setting_label(setting, members)
         draw_group(ax_train, [(r.status == "diverged", smooth(r.train, window)) for r in members], colors[setting], label)
         draw_group(ax_val, [(r.status == "diverged", r.val) for r in members], colors[setting], label)
     train_title = "train loss" + (f" (trailing mean of {window} steps)" if window > 1 else "")
@@ -219,24 +298,30 @@ def plot_losses(runs, window, title, colors):
     return fig
 
 
+def paired_gaps(runs):
+    """{run id: [(tokens, val - baseline val)]} for every run compared to a
+    baseline that is there and did not diverge (same seed, same tokens; from
+    the first evaluation after step 0)."""
+    baselines = {(r.setting, r.seed): r for r in runs if r.baseline == "(baseline)"}
+    gaps = {}
+    for r in runs:
+        b = baselines.get((r.baseline, r.seed))
+        if r.baseline == "(baseline)" or b is None or b.status == "diverged":
+            continue
+        base = dict(b.val)
+        gaps[r.id] = [(x, y - base[x]) for x, y in r.val[1:] if x in base]
+    return gaps
+
+
 def plot_gaps(runs, title, colors):
     """Figure 2, val(setting) - val(baseline) on the same seed and tokens; None when there is nothing to draw."""
-    baselines = {}
-    for r in runs:
-        if r.baseline == "(baseline)":
-            baselines[(r.setting, r.seed)] = r
     groups = by_setting([r for r in runs if r.baseline and r.baseline != "(baseline)"])
     if not groups:
         return None
+    gaps = paired_gaps(runs)
     fig, ax = plt.subplots(figsize=(8, 5))
     for setting, members in groups.items():
-        curves = []
-        for r in members:
-            b = baselines.get((r.baseline, r.seed))
-            if b is None or b.status == "diverged":
-                continue
-            base = dict(b.val)
-            curves.append((r.status == "diverged", [(x, y - base[x]) for x, y in r.val[1:] if x in base]))
+        curves = [(r.status == "diverged", gaps[r.id]) for r in members if r.id in gaps]
         draw_group(ax, curves, colors[setting], f"{setting} - {members[0].baseline}")
     ax.axhline(0.0, color="black", lw=0.8)
     ax.set_xlabel("tokens")
@@ -244,6 +329,49 @@ def plot_gaps(runs, title, colors):
     ax.set_title(title)
     ax.grid(alpha=0.3)
     legend_below(fig, ax)
+    return fig
+
+
+# Figure 3's curve panels: the DiagPoint field, the panel's title and its y label.
+DIAG_PANELS = (("max_abs_score", "(a) largest max|S| over layers", "max |S| (log scale)"),
+               ("cos_dq", "(b) lowest cos(dQ, FPA's) over layers", "cosine"),
+               ("cos_dk", "(c) lowest cos(dK, FPA's) over layers", "cosine"))
+
+
+def plot_diag(runs, title, colors):
+    """Figure 3; None when no run has diagnostics at two steps or more (one
+    step draws no curve)."""
+    traced = [r for r in runs if len(r.diag_curve("max_abs_score")) >= 2]
+    if not traced:
+        return None
+    gaps = {run_id: curve for run_id, curve in paired_gaps(runs).items() if curve}
+    fig, axes = plt.subplots(2, 2, figsize=(13, 9))
+    curve_axes, ax_scatter = axes.flat[:3], axes.flat[3]
+    for setting, members in by_setting(traced).items():
+        for ax, (field, _, _) in zip(curve_axes, DIAG_PANELS):
+            curves = [(r.status == "diverged", r.diag_curve(field)) for r in members]
+            draw_group(ax, [(d, pts) for d, pts in curves if pts], colors[setting], setting_label(setting, members))
+        for r in members:
+            if r.id in gaps:  # a diverged run is an x, as at the end of its curves
+                ax_scatter.plot(r.diag_curve("max_abs_score")[-1][1], gaps[r.id][-1][1], ls="none",
+                                marker="x" if r.status == "diverged" else "o", ms=7, color=colors[setting])
+    for ax, (field, name, ylabel) in zip(curve_axes, DIAG_PANELS):
+        ax.set_xlabel("tokens")
+        ax.set_ylabel(ylabel)
+        ax.set_title(name)
+        ax.grid(alpha=0.3)
+    curve_axes[0].set_yscale("log")
+    if gaps.keys() & {r.id for r in traced}:
+        ax_scatter.axhline(0.0, color="black", lw=0.8)
+        ax_scatter.set_xscale("log")
+        ax_scatter.set_xlabel("max |S| at the last diagnostics step (log scale)")
+        ax_scatter.set_ylabel("last val loss gap to baseline (nats)")
+        ax_scatter.set_title("(d) gap against max|S|, one point per run")
+        ax_scatter.grid(alpha=0.3)
+    else:
+        fig.delaxes(ax_scatter)
+    fig.suptitle(f"{title}: attention diagnostics")
+    legend_below(fig, curve_axes[0])
     return fig
 
 
@@ -256,7 +384,7 @@ def save(fig, out):
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("dir", help="run directory, sweep directory, or folder of runs")
-    p.add_argument("--out", help="PNG of the loss curves (default: DIR/loss.png); the gap figure goes beside it")
+    p.add_argument("--out", help="PNG of the loss curves (default: DIR/loss.png); the gap and diagnostics figures go beside it")
     p.add_argument("--smooth", type=int, default=0, help="train-loss window in steps (default: ~1/50 of the run)")
     a = p.parse_args()
     runs = load_runs(a.dir)
@@ -272,6 +400,9 @@ def main():
     gaps = plot_gaps(runs, f"{title}: gap to baseline", colors)
     if gaps:
         save(gaps, f"{stem}_gap{ext or '.png'}")
+    diag = plot_diag(runs, title, colors)
+    if diag:
+        save(diag, f"{stem}_diag{ext or '.png'}")
 
 
 if __name__ == "__main__":
