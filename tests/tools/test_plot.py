@@ -1,10 +1,13 @@
 #!/usr/bin/python3
-"""tools/plot.py on a made-up sweep: a setting has one colour in the loss and
-the gap figure, and losses the y axis clips are named on the axis.
-Exit 77 (CTest: skipped) without matplotlib."""
+"""tools/plot.py on a made-up sweep: a setting has one colour in the loss, the
+gap and the diagnostics figure, and losses the y axis clips are named on the
+axis; the diagnostics figure is drawn from diag.csv at two steps or more, has
+no cosine line for exact attention, and a malformed diag.csv is named, not a
+traceback. Exit 77 (CTest: skipped) without matplotlib."""
 import csv
 import importlib.util
 import os
+import subprocess
 import sys
 import tempfile
 import unittest
@@ -21,15 +24,47 @@ plot = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(plot)
 
 HEADER = "step,tokens,lr,train_loss,val_loss,grad_norm,step_ms,tokens_per_s,mfu,skipped,event\n"
+DIAG_HEADER = ("step,layer,kind,q_rms,k_rms,max_abs_score,cos_o,cos_p,cos_ds,cos_dq,cos_dk,cos_dv,"
+               "rel_o,rel_p,rel_ds,rel_dq,rel_dk,rel_dv\n")
+DIAG_STEPS = (0, 50, 100)
 
 
-def make_sweep(root):
-    """Baseline fpa, then sage and kinterval against it, two seeds each; the
-    first steps' losses are far above the rest (an untrained model's)."""
-    settings = [("kind=fpa", "fpa", "(baseline)"), ("kind=sage", "sage", "kind=fpa"),
-                ("kind=kinterval", "kinterval", "kind=fpa")]
+def max_abs_score(n, seed, step, layer):
+    """Layer 1 holds the largest scores; they grow with the step, faster for later settings."""
+    return (1.0 + layer) * (1.0 + 0.1 * step * (n + 1)) + 0.01 * seed
+
+
+def cosine(n, step, layer, which):
+    """Layer 0 is the worse one; dK falls faster than dQ."""
+    return 1.0 - (0.001 + 0.002 * which) * step * n / 100 - 0.01 * (1 - layer)
+
+
+def write_diag(run_dir, kind, n, seed, steps):
+    """diag.csv at `steps` for two layers; exact attention (fpa) leaves the comparisons empty."""
+    with open(os.path.join(run_dir, "diag.csv"), "w") as f:
+        f.write(DIAG_HEADER)
+        for step in steps:
+            for layer in (0, 1):
+                if kind == "fpa":
+                    compared = [""] * 12
+                else:
+                    dq, dk = cosine(n, step, layer, 0), cosine(n, step, layer, 1)
+                    compared = ["0.999", "0.999", "0.99", f"{dq:.6f}", f"{dk:.6f}", "0.999"] + ["0.01"] * 6
+                f.write(f"{step},{layer},{kind},1.0,1.0,{max_abs_score(n, seed, step, layer):.4f},"
+                        + ",".join(compared) + "\n")
+
+
+SETTINGS = [("kind=fpa", "fpa", "(baseline)"), ("kind=sage", "sage", "kind=fpa"),
+            ("kind=kinterval", "kinterval", "kind=fpa")]
+
+
+def make_sweep(root, diag_steps=DIAG_STEPS):
+    """Baseline fpa, then sage and kinterval against it, two seeds each, 100
+    tokens a step, diagnostics at diag_steps; the first steps' losses are far
+    above the rest (an untrained model's). A setting's val loss is 0.05 nats
+    above the previous one's."""
     rows = []
-    for n, (setting, kind, baseline) in enumerate(settings):
+    for n, (setting, kind, baseline) in enumerate(SETTINGS):
         for seed in (1, 2):
             run_id = f"{setting}_seed={seed}"
             os.makedirs(os.path.join(root, run_id))
@@ -40,6 +75,7 @@ def make_sweep(root):
                     loss = 8.0 if step <= 5 else 3.0 - 0.01 * step + 0.05 * n + 0.001 * seed
                     val = f"{loss + 0.1:.4f}" if step % 10 == 0 else ""
                     f.write(f"{step},{step * 100},0.001,{loss:.4f},{val},1.0,1,1,,0,\n")
+            write_diag(os.path.join(root, run_id), kind, n, seed, diag_steps)
             rows.append({"id": run_id, "setting": setting, "attention.kind": kind, "train.seed": str(seed),
                          "status": "finished", "baseline": baseline})
     with open(os.path.join(root, "summary.csv"), "w", newline="") as f:
@@ -48,9 +84,14 @@ def make_sweep(root):
         w.writerows(rows)
 
 
+def labelled_lines(ax):
+    """Legend label -> line, for the lines drawn with a label."""
+    return {line.get_label(): line for line in ax.get_lines() if not line.get_label().startswith("_")}
+
+
 def line_colors(ax):
     """Legend label -> colour of the lines drawn with a label."""
-    return {line.get_label(): line.get_color() for line in ax.get_lines() if not line.get_label().startswith("_")}
+    return {label: line.get_color() for label, line in labelled_lines(ax).items()}
 
 
 class PlotTest(unittest.TestCase):
@@ -93,6 +134,108 @@ class PlotTest(unittest.TestCase):
         fig = plot.plot_losses(self.runs, 1, "t", self.colors)
         for ax in fig.axes[:2]:
             self.assertFalse([t for t in ax.texts if "clipped" in t.get_text()])
+
+
+class DiagFigureTest(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.TemporaryDirectory()
+        self.root = self.dir.name
+
+    def tearDown(self):
+        self.dir.cleanup()
+
+    def figures(self):
+        runs = plot.load_runs(self.root)
+        colors = plot.setting_colors(runs)
+        return plot.plot_losses(runs, 1, "t", colors), plot.plot_diag(runs, "t", colors)
+
+    def test_a_setting_keeps_its_colour_and_the_curves_follow_the_tokens(self):
+        make_sweep(self.root)
+        losses, diag = self.figures()
+        self.assertIsNotNone(diag)
+        in_losses = line_colors(losses.axes[1])
+        scores = labelled_lines(diag.axes[0])
+        self.assertEqual({label: line.get_color() for label, line in scores.items()}, in_losses)
+        self.assertEqual(diag.axes[0].get_yscale(), "log")
+        for n, (setting, _, _) in enumerate(SETTINGS):
+            line = next(line for label, line in scores.items() if label.startswith(setting + " "))
+            self.assertEqual(list(line.get_xdata()), [step * 100 for step in DIAG_STEPS])
+            # The largest score over layers (layer 1's), the mean of seeds 1 and 2.
+            for y, step in zip(line.get_ydata(), DIAG_STEPS):
+                self.assertAlmostEqual(y, max_abs_score(n, 1.5, step, 1), places=3)
+
+    def test_exact_attention_has_no_cosine_line(self):
+        make_sweep(self.root)
+        _, diag = self.figures()
+        for ax, which in ((diag.axes[1], 0), (diag.axes[2], 1)):
+            lines = labelled_lines(ax)
+            self.assertEqual(sorted(label.split(" ")[0] for label in lines), ["kind=kinterval", "kind=sage"])
+            for n, (setting, _, _) in enumerate(SETTINGS[1:], start=1):
+                line = next(line for label, line in lines.items() if label.startswith(setting + " "))
+                # The lowest cosine over layers (layer 0's).
+                for y, step in zip(line.get_ydata(), DIAG_STEPS):
+                    self.assertAlmostEqual(y, cosine(n, step, 0, which), places=5)
+
+    def test_last_gap_against_last_score_one_point_per_compared_run(self):
+        make_sweep(self.root)
+        _, diag = self.figures()
+        self.assertEqual(len(diag.axes), 4)
+        points = sorted((round(line.get_ydata()[0], 4), round(line.get_xdata()[0], 2)) for line in diag.axes[3].get_lines()
+                        if line.get_marker() == "o")
+        expected = sorted((round(0.05 * n, 4), round(max_abs_score(n, seed, DIAG_STEPS[-1], 1), 2))
+                          for n in (1, 2) for seed in (1, 2))
+        self.assertEqual(points, expected)
+
+    def test_no_baselines_no_gap_panel(self):
+        make_sweep(self.root)
+        runs = plot.load_runs(self.root)
+        for r in runs:
+            r.baseline = ""
+        diag = plot.plot_diag(runs, "t", plot.setting_colors(runs))
+        self.assertEqual(len(diag.axes), 3)
+
+    def test_diagnostics_at_one_step_draw_no_figure(self):
+        make_sweep(self.root, diag_steps=(100,))
+        self.assertIsNone(self.figures()[1])
+        # One run with two steps draws the figure; the runs with one step stay out of it.
+        write_diag(os.path.join(self.root, "kind=sage_seed=1"), "sage", 1, 1, (50, 100))
+        _, diag = self.figures()
+        self.assertIsNotNone(diag)
+        self.assertEqual([label.split(" ")[0] for label in labelled_lines(diag.axes[0])], ["kind=sage"])
+
+    def test_a_diverged_run_ends_in_an_x(self):
+        make_sweep(self.root)
+        with open(os.path.join(self.root, "kind=sage_seed=2", "metrics.csv"), "a") as f:
+            f.write("101,10100,,,,,,,,0,diverged: loss nan\n")
+        runs = plot.load_runs(self.root)
+        colors = plot.setting_colors(runs)
+        diag = plot.plot_diag(runs, "t", colors)
+        for ax in diag.axes:
+            ends = [line for line in ax.get_lines() if line.get_marker() == "x"]
+            self.assertEqual([line.get_color() for line in ends], [colors["kind=sage"]])
+
+    def test_a_malformed_diag_csv_is_named_and_the_figures_still_drawn(self):
+        cases = {
+            "a value": (DIAG_HEADER + "0,0,sage,1,1,0.5,,,,,,,,,,,,\n50,0,sage,1,1,huge,,,,,,,,,,,,\n",
+                        "line 3: max_abs_score 'huge' is not allowed"),
+            "a cut row": (DIAG_HEADER + "0,0,sage,1,1,0.5,,,,,,,,,,,,\n50,0,sa\n", "line 3: max_abs_score ''"),
+            "a step": (DIAG_HEADER + "x,0,sage,1,1,0.5,,,,,,,,,,,,\n", "line 2: step 'x' is not allowed"),
+            "a header": ("step,layer,q_rms\n0,0,1\n", "its header has no max_abs_score, cos_dq, cos_dk"),
+        }
+        for name, (text, message) in cases.items():
+            with self.subTest(name), tempfile.TemporaryDirectory() as root:
+                make_sweep(root)
+                bad = os.path.join(root, "kind=sage_seed=1", "diag.csv")
+                with open(bad, "w") as f:
+                    f.write(text)
+                r = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "plot.py"), root],
+                                   capture_output=True, text=True)
+                self.assertEqual(r.returncode, 0, r.stderr)
+                self.assertNotIn("Traceback", r.stderr)
+                self.assertIn(f"plot.py: {bad}: {message}", r.stderr)
+                self.assertIn("left out of the diagnostics figure", r.stderr)
+                for png in ("loss.png", "loss_gap.png", "loss_diag.png"):
+                    self.assertTrue(os.path.isfile(os.path.join(root, png)), png)
 
 
 if __name__ == "__main__":
