@@ -384,7 +384,8 @@ def save(fig, out):
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("dir", help="run directory, sweep directory, or folder of runs")
-    p.add_argument("--out", help="PNG of the loss curves (default: DIR/loss.png); the gap and diagnostics figures go beside it")
+    p.add_argument("--out", help="PNG of the loss curves (default: DIR/loss.png); "
+                   "the gap and diagnostics figures go beside it")
     p.add_argument("--smooth", type=int, default=0, help="train-loss window in steps (default: ~1/50 of the run)")
     a = p.parse_args()
     runs = load_runs(a.dir)

@@ -3,7 +3,8 @@
 # data, sweep, summary, plots, diagnostics table. PAPER is kinterval or
 # sagebwd (tools/reproduce_kinterval.sh and tools/reproduce_sagebwd.sh call
 # this). The sweep is configs/sweeps/PAPER_SCALE.json; results land in
-# runs/<sweep name>/ (summary.md, summary.csv, loss.png, loss_gap.png, diag.md).
+# runs/<sweep name>/ (summary.md, summary.csv, loss.png, loss_gap.png,
+# loss_diag.png, diag.md, gap_curve.md).
 # Resumable: run the same command again and finished runs are skipped, the
 # others continue from their checkpoints.
 #

@@ -24,7 +24,8 @@ import shutil
 import sys
 
 RUN_FILES = ("status.json", "metrics.csv", "diag.csv", "config.json")
-SWEEP_FILES = ("summary.md", "summary.csv", "diag.md", "gap_curve.md", "loss.png", "loss_gap.png")
+SWEEP_FILES = ("summary.md", "summary.csv", "diag.md", "gap_curve.md", "loss.png", "loss_gap.png",
+               "loss_diag.png")
 DONE = ("finished", "diverged")
 
 

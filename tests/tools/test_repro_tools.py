@@ -75,13 +75,15 @@ class ResultsStore(unittest.TestCase):
             fake_run(os.path.join(sweep, "b"), "diverged", 50.0)
             fake_run(os.path.join(sweep, "c"), "running")
             fake_run(os.path.join(sweep, "d"), "interrupted")
-            with open(os.path.join(sweep, "summary.md"), "w") as f:
-                f.write("# s\n")
+            for name in ("summary.md", "loss.png", "loss_gap.png", "loss_diag.png"):
+                with open(os.path.join(sweep, name), "w") as f:
+                    f.write("# s\n")
             self.assertEqual(tool(os.path.join(TOOLS, "results_store.py"), "keep", sweep, store),
                              f"kept 2 finished runs in {store} (2 new)")
             self.assertEqual(sorted(os.listdir(os.path.join(store, "runs"))), ["a", "b"])
             self.assertEqual(sorted(os.listdir(os.path.join(store, "runs", "a"))), ["metrics.csv", "status.json"])
-            self.assertTrue(os.path.isfile(os.path.join(store, "summary.md")))
+            for name in ("summary.md", "loss.png", "loss_gap.png", "loss_diag.png"):
+                self.assertTrue(os.path.isfile(os.path.join(store, name)), name)
             self.assertEqual(tool(os.path.join(TOOLS, "results_store.py"), "keep", sweep, store),
                              f"kept 2 finished runs in {store} (0 new)")
             # A machine with a half-done copy of "a": the finished one replaces it.
