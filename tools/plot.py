@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Loss curves of qattn runs and sweeps.
+"""Loss curves and attention diagnostics of qattn runs and sweeps.
 
     tools/plot.py RUN_OR_SWEEP_DIR [--out PNG] [--smooth N]
 
