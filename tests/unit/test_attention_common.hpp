@@ -2,6 +2,8 @@
 // header, finite differences of L = <dout, o(q, k, v)>, and tensor agreement.
 #pragma once
 #include <cmath>
+#include <cstdio>
+#include <string>
 #include <cstdint>
 #include <functional>
 #include <random>
@@ -68,6 +70,21 @@ double cosine(const std::vector<A>& x, const std::vector<B>& r) {
     rr += double(r[n]) * double(r[n]);
   }
   return xr / std::sqrt(xx * rr);
+}
+
+// The cosines of O, dQ, dK, dV of a kind run in float (as the kernels run it)
+// against FPA in double on the same head (SageBwd's Table 1 quantities).
+struct Cosines {
+  double o, dq, dk, dv;
+};
+inline Cosines cosines_vs_fpa(const AttentionConfig& cfg, const Head& h, const Grads<double>& fpa) {
+  const Grads<float> g = run_kind<float>(cfg, h);
+  return {cosine(g.o, fpa.o), cosine(g.dq, fpa.dq), cosine(g.dk, fpa.dk), cosine(g.dv, fpa.dv)};
+}
+inline std::string show(const Cosines& c) {
+  char buf[128];
+  std::snprintf(buf, sizeof buf, "O %.5f dQ %.5f dK %.5f dV %.5f", c.o, c.dq, c.dk, c.dv);
+  return buf;
 }
 
 // ||x - r|| / ||r||.

@@ -23,19 +23,6 @@ void all_bf16(SagePrecision& p) {
   p.qk = p.pv = p.dv = p.dp = p.dq = p.dk = Precision::bf16;
 }
 
-struct Cosines {
-  double o, dq, dk, dv;
-};
-// A kind run in float (as the kernel) against FPA in double.
-Cosines cosines_vs_fpa(const AttentionConfig& cfg, const Head& h, const Grads<double>& fpa) {
-  const Grads<float> g = run_kind<float>(cfg, h);
-  return {cosine(g.o, fpa.o), cosine(g.dq, fpa.dq), cosine(g.dk, fpa.dk), cosine(g.dv, fpa.dv)};
-}
-std::string show(const Cosines& c) {
-  char buf[128];
-  std::snprintf(buf, sizeof buf, "O %.5f dQ %.5f dK %.5f dV %.5f", c.o, c.dq, c.dk, c.dv);
-  return buf;
-}
 
 }  // namespace
 

@@ -236,18 +236,6 @@ size_t count_differ(const std::vector<double>& a, const std::vector<double>& b) 
   return n;
 }
 
-struct Cosines {
-  double o, dq, dk, dv;
-};
-Cosines cosines_vs_fpa(const AttentionConfig& cfg, const Head& h, const Grads<double>& fpa) {
-  const Grads<float> g = run_kind<float>(cfg, h);
-  return {cosine(g.o, fpa.o), cosine(g.dq, fpa.dq), cosine(g.dk, fpa.dk), cosine(g.dv, fpa.dv)};
-}
-std::string show(const Cosines& c) {
-  char buf[128];
-  std::snprintf(buf, sizeof buf, "O %.5f dQ %.5f dK %.5f dV %.5f", c.o, c.dq, c.dk, c.dv);
-  return buf;
-}
 
 }  // namespace
 
