@@ -486,7 +486,7 @@ __device__ __forceinline__ void dq_block(const Params& p, BlockIndex at, unsigne
   // dL/dm = −Σ ds, dL/dℓ = 0. Lerp (§5.11) takes h with δ = dO·O of the bf16 output
   // in place of ḡ = Σ p̂ g; they differ by ε = ḡ − δ = Σ_j h_j ŵ_j = Σ hv (1 + t ρ), and
   // the terms through m and ℓ, which are small beside h ŵ once Δ is large, would carry
-  // ε's error times ∂Ẑ/∂m. So the row's sums are taken both with h and per unit h,
+  // ε/Ẑ times ∂Ẑ/∂m (of size ε). So the row's sums are taken with h and per unit h,
   //   Σ hv, Σ hv t, Σ vz and (minmax) Σ hv b, Σ vz b with b = lerp_m_bracket,
   // and the terms are those of ḡ: with Σ ds = λ (Σ hv − ε Σ vz),
   //   fwm: dL/dm = −Σ ds, dL/dℓ = 0;
@@ -601,8 +601,7 @@ __device__ __forceinline__ void dq_block(const Params& p, BlockIndex at, unsigne
       }
       float m_grad = -ds_row, l_grad = 0.0f;
       if constexpr (kLerpMinmax) {
-        const float bracket =
-            fmaf(-eps, row_sum4(vzb_sum[mt][half]), row_sum4(hvb_sum[mt][half]));
+        const float bracket = fmaf(-eps, row_sum4(vzb_sum[mt][half]), row_sum4(hvb_sum[mt][half]));
         m_grad = -p.grid.inv_K * bracket;
         l_grad = -ds_row - m_grad;
       }
