@@ -166,7 +166,10 @@ std::vector<std::pair<Group, AttentionCase>> attention_cases() {
   // cap of 32 nats on the grid values (docs/attention-maths.md §5.11); σ = 30 takes
   // it past 87, where ex2 flushes e^−Δ and expm1f overflows; σ = 300 and 3000 put the
   // scores past 2^16 and 2^23 nats. Every head and row is compared (the outputs
-  // are poisoned, so a NaN fails).
+  // are poisoned, so a NaN fails). Attached lerp's dQ and dK meet lerp's usual
+  // tolerance at every σ, as detached lerp's do: its terms through m and ℓ are
+  // formed with ḡ, not with δ of the bf16 output, whose error they would carry
+  // multiplied by Δ (docs/kinterval.md, "Backward: what is recomputed and why").
   for (const float sigma : {10.0f, 30.0f, 100.0f, 300.0f, 3000.0f})
     for (int d : {64, 128}) {
       KIntervalOptions lerp, detached, nearest;

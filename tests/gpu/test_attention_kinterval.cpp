@@ -38,6 +38,9 @@ using qattn::test::family_name;
 // The forward's saved state starts with (B, H, T, 8) RowStats (kinterval_softmax.cuh).
 constexpr int kRowStatFloats = 8;
 // |Σ_j dK_j| / sqrt(Σ_j |dK_j|²): 0 in exact arithmetic when every dS row sums to 0.
+// The direct parts of lerp and the probability STE take δ = dO·O of the bf16
+// output in place of ḡ, so their rows sum to bf16's rounding of O (about 1e-3
+// and 2e-3 here, by an fp64 model of those rows).
 constexpr double kTolRowSum = 1e-2;
 
 // Inputs (B, T, 3, H, d) with q of standard deviation 2 (scores of standard

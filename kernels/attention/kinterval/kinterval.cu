@@ -479,19 +479,24 @@ __device__ __forceinline__ void dq_block(const Params& p, BlockIndex at, unsigne
 
   // This thread's two rows per row tile (rows past T: zero statistics, never stored).
   // Lerp's dS = h v_a λ has the row's factor λ: the product takes h v_a (hv) and dQ's
-  // rows are multiplied by λ after the loop. The calibration terms are row sums of
-  // per-entry shares over this thread's columns: Σ ds (every rule; lerp: λ Σ hv) and,
-  // for lerp minmax, lerp_m_bracket's two parts, Σ hv u and Σ hv (a + 1) t; then
-  //   lerp with fwm, and the weight STE: dL/dm = −Σ ds, dL/dℓ = 0;
-  //   lerp minmax: dL/dm = −(κ Σ hv u − ρ Σ hv (a + 1) t) / K, dL/dℓ = −Σ ds − dL/dm.
-  // 1/Ẑ is folded into the weights' exponents: v_a / Ẑ = 2^(a step + v_offset) and
-  // w / Ẑ = 2^(r c log2(e) + w_offset), so that h = (g − ḡ) / Ẑ is never formed.
+  // rows are multiplied by λ after the loop. 1/Ẑ is folded into the weights' exponents:
+  // v_a / Ẑ = 2^(a step + v_offset) (vz) and w / Ẑ = 2^(r c log2(e) + w_offset), so
+  // that h = (g − δ) / Ẑ is never formed.
+  // The calibration terms are row sums over this thread's columns. The weight STE:
+  // dL/dm = −Σ ds, dL/dℓ = 0. Lerp (§5.11) takes h with δ = dO·O of the bf16 output
+  // in place of ḡ = Σ p̂ g; they differ by ε = ḡ − δ = Σ_j h_j ŵ_j = Σ hv (1 + t ρ), and
+  // the terms through m and ℓ, which are small beside h ŵ once Δ is large, would carry
+  // ε/Ẑ times ∂Ẑ/∂m (of size ε). So the row's sums are taken with h and per unit h,
+  //   Σ hv, Σ hv t, Σ vz and (minmax) Σ hv b, Σ vz b with b = lerp_m_bracket,
+  // and the terms are those of ḡ: with Σ ds = λ (Σ hv − ε Σ vz),
+  //   fwm: dL/dm = −Σ ds, dL/dℓ = 0;
+  //   minmax: dL/dm = −(Σ hv b − ε Σ vz b) / K, dL/dℓ = −Σ ds − dL/dm.
   RowStats st[RT][2];
-  float delta[RT][2];  // ḡ
+  float delta[RT][2];  // δ = dO·O
   float v_offset[RT][2], w_offset[RT][2];
   LerpSlopes slopes[RT][2];
-  float ds_sum[RT][2], hvu_sum[RT][2],
-      hvat_sum[RT][2];  // Σ hv (lerp) or Σ ds; Σ hv u; Σ hv (a + 1) t
+  float ds_sum[RT][2];  // Σ hv (lerp) or Σ ds (the weight STE)
+  float hvt_sum[RT][2], vz_sum[RT][2], hvb_sum[RT][2], vzb_sum[RT][2];  // lerp: Σ hv t, ...
   // The rows' statistics are loaded while the resident tiles land (one block per SM:
   // nothing else hides the latency of either).
 #pragma unroll
@@ -512,7 +517,8 @@ __device__ __forceinline__ void dq_block(const Params& p, BlockIndex at, unsigne
       v_offset[mt][half] = fmaf(-p.grid.K, r.step, log2_inv_z);
       w_offset[mt][half] = log2_inv_z - r.w_base;
       slopes[mt][half] = lerp_slopes(r, r.u_scale / p.scale);
-      ds_sum[mt][half] = hvu_sum[mt][half] = hvat_sum[mt][half] = 0.0f;
+      ds_sum[mt][half] = hvt_sum[mt][half] = vz_sum[mt][half] = 0.0f;
+      hvb_sum[mt][half] = vzb_sum[mt][half] = 0.0f;
     }
   constexpr bool kLerpMinmax = kRule == Rule::lerp && !kFwm;
 
@@ -547,16 +553,21 @@ __device__ __forceinline__ void dq_block(const Params& p, BlockIndex at, unsigne
       const float g = dp[mt][nt][e] - delta[mt][half];  // dL/dŵ = g / Ẑ
       float ds;                                         // lerp: dS / λ
       if constexpr (kRule == Rule::lerp) {
-        // Below the fwm window ŵ is the constant 0: the cell is taken at max(u, 0)
-        // (also future keys, and a flat row's NaN) and the entry's gradient zeroed.
+        // Below the fwm window ŵ is the constant 0, and so is a future key's (u = −inf;
+        // a visible minmax u is at least 0 up to rounding): the cell is taken at
+        // max(u, 0) (also a flat row's NaN, whose terms are dropped) and vz zeroed.
         const float uc = fmaxf(u, 0.0f);
         float a, t;
         lerp_cell(uc, p.grid.K, a, t);
-        const float hv_z = g * fast_exp2(fmaf(a, r.step, v_offset[mt][half]));  // h v_a
-        ds = kFwm && u < 0.0f ? 0.0f : hv_z;
+        const float vz_grid = fast_exp2(fmaf(a, r.step, v_offset[mt][half]));  // v_a / Ẑ
+        const float vz = u < (kFwm ? 0.0f : -1.0f) ? 0.0f : vz_grid;
+        ds = g * vz;  // h v_a
+        hvt_sum[mt][half] = fmaf(ds, t, hvt_sum[mt][half]);
+        vz_sum[mt][half] += vz;
         if constexpr (kLerpMinmax) {
-          hvu_sum[mt][half] = fmaf(ds, uc, hvu_sum[mt][half]);
-          hvat_sum[mt][half] = fmaf(ds, fmaf(a, t, t), hvat_sum[mt][half]);
+          const float b = lerp_m_bracket(a, t, uc, slopes[mt][half], p.grid.K);
+          hvb_sum[mt][half] = fmaf(ds, b, hvb_sum[mt][half]);
+          vzb_sum[mt][half] = fmaf(vz, b, vzb_sum[mt][half]);
         }
       } else {  // weight STE: w = exp(s − m) in place of ŵ
         const float ds_w = g * fast_exp2(fmaf(raw, p.scale_log2, w_offset[mt][half]));
@@ -583,11 +594,14 @@ __device__ __forceinline__ void dq_block(const Params& p, BlockIndex at, unsigne
     for (int half = 0; half < 2; ++half) {
       const RowStats& r = st[mt][half];
       const LerpSlopes& sl = slopes[mt][half];
-      const float ds_row = (kRule == Rule::lerp ? sl.lambda : 1.0f) * row_sum4(ds_sum[mt][half]);
+      float ds_row = row_sum4(ds_sum[mt][half]), eps = 0.0f;
+      if constexpr (kRule == Rule::lerp) {
+        eps = fmaf(sl.rho, row_sum4(hvt_sum[mt][half]), ds_row);  // ε = ḡ − δ
+        ds_row = sl.lambda * fmaf(-eps, row_sum4(vz_sum[mt][half]), ds_row);
+      }
       float m_grad = -ds_row, l_grad = 0.0f;
       if constexpr (kLerpMinmax) {
-        const float bracket =
-            sl.kappa * row_sum4(hvu_sum[mt][half]) - sl.rho * row_sum4(hvat_sum[mt][half]);
+        const float bracket = fmaf(-eps, row_sum4(vzb_sum[mt][half]), row_sum4(hvb_sum[mt][half]));
         m_grad = -p.grid.inv_K * bracket;
         l_grad = -ds_row - m_grad;
       }

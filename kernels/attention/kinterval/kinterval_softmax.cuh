@@ -166,19 +166,17 @@ __device__ __forceinline__ LerpSlopes lerp_slopes(const RowStats& r, float inv_d
   return {r.rho, lambda, lambda - 1.0f};
 }
 
-// Lerp's derivative through m at one entry of the minmax grid: with C = m − ℓ = KΔ,
-// v_a = exp(−(K − a) C / K) gives ∂ŵ/∂C = −((K − a) ŵ − t v_{a+1}) / K, and
-// u = K (s − ℓ) / C gives ∂u/∂m = −u / C, so the entry's share of dL/dm is
-//   h (−(u/C) dv + ∂ŵ/∂C) = −(u ds − h (a ŵ + t v_{a+1})) / K − h ŵ
-// (a ŵ + t v_{a+1} = u v_a + (a + 1) t dv), and of dL/dℓ: −ds − that (ŵ depends
-// on s − ℓ and m − ℓ only). Over a row, Σ_j h_j ŵ_j = Σ_j p̂_j (g_j − ḡ) = 0, so
-// a row's dL/dm needs only the bracket u ds − h (u v_a + (a + 1) t dv)
-// = h v_a (u κ − (a + 1) t ρ), returned here from hv = h v_a, summed and
-// multiplied by −1/K once (K-interval's dQ pass sums its two parts, h v_a u and
-// h v_a (a + 1) t, and applies κ and ρ once per row).
-__device__ __forceinline__ float lerp_m_bracket(float a, float t, float u, float hv,
-                                                const LerpSlopes& s) {
-  return hv * fmaf(-fmaf(a, t, t), s.rho, u * s.kappa);
+// Lerp's derivative through m at one entry of the minmax grid. With C = m − ℓ = KΔ,
+// u = K (s − ℓ) / C gives ∂u/∂m = −u / C, and v_a = exp(−(K − a) C / K) gives
+// ∂ŵ/∂C = −((1 − t)(K − a) v_a + t (K − a − 1) v_{a+1}) / K, so
+//   ∂ŵ/∂m = −(u/C) dv + ∂ŵ/∂C = −v_a (u κ + K + (K − 1 − a) t ρ) / K
+// (v_{a+1} = v_a (1 + ρ), κ = λ − 1 ≥ 0). Returned is the bracket, a sum of
+// non-negative terms: no part of it cancels, so its rounding stays relative to
+// the entry's own ∂ŵ/∂m at any Δ. (Splitting ∂ŵ/∂C into −ŵ plus the rest
+// instead cancels a term of size ŵ to leave one of size ŵ/Δ in the top cell.)
+__device__ __forceinline__ float lerp_m_bracket(float a, float t, float u, const LerpSlopes& s,
+                                                float K) {
+  return fmaf((K - 1.0f - a) * t, s.rho, fmaf(u, s.kappa, K));
 }
 
 // Lerp's exact derivative at one entry, given h = dL/dŵ_j = (g_j − ḡ) / Ẑ:
@@ -195,7 +193,7 @@ __device__ __forceinline__ LerpGrad lerp_grad(float u, float h, const RowStats& 
   const float hv = h * c.va;
   const float ds = hv * slopes.lambda;
   if (fwm) return {ds, -ds, 0.0f};
-  const float dm = -g.inv_K * lerp_m_bracket(c.a, c.t, u, hv, slopes) - h * c.weight();
+  const float dm = -g.inv_K * hv * lerp_m_bracket(c.a, c.t, u, slopes, g.K);
   return {ds, dm, -ds - dm};
 }
 
