@@ -19,14 +19,59 @@ import math
 import os
 import sys
 
-# 97.5% quantiles of Student's t, df 1..30 (printed tables), then the normal's.
-T975 = [12.7062, 4.3027, 3.1824, 2.7764, 2.5706, 2.4469, 2.3646, 2.3060, 2.2622, 2.2281, 2.2010, 2.1788, 2.1604,
-        2.1448, 2.1314, 2.1199, 2.1098, 2.1009, 2.0930, 2.0860, 2.0796, 2.0739, 2.0687, 2.0639, 2.0595, 2.0555,
-        2.0518, 2.0484, 2.0452, 2.0423]
+def incomplete_beta(a, b, x):
+    """The regularised incomplete beta function I_x(a, b), from its continued fraction
+    (modified Lentz), which converges fast for x < (a + 1) / (a + b + 2); above that,
+    the symmetry I_x(a, b) = 1 - I_{1-x}(b, a)."""
+    if x <= 0:
+        return 0.0
+    if x >= 1:
+        return 1.0
+    if x > (a + 1) / (a + b + 2):
+        return 1 - incomplete_beta(b, a, 1 - x)
+    tiny = 1e-300
+    # 1 + d1/(1 + d2/(1 + ...)): d(2m) = m(b-m)x / ((a+2m-1)(a+2m)),
+    # d(2m+1) = -(a+m)(a+b+m)x / ((a+2m)(a+2m+1)).
+    f, c, d = 1.0, 1.0, 0.0
+    for i in range(1, 10001):
+        m = i // 2
+        if i % 2 == 0:
+            coef = m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m))
+        else:
+            coef = -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))
+        d = 1 + coef * d
+        c = 1 + coef / c
+        d = 1 / (tiny if abs(d) < tiny else d)
+        if abs(c) < tiny:
+            c = tiny
+        f *= c * d
+        if abs(c * d - 1) < 1e-15:
+            break
+    log_front = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
+    return math.exp(log_front) / (a * f)
 
 
 def t975(df):
-    return T975[df - 1] if df <= len(T975) else 1.96
+    """The 97.5% quantile of Student's t with df >= 1 degrees of freedom, computed as
+    `qattn sweep` computes it (student_t_975 in src/train/sweep.cpp), so that both print
+    the same intervals at every df; a table interpolated beyond its last row would not.
+    P(|T| > t) = I_{df/(df+t^2)}(df/2, 1/2) falls as t grows: bisect it onto 0.05."""
+    if df < 1:
+        raise ValueError(f"t975: df {df} is not allowed; allowed: >= 1")
+    def two_sided_tail(t):
+        return incomplete_beta(0.5 * df, 0.5, df / (df + t * t))
+    lo, hi = 0.0, 1.0
+    while two_sided_tail(hi) > 0.05:
+        hi *= 2
+    for _ in range(100):
+        if hi - lo <= 1e-13:
+            break
+        mid = 0.5 * (lo + hi)
+        if two_sided_tail(mid) > 0.05:
+            lo = mid
+        else:
+            hi = mid
+    return 0.5 * (lo + hi)
 
 
 def val_by_step(run_dir):

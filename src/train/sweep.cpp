@@ -367,25 +367,50 @@ RunOutcome read_outcome(const std::string& run_dir, int eval_last) {
   return o;
 }
 
+namespace {
+
+// The regularised incomplete beta function I_x(a, b), from its continued
+// fraction (evaluated by the modified Lentz method), which converges fast for
+// x < (a + 1) / (a + b + 2); above that, the symmetry I_x(a, b) = 1 - I_{1-x}(b, a).
+double incomplete_beta(double a, double b, double x) {
+  if (x <= 0) return 0;
+  if (x >= 1) return 1;
+  if (x > (a + 1) / (a + b + 2)) return 1 - incomplete_beta(b, a, 1 - x);
+  const double tiny = 1e-300;
+  // 1 + d1/(1 + d2/(1 + ...)): d(2m) = m(b-m)x / ((a+2m-1)(a+2m)),
+  // d(2m+1) = -(a+m)(a+b+m)x / ((a+2m)(a+2m+1)).
+  double f = 1, c = 1, d = 0;
+  for (int i = 1; i <= 10000; ++i) {
+    const int m = i / 2;
+    const double coef = i % 2 == 0 ? m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m))
+                                    : -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1));
+    d = 1 + coef * d;
+    c = 1 + coef / c;
+    d = 1 / (std::abs(d) < tiny ? tiny : d);
+    if (std::abs(c) < tiny) c = tiny;
+    f *= c * d;
+    if (std::abs(c * d - 1) < 1e-15) break;
+  }
+  const double log_front = std::lgamma(a + b) - std::lgamma(a) - std::lgamma(b) + a * std::log(x) + b * std::log1p(-x);
+  return std::exp(log_front) / (a * f);
+}
+
+}  // namespace
+
 double student_t_975(int df) {
   if (df < 1) throw std::invalid_argument("student_t_975: df " + std::to_string(df) + " is not allowed; allowed: >= 1");
-  // Exact to the printed digits for df <= 30; beyond, linear in 1/df between
-  // the tabulated 40, 60, 120 and the normal quantile.
-  static constexpr double small[30] = {12.7062, 4.3027, 3.1824, 2.7764, 2.5706, 2.4469, 2.3646, 2.3060,
-                                       2.2622,  2.2281, 2.2010, 2.1788, 2.1604, 2.1448, 2.1314, 2.1199,
-                                       2.1098,  2.1009, 2.0930, 2.0860, 2.0796, 2.0739, 2.0687, 2.0639,
-                                       2.0595,  2.0555, 2.0518, 2.0484, 2.0452, 2.0423};
-  if (df <= 30) return small[df - 1];
-  static constexpr std::pair<double, double> large[] = {{30, 2.0423}, {40, 2.0211}, {60, 2.0003}, {120, 1.9799}};
-  const double x = 1.0 / df;
-  for (size_t i = 1; i < std::size(large); ++i) {
-    if (df <= large[i].first) {
-      const double x0 = 1.0 / large[i - 1].first, x1 = 1.0 / large[i].first;
-      return large[i - 1].second + (x - x0) / (x1 - x0) * (large[i].second - large[i - 1].second);
-    }
+  // Computed, not tabulated, so that every df is exact (a table interpolated
+  // beyond its last row is off in the third decimal) and tools/gap_table.py,
+  // which computes it the same way, prints the same intervals as `qattn sweep`.
+  // P(|T| > t) = I_{df/(df+t^2)}(df/2, 1/2) falls as t grows: bisect it onto 0.05.
+  const auto two_sided_tail = [df](double t) { return incomplete_beta(0.5 * df, 0.5, df / (df + t * t)); };
+  double lo = 0, hi = 1;
+  while (two_sided_tail(hi) > 0.05) hi *= 2;
+  for (int i = 0; i < 100 && hi - lo > 1e-13; ++i) {
+    const double mid = 0.5 * (lo + hi);
+    (two_sided_tail(mid) > 0.05 ? lo : hi) = mid;
   }
-  const double x0 = 1.0 / 120;
-  return 1.95996 + x / x0 * (1.9799 - 1.95996);
+  return 0.5 * (lo + hi);
 }
 
 PairedGap paired_gap(const std::vector<double>& differences) {

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Tests of the reproduction tools: tools/scale_sweep.py keeps the warmup and
-evaluation interval in steps at any budget, and tools/results_store.py keeps,
-restores and times finished runs."""
+evaluation interval in steps at any budget, tools/results_store.py keeps,
+restores and times finished runs, and tools/gap_table.py prints paired gaps
+with the Student-t quantile `qattn sweep` uses."""
 import json
 import os
 import subprocess
@@ -11,6 +12,8 @@ import unittest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TOOLS = os.path.join(ROOT, "tools")
+sys.path.insert(0, TOOLS)
+import gap_table  # noqa: E402  (found through TOOLS)
 
 
 def tool(*args):
@@ -114,6 +117,28 @@ class ResultsStore(unittest.TestCase):
 
 
 class GapTable(unittest.TestCase):
+    def test_t975_printed_quantiles(self):
+        """Printed tables, to their 4 decimals; df 10^6 stands for infinity (the normal's 1.95996)."""
+        for df, t in ((1, 12.7062), (2, 4.3027), (3, 3.1824), (10, 2.2281), (30, 2.0423), (60, 2.0003),
+                      (120, 1.9799), (1000000, 1.9600)):
+            self.assertLess(abs(gap_table.t975(df) - t), 0.6e-4, f"df {df}")
+        with self.assertRaises(ValueError):
+            gap_table.t975(0)
+
+    def test_t975_equals_the_reference_at_every_df_to_200(self):
+        """tests/reference/student_t_975.csv (mpmath, its header says how) is also what
+        tests/unit/test_sweep.cpp holds `qattn sweep`'s student_t_975 to: both within 1e-9
+        of it, so the two agree to far better than the 1e-4 their tables print."""
+        rows = 0
+        with open(os.path.join(ROOT, "tests", "reference", "student_t_975.csv")) as f:
+            for line in f:
+                if line.startswith("#") or not line.strip():
+                    continue
+                df, t = line.split(",")
+                self.assertLess(abs(gap_table.t975(int(df)) - float(t)), 1e-9, f"df {df}")
+                rows += 1
+        self.assertEqual(rows, 200)
+
     def test_paired_gap_per_step_with_interval(self):
         with tempfile.TemporaryDirectory() as d:
             def run(name, losses, diverged_at=None):
