@@ -79,12 +79,19 @@ FileSum write_synced(const fs::path& path, const void* data, size_t bytes) {
     const ssize_t n = ::write(fd, p + done, std::min<size_t>(bytes - done, 1 << 30));
     if (n < 0) {
       if (errno == EINTR) continue;
+      const int write_errno = errno;  // the reason, not close's
       ::close(fd);
+      errno = write_errno;
       fail_errno("cannot write", path);
     }
     done += static_cast<size_t>(n);
   }
-  if (::fsync(fd) != 0 || ::close(fd) != 0) fail_errno("cannot sync", path);
+  const bool synced = ::fsync(fd) == 0;
+  const int sync_errno = errno;
+  if (::close(fd) != 0 || !synced) {  // the descriptor is closed either way
+    if (!synced) errno = sync_errno;
+    fail_errno("cannot sync", path);
+  }
   return sum_of(data, bytes);
 }
 

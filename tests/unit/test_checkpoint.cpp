@@ -2,8 +2,10 @@
 // mismatch errors, bit-exact resume (in process and after SIGKILL mid-write),
 // SIGTERM's final checkpoint, and the divergence path.
 #include <omp.h>
+#include <sys/resource.h>
 
 #include <catch2/catch.hpp>
+#include <csignal>
 #include <random>
 
 #include "qattn/backend.hpp"
@@ -145,6 +147,62 @@ TEST_CASE("only the newest keep_checkpoints survive, and dead temporaries go", "
   CHECK(fs::path(all[0]).filename() == "step_00000003");
   CHECK(fs::path(all[1]).filename() == "step_00000004");
   CHECK_FALSE(fs::exists(fs::path(checkpoint_root(d.string())) / ".step_00000003.tmp"));
+}
+
+namespace {
+
+// Every name under dir that is a temporary of save_checkpoint or write_file_atomically.
+std::vector<std::string> temporaries(const fs::path& dir) {
+  std::vector<std::string> found;
+  for (const auto& name : listing(dir))
+    if (name.size() >= 4 && name.compare(name.size() - 4, 4, ".tmp") == 0) found.push_back(name);
+  return found;
+}
+
+}  // namespace
+
+TEST_CASE("a checkpoint write leaves no temporary, whether it succeeds or fails midway", "[checkpoint]") {
+  const auto d = scratch_dir("ckpt_no_temporaries");
+  const fs::path root = checkpoint_root(d.string());
+
+  SECTION("success, with a killed writer's temporary of another step beside it") {
+    fs::create_directories(root / ".step_00000099.tmp");
+    save_checkpoint(d.string(), random_checkpoint(5, 100), 3);
+    CHECK(temporaries(d).empty());
+    CHECK(listing(root).size() == 7);  // step_00000005 and its 6 files
+  }
+  SECTION("the checkpoints folder is a regular file: the error names it, nothing is written") {
+    fs::create_directories(d);
+    std::ofstream(root) << "not a folder";
+    CHECK_THROWS_WITH(save_checkpoint(d.string(), random_checkpoint(5, 100), 3),
+                      Catch::Contains("cannot create " + root.string()) && Catch::Contains("ot a directory"));
+    CHECK(listing(d) == std::vector<std::string>{"checkpoints"});
+  }
+  SECTION("a tensor write fails midway (file size limit): the error names the file, the previous checkpoint stays") {
+    const std::string previous = save_checkpoint(d.string(), random_checkpoint(4, 100000), 3);
+    const auto before = listing(d);
+    // RLIMIT_FSIZE binds root too: writes past 64 KiB fail with EFBIG (SIGXFSZ ignored),
+    // after config.json and state.json and partway through params.bin's 400 KB.
+    struct rlimit old{};
+    REQUIRE(::getrlimit(RLIMIT_FSIZE, &old) == 0);
+    const auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
+    struct rlimit small = old;
+    small.rlim_cur = 64 << 10;
+    REQUIRE(::setrlimit(RLIMIT_FSIZE, &small) == 0);
+    std::string error;
+    try {
+      save_checkpoint(d.string(), random_checkpoint(8, 100000), 3);
+    } catch (const CheckpointError& e) {
+      error = e.what();
+    }
+    ::setrlimit(RLIMIT_FSIZE, &old);
+    std::signal(SIGXFSZ, old_handler);
+    CHECK_THAT(error, Catch::Contains("cannot write " + (root / ".step_00000008.tmp" / "params.bin").string() +
+                                      ": File too large"));
+    CHECK(temporaries(d).empty());
+    CHECK(listing(d) == before);
+    CHECK(load_checkpoint(previous).params == random_checkpoint(4, 100000).params);
+  }
 }
 
 TEST_CASE("config differences name the keys and ignore logging", "[checkpoint]") {
