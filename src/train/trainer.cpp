@@ -11,8 +11,10 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -101,6 +103,12 @@ void write_diag(std::ofstream& csv, int64_t step, const std::vector<LayerDiag>& 
   csv.flush();
 }
 
+// A file of the run directory that cannot be opened (a directory in its place,
+// a folder that refuses writes): named with the OS's reason before the run starts.
+[[noreturn]] void fail_to_open(const std::string& path) {
+  throw std::runtime_error(path + ": cannot open it for writing: " + std::strerror(errno));
+}
+
 // Opens a CSV for appending after resuming at `step`: rows of later steps
 // (written after the checkpoint by the process that died) are dropped.
 // A fresh run (step < 0) starts the file anew, and so does a file with other
@@ -122,6 +130,7 @@ std::ofstream open_csv(const std::string& path, const char* header, int64_t step
     }
   }
   std::ofstream out(path, std::ios::trunc);
+  if (!out) fail_to_open(path);
   out << kept;
   out.flush();
   return out;
@@ -325,10 +334,11 @@ TrainResult run_training(const Config& cfg, Backend& backend, const std::string&
   // ---- run directory and logs
   std::vector<spdlog::sink_ptr> sinks;  // none on the other ranks
   if (lead) {
-    std::ofstream f(run_dir + "/config.json");
-    f << cfg.effective.dump(2) << '\n';
+    write_file_atomically(run_dir + "/config.json", [&](std::ostream& f) { f << cfg.effective.dump(2) << '\n'; });
+    const std::string events = run_dir + "/events.log";
+    if (!std::ofstream(events, std::ios::app)) fail_to_open(events);  // spdlog's own error starts with its words
     sinks = {std::make_shared<spdlog::sinks::stdout_color_sink_mt>(),
-             std::make_shared<spdlog::sinks::basic_file_sink_mt>(run_dir + "/events.log", !resume)};
+             std::make_shared<spdlog::sinks::basic_file_sink_mt>(events, !resume)};
   }
   spdlog::logger log("train", sinks.begin(), sinks.end());
   log.set_pattern("[%H:%M:%S] %v");

@@ -240,3 +240,48 @@ TEST_CASE("tokenize that fails leaves the output folder as it was; gpt2 counts o
                                        "(the first: " + (d / "bad.txt").string() + " at byte 5)"));
   CHECK(listing(d / "lenient") == std::vector<std::string>{"lenient_train_000001.bin", "lenient_val_000000.bin"});
 }
+
+TEST_CASE("train into a run directory that cannot be created or written names the path and starts nothing",
+          "[cli][errors]") {
+  const auto d = scratch_dir("cli_train_out");
+  const auto cfg = tiny_setup(d);
+  const auto log = d.parent_path() / ("qattn_cli_train_out_" + std::to_string(::getpid()) + ".log");
+  const auto train = [&](const std::vector<std::string>& args) {
+    std::vector<std::string> argv = {"train", cfg.string()};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return qattn_outcome(argv, log);
+  };
+  // Root ignores permission bits, so what refuses the writes here is a regular
+  // file where a folder must be (ENOTDIR) or a folder where a file must be (EISDIR).
+  SECTION("a parent of the run directory is a regular file: nothing is created") {
+    std::ofstream(d / "plain") << "a regular file";
+    const auto before = listing(d);
+    const std::string plain = (d / "plain").string();
+    for (const auto& [args, named] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+             {{"--out", plain + "/run"}, plain + "/run: Not a directory"},
+             {{"--out", plain}, plain + ": Not a directory"},
+             {{"--set", "log.out=" + plain}, plain + "/tiny: Not a directory"}}) {
+      const auto r = train(args);
+      INFO(fmt::format("{}\n{}", fmt::join(args, " "), r.output));
+      CHECK(r.code == 1);
+      CHECK_THAT(r.output, Catch::Contains("cannot create the run directory " + named));
+      check_clean(r);
+      CHECK(listing(d) == before);
+    }
+  }
+  SECTION("a file the run writes is a directory: the error names it, the run never starts") {
+    const fs::path run = d / "runs" / "tiny";
+    for (const char* file : {"config.json", "events.log", "metrics.csv"}) {
+      fs::remove_all(run);
+      fs::create_directories(run / file / "inside");
+      const auto r = train({});
+      INFO(fmt::format("{}\n{}", file, r.output));
+      CHECK(r.code == 1);
+      CHECK_THAT(r.output, Catch::Contains((run / file).string() + ": ") && Catch::Contains("s a directory"));
+      check_clean(r);
+      CHECK(fs::is_directory(run / file / "inside"));
+      CHECK_FALSE(fs::exists(run / "status.json"));
+      CHECK_FALSE(fs::exists(run / "checkpoints"));
+    }
+  }
+}
