@@ -214,13 +214,26 @@ std::vector<std::pair<Group, AttentionCase>> attention_cases() {
           sage_inputs, {}, kSage);
 
   // fp8 (docs/attention-maths.md §4.12) where the CUDA kernels run it: pv (the
-  // wgmma forward's e4m3 P̂ V̂), dv (the wgmma dK/dV's e4m3 P̂ᵀ dÔ) and both, on
-  // the shapes of the defaults; then each with smooth_q, at sigma = 5, and with
-  // V's and dO's 64-row blocks scaled 2^0 ... 2^-12 (the folds span 2^-12).
-  SageOptions pv_fp8, dv_fp8, both_fp8;
-  pv_fp8.precision.pv = both_fp8.precision.pv = Precision::fp8;
-  dv_fp8.precision.dv = both_fp8.precision.dv = Precision::fp8;
-  for (const SageOptions& opt : {pv_fp8, dv_fp8, both_fp8}) {
+  // wgmma forward's e4m3 P̂ V̂), dv (the wgmma dK/dV's e4m3 P̂ᵀ dÔ), both, dq
+  // (the wgmma dQ's e4m3 dŜ K̂), dv with dk (the dK/dV kernel's e4m3 dŜᵀ Q̂
+  // beside P̂ᵀ dÔ) and the four together (qk int8, dp bf16: the mixed setting),
+  // on the shapes of the defaults; then each with smooth_q, at sigma = 5, and
+  // with V's and dO's 64-row blocks scaled 2^0 ... 2^-12 (the folds span 2^-12,
+  // and ‖dO_i‖ and ‖V_j‖, so dS's per-row and per-key exponents, with them).
+  // The tolerances are the int8 ones: against the CPU reference (the
+  // definition, in fp64) an fp8 operand differs only where the GPU's fp32 value
+  // (hardware exp2 for P, bf16 dP summed in another order, fp32 norms in dS's
+  // bound) and the reference's fp64 one straddle an e4m3 rounding boundary
+  // (2^-4 relative apart) or a power of two of the bound; a flip moves that one
+  // entry by at most 2^-4 of itself, and the entries flip independently, so the
+  // relative L2 of dQ and dK stays below that of an int8 level flip of Q̂ or K̂,
+  // which moves a whole row of scores (what kSage and kSageSigma5 are set by).
+  SageOptions pv_fp8, dv_fp8, both_fp8, dq_fp8, dv_dk_fp8, four_fp8;
+  pv_fp8.precision.pv = both_fp8.precision.pv = four_fp8.precision.pv = Precision::fp8;
+  dv_fp8.precision.dv = both_fp8.precision.dv = dv_dk_fp8.precision.dv = Precision::fp8;
+  dq_fp8.precision.dq = dv_dk_fp8.precision.dk = Precision::fp8;
+  four_fp8.precision.dv = four_fp8.precision.dq = four_fp8.precision.dk = Precision::fp8;
+  for (const SageOptions& opt : {pv_fp8, dv_fp8, both_fp8, dq_fp8, dv_dk_fp8, four_fp8}) {
     const AttentionConfig cfg = qattn::test::sage_config(opt);
     const std::vector<FpaKernels> families = qattn::test::sage_families(opt);
     for (const AttentionShape& s : {AttentionShape{1, 2, 64, 64}, AttentionShape{1, 2, 1000, 64},
@@ -339,7 +352,8 @@ TEST_CASE("sage on the GPU matches the CPU sage reference, forward and backward"
   qattn::test::check_cases(cases_of(Group::sage));
 }
 
-TEST_CASE("sage with pv = fp8 matches the CPU sage reference (wgmma forward)", "[sage][fp8]") {
+TEST_CASE("sage with pv, dv, dq, dk = fp8 matches the CPU sage reference (wgmma kernels)",
+          "[sage][fp8]") {
   qattn::test::check_cases(cases_of(Group::sage_fp8));
 }
 

@@ -1081,14 +1081,14 @@ TEST_CASE("sage kernels refuse what they cannot run, naming the option", "[sage]
           "dkdv_kernels = wgmma: the wgmma kernel runs only attention.sage.precision.qk "
           "= dv = dk = int8, dp = bf16, bwd_granularity rowcol (got qk = int8, dv = int8, "
           "dk = int8, dp = int8, bwd_granularity rowcol)"));
-  // fp8 operands: pv and dv run on the wgmma kernels with qk = int8, dp = bf16
-  // and no softmax block (dv also with dk = int8, rowcol); the other keys run on
-  // the CPU backend only. Sizing the buffers refuses what cannot run, as does
-  // the forward, naming the key.
+  // fp8 operands: pv, dv, dq and dk run on the wgmma kernels with qk = int8,
+  // dp = bf16 and no softmax block (dv also with dk = int8, rowcol, or dk =
+  // fp8; dk only beside dv = fp8); qk and dp run on the CPU backend only.
+  // Sizing the buffers refuses what cannot run, as does the forward, naming
+  // the key.
   using qattn::SagePrecision;
   for (const auto& [key, member] :
-       {std::pair{"qk", &SagePrecision::qk}, std::pair{"dp", &SagePrecision::dp},
-        std::pair{"dq", &SagePrecision::dq}, std::pair{"dk", &SagePrecision::dk}}) {
+       {std::pair{"qk", &SagePrecision::qk}, std::pair{"dp", &SagePrecision::dp}}) {
     SageOptions fp8;
     fp8.precision.*member = Precision::fp8;
     const std::string named = std::string("attention.sage.precision.") + key + " = \"fp8\"";
@@ -1104,15 +1104,31 @@ TEST_CASE("sage kernels refuse what they cannot run, naming the option", "[sage]
       qattn::cuda::sage_saved_bytes(pv_fp8_dp_int8, s),
       Catch::Contains("attention.sage.precision.pv = \"fp8\": the CUDA kernels run "
                       "it with qk = \"int8\", dp = \"bf16\" and no softmax block "
-                      "(got qk = int8, dp = int8, dk = int8, bwd_granularity rowcol)"));
+                      "(got qk = int8, dp = int8, dv = int8, dk = int8, bwd_granularity rowcol)"));
   SageOptions dv_fp8_tile;
   dv_fp8_tile.precision.dv = Precision::fp8;
   dv_fp8_tile.bwd_granularity = BwdGranularity::tile;
   CHECK_THROWS_WITH(qattn::cuda::sage_saved_bytes(dv_fp8_tile, s),
                     Catch::Contains("attention.sage.precision.dv = \"fp8\": the CUDA kernels run "
-                                    "it with qk = dk = \"int8\", dp = \"bf16\", bwd_granularity "
-                                    "\"rowcol\" and no softmax block (got qk = int8, dp = bf16, "
-                                    "dk = int8, bwd_granularity tile)"));
+                                    "it with qk = \"int8\", dp = \"bf16\", no softmax block, "
+                                    "and dk = \"fp8\" or dk = \"int8\" with bwd_granularity "
+                                    "\"rowcol\" (got qk = int8, dp = bf16, dv = fp8, dk = int8, "
+                                    "bwd_granularity tile)"));
+  SageOptions dq_fp8_dp_int8;
+  dq_fp8_dp_int8.precision.dq = Precision::fp8;
+  dq_fp8_dp_int8.precision.dp = Precision::int8;
+  CHECK_THROWS_WITH(qattn::cuda::sage_saved_bytes(dq_fp8_dp_int8, s),
+                    Catch::Contains("attention.sage.precision.dq = \"fp8\": the CUDA kernels run "
+                                    "it with qk = \"int8\", dp = \"bf16\" and no softmax block "
+                                    "(got qk = int8, dp = int8, dv = int8, dk = int8, "
+                                    "bwd_granularity rowcol)"));
+  SageOptions dk_fp8_alone;
+  dk_fp8_alone.precision.dk = Precision::fp8;
+  CHECK_THROWS_WITH(qattn::cuda::sage_saved_bytes(dk_fp8_alone, s),
+                    Catch::Contains("attention.sage.precision.dk = \"fp8\": the CUDA kernels run "
+                                    "it with qk = \"int8\", dp = \"bf16\", dv = \"fp8\" and "
+                                    "no softmax block (got qk = int8, dp = bf16, dv = int8, "
+                                    "dk = fp8, bwd_granularity rowcol)"));
   if (!qattn::test::wgmma_available()) {  // off Hopper, fp8 has no kernel
     SageOptions pv_fp8;
     pv_fp8.precision.pv = Precision::fp8;

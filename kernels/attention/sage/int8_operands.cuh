@@ -158,21 +158,30 @@ __device__ __forceinline__ uint32_t pack_e4m3x4(float a, float b, float c, float
   return lo | (hi << 16);
 }
 
-// The weights w times `factor` as e4m3 A fragments over the permuted k: the
-// layout of pack_weights, with one e4m3 value where it has an int8 level.
+// The weights w times factor[r] (r = e / 2: the thread's two rows) as e4m3 A
+// fragments over the permuted k: the layout of pack_weights, with one e4m3
+// value where it has an int8 level.
 template <int kKSteps, int kNTiles>
 __device__ __forceinline__ void pack_weights_e4m3(uint32_t (&a)[kKSteps][4],
-                                                  const float (&w)[1][kNTiles][4], float factor) {
+                                                  const float (&w)[1][kNTiles][4],
+                                                  const float (&factor)[2]) {
   static_assert(kNTiles == 4 * kKSteps, "a k32 step is four 8-column accumulator tiles");
 #pragma unroll
   for (int ks = 0; ks < kKSteps; ++ks) {
     const float(&w0)[4] = w[0][4 * ks], (&w1)[4] = w[0][4 * ks + 1];
     const float(&w2)[4] = w[0][4 * ks + 2], (&w3)[4] = w[0][4 * ks + 3];
-    a[ks][0] = pack_e4m3x4(w0[0], w0[1], w1[0], w1[1], factor);
-    a[ks][1] = pack_e4m3x4(w0[2], w0[3], w1[2], w1[3], factor);
-    a[ks][2] = pack_e4m3x4(w2[0], w2[1], w3[0], w3[1], factor);
-    a[ks][3] = pack_e4m3x4(w2[2], w2[3], w3[2], w3[3], factor);
+    a[ks][0] = pack_e4m3x4(w0[0], w0[1], w1[0], w1[1], factor[0]);
+    a[ks][1] = pack_e4m3x4(w0[2], w0[3], w1[2], w1[3], factor[1]);
+    a[ks][2] = pack_e4m3x4(w2[0], w2[1], w3[0], w3[1], factor[0]);
+    a[ks][3] = pack_e4m3x4(w2[2], w2[3], w3[2], w3[3], factor[1]);
   }
+}
+// The same with one factor for both rows.
+template <int kKSteps, int kNTiles>
+__device__ __forceinline__ void pack_weights_e4m3(uint32_t (&a)[kKSteps][4],
+                                                  const float (&w)[1][kNTiles][4], float factor) {
+  const float both[2] = {factor, factor};
+  pack_weights_e4m3(a, w, both);
 }
 
 // acc (16, 8 kNTiles) = a · bᵀ over k = kCols bytes, exactly in int32, then

@@ -7,7 +7,10 @@
 //   query_bias       smooth_q's fp32 bias c·μ_Qi·(K_j − μ_K), one row per query block
 // Under pv = fp8 V's copies, under dv = fp8 dO's, hold e4m3 values on
 // power-of-two block scales (docs/attention-maths.md §4.12) where the others
-// hold ψ's int8 levels.
+// hold ψ's int8 levels; under dq = fp8 K's transposed copy, under dk = fp8
+// c·(Q − μ_Q)'s, hold e4m3 on their own power-of-two scales (t_scale) beside
+// the natural int8 copy that S reads. Under dq or dk = fp8 the backward's pass
+// also writes ‖dO_t‖, ‖V_t‖ and their and |δ_t|'s block maxima, dS's bounds.
 //
 // The block kernels move a 64-row block as 16-byte chunks of 8 bf16: thread i
 // owns channels 8(i mod d/8) … +7 of rows i / (d/8) + k·(256 / (d/8)), the same
@@ -38,8 +41,11 @@ struct QuantiseParams {
   int B, H, T;
   float c;  // 1 / sqrt(d)
   bool smooth_q, smooth_k;
-  bool v_fp8;   // pv = fp8: V's copies in e4m3
-  bool do_fp8;  // dv = fp8: dO's copies in e4m3
+  bool v_fp8;      // pv = fp8: V's copies in e4m3
+  bool do_fp8;     // dv = fp8: dO's copies in e4m3
+  bool k_t_fp8;    // dq = fp8: K's transposed copy in e4m3 (t_scale)
+  bool q_t_fp8;    // dk = fp8: c·(Q − μ_Q)'s transposed copy in e4m3 (t_scale)
+  bool ds_bounds;  // dq or dk = fp8: the norms and maxima of dS's bounds
 };
 
 // A block of kSageBlock rows of d channels as 16-byte chunks over kQuantThreads threads.
@@ -171,6 +177,7 @@ struct QuantiseSmem {
   int8_t levels[BlockChunks<D>::kLevelBytes];  // X̂ (64, d), padded (level_offset), for i8t
   float mean[D];
   float warp_amax[3][kQuantThreads / 32];
+  float warp_bound_max[3][kQuantThreads / 32];  // max ‖dO_t‖, ‖V_t‖, |δ_t| per warp
 };
 
 // Grid (blocks, B·H): one block of rows of one head, every operand of the pass
@@ -192,13 +199,14 @@ __global__ void __launch_bounds__(kQuantThreads) quantise_kernel(const QuantiseP
 
   // Staged tile i: operand i (forward) or dO, O, V (backward; V only for its copy).
   const bool copy_v = kGradient && p.copies.v.bf;  // uniform over the grid
+  const bool stage_v = copy_v || (kGradient && p.ds_bounds);
   auto source_row0 = [&](int i) {
     if (kGradient && i < 2) return head_row(i == 0 ? p.dout : p.o, p, D, b, t0, h);
     return qkv_row(p, D, b, t0, kGradient ? 2 : i, h);
   };
 #pragma unroll
   for (int i = 0; i < kStagedTiles; ++i) {
-    if (kGradient && i == 2 && !copy_v) break;
+    if (kGradient && i == 2 && !stage_v) break;
     const bf16* x_row0 = source_row0(i);
     const size_t stride =
         static_cast<size_t>(kGradient && i < 2 ? 1 : 3) * p.H * D;  // between rows
@@ -229,16 +237,50 @@ __global__ void __launch_bounds__(kQuantThreads) quantise_kernel(const QuantiseP
     }
 
     if (kGradient) {  // δ = rowsum(dO ∘ O): the row's kPerRow threads sum their chunks
+      // (dq or dk = fp8: also ‖dO_t‖ and ‖V_t‖, and the block's maxima with |δ_t|)
+      auto row_sum = [&](float sum) {
+#pragma unroll
+        for (int offset = C::kPerRow / 2; offset > 0; offset >>= 1)
+          sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+        return sum;
+      };
+      float bound_max[3] = {0.0f, 0.0f, 0.0f};  // padded rows are zeros: they change no max
 #pragma unroll
       for (int k = 0; k < C::kPerThread; ++k) {
         const Bf16x8 o = load8(sm.tile[1] + C::row(k) * D + ch0);  // padded rows: x = o = 0, δ = 0
         float sum = 0.0f;
 #pragma unroll
         for (int e = 0; e < 8; ++e) sum += x[k][e] * __bfloat162float(o.v[e]);
+        sum = row_sum(sum);
+        const size_t row = static_cast<size_t>(bh) * ws.Tp + t0 + C::row(k);
+        if (ch0 == 0) ws.delta[row] = sum;
+        if (!p.ds_bounds) continue;  // uniform over the grid
+        const Bf16x8 v = load8(sm.tile[2] + C::row(k) * D + ch0);
+        float do_sq = 0.0f, v_sq = 0.0f;
 #pragma unroll
-        for (int offset = C::kPerRow / 2; offset > 0; offset >>= 1)
-          sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-        if (ch0 == 0) ws.delta[static_cast<size_t>(bh) * ws.Tp + t0 + C::row(k)] = sum;
+        for (int e = 0; e < 8; ++e) {
+          do_sq += x[k][e] * x[k][e];
+          v_sq += __bfloat162float(v.v[e]) * __bfloat162float(v.v[e]);
+        }
+        const float do_norm = sqrtf(row_sum(do_sq)), v_norm = sqrtf(row_sum(v_sq));
+        if (ch0 == 0) ws.do_norm[row] = do_norm, ws.v_norm[row] = v_norm;
+        bound_max[0] = fmaxf(bound_max[0], do_norm);
+        bound_max[1] = fmaxf(bound_max[1], v_norm);
+        bound_max[2] = fmaxf(bound_max[2], fabsf(sum));
+      }
+      if (p.ds_bounds) {
+#pragma unroll
+        for (int m = 0; m < 3; ++m) {
+          bound_max[m] = warp_max(bound_max[m]);
+          if (lane == 0) sm.warp_bound_max[m][warp] = bound_max[m];
+        }
+        __syncthreads();
+        if (threadIdx.x < 3) {
+          float block_max = 0.0f;
+          for (int w = 0; w < kQuantThreads / 32; ++w)
+            block_max = fmaxf(block_max, sm.warp_bound_max[threadIdx.x][w]);
+          ws.norm_block_max[(ws.head_block0(bh) + blk) * 3 + threadIdx.x] = block_max;
+        }
       }
     }
 
@@ -282,18 +324,26 @@ __global__ void __launch_bounds__(kQuantThreads) quantise_kernel(const QuantiseP
 #pragma unroll
     for (int w = 0; w < kQuantThreads / 32; ++w) amax = fmaxf(amax, sm.warp_amax[i][w]);
     const bool fp8 = (which == 2 && p.v_fp8) || (which == 3 && p.do_fp8);  // uniform
+    // The transposed copy alone in e4m3 (its own scale), the natural one int8.
+    const bool t_fp8 = (which == 0 && p.q_t_fp8) || (which == 1 && p.k_t_fp8);
     const float scale = fp8 ? fp8_block_scale(amax) : amax == 0.0f ? 1.0f : amax / 127.0f;
-    if (threadIdx.x == 0) out.scale[ws.head_block0(bh) + blk] = scale;
+    const float t_scale = t_fp8 ? fp8_block_scale(amax) : scale;
+    if (threadIdx.x == 0) {
+      out.scale[ws.head_block0(bh) + blk] = scale;
+      if (t_fp8) out.t_scale[ws.head_block0(bh) + blk] = t_scale;
+    }
 
     // The natural copies, one 16-byte (bf16) or 8-byte (int8) store per chunk;
     // the levels also into shared memory for the transposed copy.
     const size_t natural0 = (static_cast<size_t>(bh) * ws.Tp + t0) * D;  // row t0 of (B·H, Tp, d)
-    auto write_copies = [&](auto level) {
+    // `level` makes the bytes of the copies it is given (natural, transposed).
+    auto write_copies = [&](auto level, bool natural, bool transposed) {
 #pragma unroll
       for (int k = 0; k < C::kPerThread; ++k) {
         const int r = C::row(k);
-        if (copies.bf) store8_f32(out.bf + natural0 + r * D + ch0, x[k]);
-        if (!copies.i8 && !copies.i8t) continue;
+        if (natural && copies.bf) store8_f32(out.bf + natural0 + r * D + ch0, x[k]);
+        const bool i8 = natural && copies.i8, i8t = transposed && copies.i8t;
+        if (!i8 && !i8t) continue;
         uint32_t word[2];
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
@@ -301,27 +351,31 @@ __global__ void __launch_bounds__(kQuantThreads) quantise_kernel(const QuantiseP
 #pragma unroll
           for (int e = 0; e < 4; ++e) word[half] |= level(x[k][4 * half + e]) << (8 * e);
         }
-        if (copies.i8)
+        if (i8)
           *reinterpret_cast<uint2*>(out.i8 + natural0 + r * D + ch0) = make_uint2(word[0], word[1]);
-        if (copies.i8t) {
+        if (i8t) {
           uint32_t* level_row = reinterpret_cast<uint32_t*>(sm.levels + C::level_offset(r) + ch0);
           level_row[0] = word[0];
           level_row[1] = word[1];
         }
       }
     };
-    if (fp8) {  // x / s is exact (a power of two), e4m3's rounding the only one
-      const float inv_scale = scale == 0.0f ? 0.0f : 1.0f / scale;
-      write_copies([&](float v) {
-        return static_cast<uint32_t>(
-            __nv_cvt_float_to_fp8(v * inv_scale, __NV_SATFINITE, __NV_E4M3));
-      });
+    // x / s is exact (a power of two), e4m3's rounding the only one.
+    auto e4m3_level = [](float s) {
+      const float inv_s = s == 0.0f ? 0.0f : 1.0f / s;
+      return [inv_s](float v) {
+        return static_cast<uint32_t>(__nv_cvt_float_to_fp8(v * inv_s, __NV_SATFINITE, __NV_E4M3));
+      };
+    };
+    if (fp8) {
+      write_copies(e4m3_level(scale), true, true);
     } else if (scale >= kReciprocalScaleMin) {  // uniform over the block
       const float inv_scale = __frcp_rn(scale);
-      write_copies([&](float v) { return quantise_level(v, scale, inv_scale); });
+      write_copies([&](float v) { return quantise_level(v, scale, inv_scale); }, true, !t_fp8);
     } else {
-      write_copies([&](float v) { return quantise_level_by_division(v, scale); });
+      write_copies([&](float v) { return quantise_level_by_division(v, scale); }, true, !t_fp8);
     }
+    if (t_fp8) write_copies(e4m3_level(t_scale), false, true);
     if (!copies.i8t) return;
     __syncthreads();
     if (threadIdx.x < D)
@@ -448,12 +502,14 @@ class Carver {
 bool v_bf16_is_the_forwards(const SageOptions& opt) { return opt.precision.pv == Precision::bf16; }
 
 // Operand x's copies named in `copies`, each (B·H, Tp, d), and its block scales.
-void carve_operand(QuantOperand& x, const OperandCopies& copies, size_t n, size_t scales,
-                   Carver& c) {
+// own_t_scale: the transposed copy is e4m3 beside an int8 natural one (QuantOperand::t_scale).
+void carve_operand(QuantOperand& x, const OperandCopies& copies, size_t n, size_t scales, Carver& c,
+                   bool own_t_scale = false) {
   x.i8 = copies.i8 ? c.take<int8_t>(n) : nullptr;
   x.i8t = copies.i8t ? c.take<int8_t>(n) : nullptr;
   x.bf = copies.bf ? c.take<bf16>(n) : nullptr;
   x.scale = c.take<float>(scales);
+  x.t_scale = own_t_scale ? c.take<float>(scales) : x.scale;
 }
 
 SageWorkspace carve(const SageOptions& opt, const AttentionShape& s, const SageCopies& copies,
@@ -463,8 +519,10 @@ SageWorkspace carve(const SageOptions& opt, const AttentionShape& s, const SageC
   ws.Tp = ws.blocks * kSageBlock;
   const size_t heads = static_cast<size_t>(s.B) * s.H, n = heads * ws.Tp * s.d,
                scales = heads * ws.blocks;
-  carve_operand(ws.q, copies.q, n, scales, saved);
-  carve_operand(ws.k, copies.k, n, scales, saved);
+  const bool dq_fp8 = opt.precision.dq == Precision::fp8,
+             dk_fp8 = opt.precision.dk == Precision::fp8;
+  carve_operand(ws.q, copies.q, n, scales, saved, dk_fp8);
+  carve_operand(ws.k, copies.k, n, scales, saved, dq_fp8);
   const bool v_bf_saved = v_bf16_is_the_forwards(opt);
   carve_operand(ws.v, {copies.v.i8, copies.v.i8t, copies.v.bf && v_bf_saved}, n, scales, saved);
   ws.key_block_sums = opt.smooth_k ? saved.take<float>(heads * ws.blocks * s.d) : nullptr;
@@ -474,6 +532,11 @@ SageWorkspace carve(const SageOptions& opt, const AttentionShape& s, const SageC
   if (copies.v.bf && !v_bf_saved) ws.v.bf = scratch.take<bf16>(n);
   carve_operand(ws.dout, copies.dout, n, scales, scratch);
   ws.delta = scratch.take<float>(heads * ws.Tp);
+  if (dq_fp8 || dk_fp8) {
+    ws.do_norm = scratch.take<float>(heads * ws.Tp);
+    ws.v_norm = scratch.take<float>(heads * ws.Tp);
+    ws.norm_block_max = scratch.take<float>(heads * ws.blocks * 3);
+  }
   ws.row_terms = opt.softmax ? scratch.take<float>(heads * ws.Tp * 4) : nullptr;
   return ws;
 }
@@ -493,7 +556,10 @@ QuantiseParams quantise_params(const SageOptions& opt, const AttentionShape& s, 
           opt.smooth_q,
           opt.smooth_k,
           opt.precision.pv == Precision::fp8,
-          opt.precision.dv == Precision::fp8};
+          opt.precision.dv == Precision::fp8,
+          opt.precision.dq == Precision::fp8,
+          opt.precision.dk == Precision::fp8,
+          opt.precision.dq == Precision::fp8 || opt.precision.dk == Precision::fp8};
 }
 
 template <int D>

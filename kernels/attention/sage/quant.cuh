@@ -9,6 +9,7 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <cfloat>
 #include <cstddef>
 #include <cstdint>
 
@@ -34,6 +35,10 @@ struct QuantOperand {
   int8_t* i8t;   // (B·H, d, Tp)  X̂ᵀ, T permuted within groups of 16 (int8_operands.cuh)
   bf16* bf;      // (B·H, Tp, d)  bf16(X)
   float* scale;  // (B·H, Tp / kSageBlock)  ψ's scale per block
+  // The transposed copy's scale per block: `scale` itself, or its own array
+  // where i8t holds e4m3 on power-of-two scales and i8 ψ's int8 levels (K
+  // under dq = fp8, c·(Q − μ_Q) under dk = fp8, with qk = int8).
+  float* t_scale;
 };
 
 // The kernels' view of both buffers (sage_workspace below): saved by the
@@ -47,6 +52,11 @@ struct SageWorkspace {
   float* query_mean;      // (B·H, blocks, d)  μ_Q per block (smooth_q, else null)
   float* query_bias;      // (B·H, blocks, Tp) c·μ_Qi·(K_j − μ_K) (smooth_q; else null)
   float* delta;           // (B·H, Tp)         δ = rowsum(dO ∘ O) (backward)
+  // dq or dk = fp8 (docs/attention-maths.md §4.12), else null: what dS's bounds
+  // B_i = ‖dO_i‖·max‖V‖ + |δ_i| and C_j = ‖V_j‖·max‖dO‖ + max|δ| are made of.
+  float* do_norm;         // (B·H, Tp)         ‖dO_t‖ (0 past T)
+  float* v_norm;          // (B·H, Tp)         ‖V_t‖ (0 past T)
+  float* norm_block_max;  // (B·H, blocks, 3)  per block: max ‖dO_t‖, max ‖V_t‖, max |δ_t|
   float* row_terms;       // (B·H, Tp, 4)      the K-interval composition's backward row
                      //                   terms (sage_softmax.cuh; softmax block only, else null)
   // Head bh's first block in the per-block arrays (scales, query_mean, query_bias).
@@ -142,6 +152,22 @@ __device__ __forceinline__ float fp8_block_scale(float amax) {
   int e = 0;
   const float f = frexpf(amax, &e);  // amax = f·2^e, f in [0.5, 1)
   return ldexpf(1.0f, (f == 0.5f ? e - 1 : e) - 8);
+}
+// dS's scale from its bound b (§4.12): 2^e(b), with e(0) = 0 (a row or column
+// whose bound is 0 has dS = 0 there).
+__device__ __forceinline__ float fp8_bound_scale(float bound) {
+  return bound == 0.0f ? 1.0f : fp8_block_scale(bound);
+}
+// The head's largest of n per-block values x[0], x[stride], … (each warp its
+// own reduction; at least FLT_MIN, so that its reciprocal is finite).
+__device__ __forceinline__ float head_max(const float* x, int n, int stride) {
+  float top = FLT_MIN;
+  for (int j = static_cast<int>(threadIdx.x % 32); j < n; j += 32)
+    top = fmaxf(top, x[static_cast<size_t>(j) * stride]);
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1)
+    top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, offset));
+  return top;
 }
 #endif  // __CUDACC__
 

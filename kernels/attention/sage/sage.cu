@@ -87,9 +87,9 @@ struct SageParams {
   int B, H, T;
   float c;  // 1 / sqrt(d)
   // Precision of each product (the keys of docs/attention-maths.md §4.7): true = int8, false =
-  // bf16, or fp8 where the fp8 flag says so (pv only, on the wgmma forward).
+  // bf16, or fp8 where the fp8 flag says so (pv, dv, dq, dk, on the wgmma kernels).
   bool qk8, pv8, dv8, dp8, dq8, dk8;
-  bool pv_fp8, dv_fp8;
+  bool pv_fp8, dv_fp8, dq_fp8, dk_fp8;
   bool tile_scales;  // bwd_granularity "tile": one scale per 64x64 tile of P and dS
   bool smooth_q;     // add the bias to S and the dK correction
 };
@@ -529,6 +529,7 @@ SageParams make_params(const SageOptions& opt, const AttentionShape& s, void* sa
   p.dp8 = pr.dp == Precision::int8, p.dq8 = pr.dq == Precision::int8,
   p.dk8 = pr.dk == Precision::int8;
   p.pv_fp8 = pr.pv == Precision::fp8, p.dv_fp8 = pr.dv == Precision::fp8;
+  p.dq_fp8 = pr.dq == Precision::fp8, p.dk_fp8 = pr.dk == Precision::fp8;
   p.tile_scales = opt.bwd_granularity == BwdGranularity::tile;
   p.smooth_q = opt.smooth_q;
   p.row_terms = opt.softmax ? p.ws.row_terms : p.ws.delta;
@@ -602,6 +603,10 @@ bool forward_on_wgmma(const SageParams& p, const SageTiles& tiles) {
                       ", pv = " + precision_name(p.pv8) + ")");
 }
 bool dq_on_wgmma(const SageParams& p, const SageTiles& tiles) {
+  if (p.dq_fp8) {  // fp8 dŜ K̂ has the wgmma dQ kernel alone
+    require_wgmma_for_fp8("dq");
+    return true;
+  }
   return on_wgmma(
       tiles.dq_kernels, p.qk8 && p.dq8 && !p.dp8 && !p.tile_scales, "dq_kernels",
       "attention.sage.precision.qk = dq = int8, dp = bf16, bwd_granularity rowcol (got qk = " +
@@ -610,8 +615,8 @@ bool dq_on_wgmma(const SageParams& p, const SageTiles& tiles) {
 }
 
 bool dkdv_on_wgmma(const SageParams& p, const SageTiles& tiles) {
-  if (p.dv_fp8) {  // fp8 P̂ᵀ dÔ has the wgmma dK/dV kernel alone
-    require_wgmma_for_fp8("dv");
+  if (p.dv_fp8 || p.dk_fp8) {  // fp8 P̂ᵀ dÔ and dŜᵀ Q̂ have the wgmma dK/dV kernel alone
+    require_wgmma_for_fp8(p.dk_fp8 ? "dk" : "dv");
     return true;
   }
   return on_wgmma(
@@ -705,7 +710,7 @@ struct BackwardMaps {
 };
 
 // The wgmma dQ: also K̂ᵀ.
-template <int D, class Softmax>
+template <int D, class Softmax, bool kDqFp8>
 void dq_sm90(const SageParams& p, const BackwardMaps<D>& maps, cudaStream_t stream) {
   const SageWorkspace& ws = p.ws;
   SageDqSm90Params f{backward_sm90_common(p)};
@@ -715,13 +720,13 @@ void dq_sm90(const SageParams& p, const BackwardMaps<D>& maps, cudaStream_t stre
   f.dout = maps.dout;
   f.v = maps.v;
   constexpr int kWarpgroups = SageDqSm90Layout<D, Softmax>::kWarpgroups;  // one 64-row block each
-  launch(sage_dq_sm90_kernel<D, Softmax>, dim3(ceil_div(ws.blocks, kWarpgroups), p.B * p.H),
+  launch(sage_dq_sm90_kernel<D, Softmax, kDqFp8>, dim3(ceil_div(ws.blocks, kWarpgroups), p.B * p.H),
          sm90::block_threads<kWarpgroups>(),
          SageDqSm90Layout<D, Softmax>::kBytes + scale_table_bytes(1, ws.blocks), stream, f);
 }
 
 // The wgmma dK/dV kernel: also Q̂ᵀ and dÔᵀ.
-template <int D, class Softmax, bool kDvFp8>
+template <int D, class Softmax, bool kDvFp8, bool kDkFp8>
 void dkdv_sm90(const SageParams& p, const BackwardMaps<D>& maps, cudaStream_t stream) {
   const SageWorkspace& ws = p.ws;
   const WorkspaceMaps<D> copies(p);
@@ -733,7 +738,7 @@ void dkdv_sm90(const SageParams& p, const BackwardMaps<D>& maps, cudaStream_t st
   f.v = maps.v;
   f.dout = maps.dout;
   constexpr int kWarpgroups = SageDkDvSm90Layout<D, Softmax>::kWarpgroups;  // one 64-row block each
-  launch(sage_dkdv_sm90_kernel<D, Softmax, kDvFp8>,
+  launch(sage_dkdv_sm90_kernel<D, Softmax, kDvFp8, kDkFp8>,
          dim3(ceil_div(ws.blocks, kWarpgroups), p.B * p.H), sm90::block_threads<kWarpgroups>(),
          SageDkDvSm90Layout<D, Softmax>::kBytes, stream, f);
 }
@@ -744,17 +749,21 @@ void backward(const SageParams& p, const SageTiles& tiles, bool dq_wgmma, bool d
               cudaStream_t stream) {
   std::optional<BackwardMaps<D>> maps;
   if (dq_wgmma || dkdv_wgmma) maps.emplace(p);
-  if (dq_wgmma)
-    dq_sm90<D, Softmax>(p, *maps, stream);
-  else
+  [&] {
+    if constexpr (Softmax::kExact)  // fp8 dq runs with the exact softmax only (sage_check_options)
+      if (p.dq_fp8) return dq_sm90<D, Softmax, true>(p, *maps, stream);
+    if (dq_wgmma) return dq_sm90<D, Softmax, false>(p, *maps, stream);
     with_warps(tiles.dq, [&](auto warps) {
       using Tr = SageTraits<D, decltype(warps)::value>;
       launch(sage_backward_dq_kernel<Tr, Softmax>, grid_of<Tr>(p), Tr::kThreads,
              smem_bytes<Tr, 1>(dq_plan<Tr>(p)), stream, p);
     });
+  }();
   if constexpr (Softmax::kExact)  // fp8 dv runs with the exact softmax only (sage_check_options)
-    if (p.dv_fp8) return dkdv_sm90<D, Softmax, true>(p, *maps, stream);
-  if (dkdv_wgmma) return dkdv_sm90<D, Softmax, false>(p, *maps, stream);
+    if (p.dv_fp8)
+      return p.dk_fp8 ? dkdv_sm90<D, Softmax, true, true>(p, *maps, stream)
+                      : dkdv_sm90<D, Softmax, true, false>(p, *maps, stream);
+  if (dkdv_wgmma) return dkdv_sm90<D, Softmax, false, false>(p, *maps, stream);
   with_warps(tiles.dkdv, [&](auto warps) {
     using Tr = SageTraits<D, decltype(warps)::value>;
     launch(sage_backward_dkdv_kernel<Tr, Softmax>, grid_of<Tr>(p), Tr::kThreads,
@@ -781,20 +790,21 @@ void dispatch(const SageOptions& opt, const AttentionShape& s, Run&& run) {
 
 void sage_check_options(const SageOptions& opt) {
   const SagePrecision& pr = opt.precision;
-  for (const auto& [key, p] : {std::pair{"qk", pr.qk}, std::pair{"dp", pr.dp},
-                               std::pair{"dq", pr.dq}, std::pair{"dk", pr.dk}})
+  for (const auto& [key, p] : {std::pair{"qk", pr.qk}, std::pair{"dp", pr.dp}})
     if (p == Precision::fp8)
       throw std::invalid_argument(
           std::string("attention.sage.precision.") + key +
-          " = \"fp8\": the CUDA kernels run fp8 for pv and dv only (allowed: "
+          " = \"fp8\": the CUDA kernels run fp8 for pv, dv, dq and dk only (allowed: "
           "\"int8\" | \"bf16\"; the CPU backend runs fp8 everywhere)");
   // V's int8 copies hold e4m3 under pv = fp8, dO's under dv = fp8, so no int8
   // product may read them (dp), and the wgmma kernels that run them take int8
-  // scores and the exact softmax (and for dv the wgmma dK/dV's int8 dK, rowcol).
+  // scores and the exact softmax (and for dv the wgmma dK/dV's int8 dK, rowcol,
+  // or fp8 dK). K's and c·Q's transposed copies hold e4m3 under dq and dk =
+  // fp8, read by those products alone; fp8 dK runs beside fp8 dV.
   const auto state = [&] {
     return "(got qk = " + to_string(pr.qk) + ", dp = " + to_string(pr.dp) +
-           ", dk = " + to_string(pr.dk) + ", bwd_granularity " + to_string(opt.bwd_granularity) +
-           (opt.softmax ? ", a K-interval softmax)" : ")");
+           ", dv = " + to_string(pr.dv) + ", dk = " + to_string(pr.dk) + ", bwd_granularity " +
+           to_string(opt.bwd_granularity) + (opt.softmax ? ", a K-interval softmax)" : ")");
   };
   const bool fp8_base = pr.qk == Precision::int8 && pr.dp == Precision::bf16 && !opt.softmax;
   if (pr.pv == Precision::fp8 && !fp8_base)
@@ -803,10 +813,22 @@ void sage_check_options(const SageOptions& opt) {
         "dp = \"bf16\" and no softmax block " +
         state());
   if (pr.dv == Precision::fp8 &&
-      !(fp8_base && pr.dk == Precision::int8 && opt.bwd_granularity == BwdGranularity::rowcol))
+      !(fp8_base && (pr.dk == Precision::fp8 ||
+                     (pr.dk == Precision::int8 && opt.bwd_granularity == BwdGranularity::rowcol))))
     throw std::invalid_argument(
-        "attention.sage.precision.dv = \"fp8\": the CUDA kernels run it with qk = dk = "
-        "\"int8\", dp = \"bf16\", bwd_granularity \"rowcol\" and no softmax block " +
+        "attention.sage.precision.dv = \"fp8\": the CUDA kernels run it with qk = \"int8\", "
+        "dp = \"bf16\", no softmax block, and dk = \"fp8\" or dk = \"int8\" with "
+        "bwd_granularity \"rowcol\" " +
+        state());
+  if (pr.dq == Precision::fp8 && !fp8_base)
+    throw std::invalid_argument(
+        "attention.sage.precision.dq = \"fp8\": the CUDA kernels run it with qk = \"int8\", "
+        "dp = \"bf16\" and no softmax block " +
+        state());
+  if (pr.dk == Precision::fp8 && !(fp8_base && pr.dv == Precision::fp8))
+    throw std::invalid_argument(
+        "attention.sage.precision.dk = \"fp8\": the CUDA kernels run it with qk = \"int8\", "
+        "dp = \"bf16\", dv = \"fp8\" and no softmax block " +
         state());
   if (opt.block_q != kSageBlock || opt.block_k != kSageBlock)
     throw std::invalid_argument("attention.sage.block_q/block_k = " + std::to_string(opt.block_q) +

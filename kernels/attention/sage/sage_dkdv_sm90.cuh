@@ -30,7 +30,13 @@
 // e4m3 values on power-of-two block scales, P̂ᵀ = e4m3(Pᵀ · 2^8 · s_dOi /
 // s_dO,top) (query block i's scale folded in), and dV's e4m3 wgmma accumulates
 // into the fp32 dV itself over every query block, issued over all of d before
-// dK's chunks; dV is scaled once by s_dO,top · 2^-8 at the end.
+// dK's chunks; dV is scaled once by s_dO,top · 2^-8 at the end. With dk = fp8
+// as well (kDkFp8) Q̂ᵀ holds e4m3 values of c·(Q − μ_Q) on power-of-two block
+// scales (t_scale), dŜᵀ = e4m3(dSᵀ · 2^-e(C_t) · s_Qi / s_Q,top) per key t (C_t
+// = ‖V_t‖·max‖dO‖ + max|δ|, from the backward pre-pass), and dK's e4m3 wgmma
+// accumulates into the fp32 dK itself; each key's row is scaled once by
+// 2^e(C_t) · s_Q,top at the end (smooth_q's term enters the accumulator divided
+// by it).
 #pragma once
 #include "attention/common/feeds.cuh"
 #include "attention/sage/int8_operands.cuh"
@@ -42,7 +48,7 @@ namespace qattn::cuda::sage {
 
 struct SageDkDvSm90Params : SageBackwardSm90Common {
   CUtensorMap k, q;     // K̂, Q̂ (B·H·Tp, d) int8, boxes (64, d)
-  CUtensorMap qt, dot;  // Q̂ᵀ, dÔᵀ (B·H·d, Tp) int8, T permuted, boxes (64, 64)
+  CUtensorMap qt, dot;  // Q̂ᵀ, dÔᵀ (B·H·d, Tp) int8 (or e4m3), T permuted, boxes (64, 64)
   CUtensorMap v;        // qkv (B·T, 3·H·d) as the backward gets it, for V, boxes (64, 64)
   CUtensorMap dout;     // dO (B·T, H·d) as the backward gets it, boxes (64, 64)
 };
@@ -76,11 +82,12 @@ struct SageDkDvSm90Layout {
 
 // Grid (ceil(blocks / kWarpgroups), B·H); key tile 0, which sees every query,
 // starts first.
-template <int D, class Softmax, bool kDvFp8>
+template <int D, class Softmax, bool kDvFp8, bool kDkFp8>
 __global__ void __launch_bounds__(
     flash::sm90::block_threads<SageDkDvSm90Layout<D, Softmax>::kWarpgroups>(), 1)
     sage_dkdv_sm90_kernel(const __grid_constant__ SageDkDvSm90Params params) {
   static_assert(!kDvFp8 || Softmax::kExact, "fp8 P̂ᵀ dÔ takes the exact softmax's P <= 1");
+  static_assert(!kDkFp8 || kDvFp8, "fp8 dŜᵀ Q̂ runs beside fp8 P̂ᵀ dÔ (sage_check_options)");
 #if QATTN_SM90A_DEVICE
   using namespace flash;
   using namespace flash::sm90;
@@ -163,12 +170,25 @@ __global__ void __launch_bounds__(
   // fp8: 2^8 / s_dO,top, the largest of the head's dO block scales (a block of
   // zeros has scale 0, quant.cu; all zeros give FLT_MIN), each warp's own max.
   float fold_do = 1.0f;
-  if constexpr (kDvFp8) {
-    float do_top = FLT_MIN;
-    for (int j = static_cast<int>(threadIdx.x % 32); j < ws.blocks; j += 32)
-      do_top = fmaxf(do_top, ws.dout.scale[scale0 + j]);
-    fold_do = 256.0f / warp_max(do_top);
+  if constexpr (kDvFp8) fold_do = 256.0f / head_max(ws.dout.scale + scale0, ws.blocks, 1);
+  // fp8 dK: dS's scale 2^e(C_t) of the thread's two keys t (frag_row) and the
+  // head's s_Q,top.
+  float ds_scale[2] = {1.0f, 1.0f}, inv_ds_scale[2] = {1.0f, 1.0f};
+  float q_top = 1.0f;
+  if constexpr (kDkFp8) {
+    q_top = head_max(ws.q.t_scale + scale0, ws.blocks, 1);
+    const float do_top = head_max(ws.norm_block_max + scale0 * 3, ws.blocks, 3);
+    const float delta_top = head_max(ws.norm_block_max + scale0 * 3 + 2, ws.blocks, 3);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      // keys past T: ‖V‖ = 0 (padded), never stored
+      const float v_norm =
+          ws.v_norm[static_cast<size_t>(bh) * ws.Tp + min(warp_key0 + frag_row(2 * r), ws.Tp - 1)];
+      ds_scale[r] = fp8_bound_scale(v_norm * do_top + delta_top);
+      inv_ds_scale[r] = 1.0f / ds_scale[r];
+    }
   }
+  const float inv_q_top = 1.0f / q_top;
 
   float dk_acc[1][D / 8][4],
       dv_acc[1][D / 8][4];  // (64, d) rows of dK, dV of the warpgroup; this warp's 16
@@ -260,10 +280,16 @@ __global__ void __launch_bounds__(
     visible_entries([&](int nt, int e, int key, int qi) {
       return tile_softmax.grad(query_row(qi), score[0][nt][e], w[0][nt][e], dp[0][nt][e], key);
     });
-    float s_ds[2], inv_s_ds[2];
-    weight_scales<1>(w, false, nullptr, s_ds, inv_s_ds);
-    pack_weights(ds_hat[0], w, inv_s_ds);
-    dk_scale[0] = s_ds[0] * s_q, dk_scale[1] = s_ds[1] * s_q;
+    if constexpr (kDkFp8) {
+      const float fold_q = ws.q.t_scale[scale0 + i] * inv_q_top;  // 2^-(e_Q,top − e_Qi)
+      const float factor[2] = {inv_ds_scale[0] * fold_q, inv_ds_scale[1] * fold_q};
+      pack_weights_e4m3(ds_hat[0], w, factor);
+    } else {
+      float s_ds[2], inv_s_ds[2];
+      weight_scales<1>(w, false, nullptr, s_ds, inv_s_ds);
+      pack_weights(ds_hat[0], w, inv_s_ds);
+      dk_scale[0] = s_ds[0] * s_q, dk_scale[1] = s_ds[1] * s_q;
+    }
     float ds_sum[2] = {0.0f, 0.0f};  // smooth_q: dSᵀ 1 of the thread's two keys, unquantised
     if (p.smooth_q) {
 #pragma unroll
@@ -277,7 +303,12 @@ __global__ void __launch_bounds__(
     // Per 64 columns of d, dV's and dK's products are issued together and dV's
     // is folded while dK's runs. The loop stays rolled: ptxas gives every wgmma
     // of unrolled code accumulator registers of its own, which spills at d = 128.
-    if constexpr (kDvFp8) {  // dV += P̂ᵀ dÔ over all of d into dV itself, beside dK's chunks
+    if constexpr (kDkFp8) {  // dV += P̂ᵀ dÔ and dK += dŜᵀ Q̂ over all of d into dV and dK
+      issue_e4m3_rs(dv_acc, p_hat, dot_tile(s));
+      issue_e4m3_rs(dk_acc, ds_hat, qt_tile(s));
+      wait_for<0>(dv_acc, p_hat, dk_acc, ds_hat);
+    } else if constexpr (kDvFp8) {  // dV += P̂ᵀ dÔ over all of d into dV itself, beside dK's
+                                    // chunks
       issue_e4m3_rs(dv_acc, p_hat, dot_tile(s));
 #pragma unroll 1
       for (int chunk = 0; chunk < kChunks; ++chunk) {
@@ -302,7 +333,9 @@ __global__ void __launch_bounds__(
 #pragma unroll
       for (int dt = 0; dt < D / 8; ++dt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) dk_acc[0][dt][e] += p.c * ds_sum[e / 2] * mu_q[frag_col(dt, e)];
+        for (int e = 0; e < 4; ++e)  // fp8: in the accumulator's units (inv_ds_scale, inv_q_top)
+          dk_acc[0][dt][e] +=
+              p.c * ds_sum[e / 2] * inv_ds_scale[e / 2] * inv_q_top * mu_q[frag_col(dt, e)];
       // The next query block's bias of the warp's keys and μ_Q; not with three
       // warpgroups (160 registers), where its addresses spill 20 bytes more.
       if (Layout::kWarpgroups == 2 && i + 1 < ws.blocks) {
@@ -317,6 +350,11 @@ __global__ void __launch_bounds__(
   feed.sync();
   const SmemTile<kRows, D> dk_tile{reinterpret_cast<bf16*>(smem)};
   const SmemTile<kRows, D> dv_tile{dk_tile.data + kRows * D};
+  if constexpr (kDkFp8)  // the keys' scales 2^e(C_t) · s_Q,top
+#pragma unroll
+    for (int dt = 0; dt < D / 8; ++dt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dk_acc[0][dt][e] *= ds_scale[e / 2] * q_top;
   store_acc(dk_tile, dk_acc, warp_row0(), 1.0f);
   store_acc(dv_tile, dv_acc, warp_row0(), 1.0f / fold_do);
   feed.sync();

@@ -16,7 +16,12 @@
 //   dŜ quantised per row into s8 A fragments; dQ += dŜ K̂ · s_dS s_K (s32
 //   wgmma rs into fresh accumulators, one per 64 columns of d, weight_product;
 //   B = K̂ᵀ, K-major along the permuted keys)
-// and at the end dQ·c into the q slot of dqkv. With the K-interval block a
+// and at the end dQ·c into the q slot of dqkv. With dq = fp8 (kDqFp8, exact
+// softmax; docs/attention-maths.md §4.12) K̂ᵀ holds e4m3 values of K − μ_K on
+// power-of-two block scales (t_scale), dŜ = e4m3(dS · 2^-e(B_r) · s_Kj /
+// s_K,top) per row r (B_r = ‖dO_r‖·max‖V‖ + |δ_r|, from the backward pre-pass),
+// and the e4m3 wgmma accumulates into the fp32 dQ itself over every key block;
+// each row is scaled once by c · 2^e(B_r) · s_K,top at the end. With the K-interval block a
 // first pass over (K̂, V) sweeps each row's terms and writes them for the dK/dV
 // kernel, as the mma.sync kernel does.
 #pragma once
@@ -30,7 +35,7 @@ namespace qattn::cuda::sage {
 
 struct SageDqSm90Params : SageBackwardSm90Common {
   CUtensorMap q, k;  // Q̂, K̂ (B·H·Tp, d) int8, boxes (64, d)
-  CUtensorMap kt;    // K̂ᵀ (B·H·d, Tp) int8, boxes (64, 64)
+  CUtensorMap kt;    // K̂ᵀ (B·H·d, Tp) int8 (dq = fp8: e4m3), boxes (64, 64)
   CUtensorMap dout;  // dO (B·T, H·d) as the backward gets it, boxes (64, 64)
   CUtensorMap v;     // qkv (B·T, 3·H·d) as the backward gets it, for V, boxes (64, 64)
 };
@@ -56,10 +61,11 @@ struct SageDqSm90Layout {
 
 // Grid (ceil(blocks / kWarpgroups), B·H); every head's heaviest (last) query
 // tile starts first (block_by_rank).
-template <int D, class Softmax>
+template <int D, class Softmax, bool kDqFp8>
 __global__ void __launch_bounds__(
     flash::sm90::block_threads<SageDqSm90Layout<D, Softmax>::kWarpgroups>(), 1)
     sage_dq_sm90_kernel(const __grid_constant__ SageDqSm90Params params) {
+  static_assert(!kDqFp8 || Softmax::kExact, "fp8 dS's bound takes the exact softmax's dS");
 #if QATTN_SM90A_DEVICE
   using namespace flash;
   using namespace flash::sm90;
@@ -158,6 +164,25 @@ __global__ void __launch_bounds__(
 
   float dq_acc[1][D / 8][4];  // (64, d) rows of dQ of the warpgroup; this warp's 16
   zero(dq_acc);
+  // fp8: dS's scale 2^e(B_r) of the thread's two rows r (frag_row) and the
+  // head's s_K,top; the head's maxima are each warp's own reduction.
+  float ds_scale[2] = {1.0f, 1.0f}, inv_ds_scale[2] = {1.0f, 1.0f};
+  float k_top = 1.0f;
+  const size_t scale0 = ws.head_block0(bh);
+  if constexpr (kDqFp8) {
+    k_top = head_max(ws.k.t_scale + scale0, ws.blocks, 1);
+    const float v_top = head_max(ws.norm_block_max + scale0 * 3 + 1, ws.blocks, 3);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      // rows past T: ‖dO‖ = δ = 0 (padded), bound 0, scale 1; past Tp never stored
+      const size_t row =
+          static_cast<size_t>(bh) * ws.Tp + min(wg.first_query + frag_row(2 * r), ws.Tp - 1);
+      ds_scale[r] = fp8_bound_scale(ws.do_norm[row] * v_top + fabsf(ws.delta[row]));
+      inv_ds_scale[r] = 1.0f / ds_scale[r];
+    }
+  }
+  const float inv_k_top = 1.0f / k_top;
+
   feed.consume(0, key_blocks, keys, [&](int j, int s) {
     if (!wg.sees(j, p.T)) return;
     float score[1][kNTiles][4], dp[1][kNTiles][4];  // S, dP
@@ -165,14 +190,28 @@ __global__ void __launch_bounds__(
     float w[1][kNTiles][4];  // dS
     score_grads(w, score, dp, Scores::backward_policy(softmax, wg.scale(j)), rows, j * kKeys,
                 wg.first_query, p.T);
-    float s_ds[2], inv_s_ds[2];  // ψ's scale of each of the thread's two rows
-    weight_scales<1>(w, false, nullptr, s_ds, inv_s_ds);
-    uint32_t ds_hat[1][kNTiles / 4][4];  // dŜ (64, 64) s8 A fragments over the permuted keys
-    pack_weights(ds_hat[0], w, inv_s_ds);
-    const float row_scale[2] = {s_ds[0] * wg.scale_k[j], s_ds[1] * wg.scale_k[j]};
-    weight_product<D / 64, D / 64>(dq_acc, ds_hat, kt_tile(s), row_scale);  // dQ += dŜ K̂ · s_dS s_K
+    uint32_t ds_hat[1][kNTiles / 4][4];  // dŜ (64, 64) s8/e4m3 A fragments over the permuted keys
+    if constexpr (kDqFp8) {  // dQ += dŜ K̂ over all of d into dQ itself, one scale per row
+      const float fold_k = ws.k.t_scale[scale0 + j] * inv_k_top;  // 2^-(e_K,top − e_Kj)
+      const float factor[2] = {inv_ds_scale[0] * fold_k, inv_ds_scale[1] * fold_k};
+      pack_weights_e4m3(ds_hat[0], w, factor);
+      issue_e4m3_rs(dq_acc, ds_hat, kt_tile(s));
+      wait_for<0>(dq_acc, ds_hat);
+    } else {
+      float s_ds[2], inv_s_ds[2];  // ψ's scale of each of the thread's two rows
+      weight_scales<1>(w, false, nullptr, s_ds, inv_s_ds);
+      pack_weights(ds_hat[0], w, inv_s_ds);
+      const float row_scale[2] = {s_ds[0] * wg.scale_k[j], s_ds[1] * wg.scale_k[j]};
+      weight_product<D / 64, D / 64>(dq_acc, ds_hat, kt_tile(s),
+                                     row_scale);  // dQ += dŜ K̂ · s_dS s_K
+    }
   });
 
+  if constexpr (kDqFp8)  // the rows' scales 2^e(B_r) · s_K,top (c below)
+#pragma unroll
+    for (int dt = 0; dt < D / 8; ++dt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dq_acc[0][dt][e] *= ds_scale[e / 2] * k_top;
   store_acc(dq_tile, dq_acc, warp_row0(), p.c);
   feed.sync();
   const size_t ld = static_cast<size_t>(3) * p.H * D;
