@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 
+#include "fd.hpp"
 #include "qattn/cpu/ops.hpp"
 #include "test_attention_common.hpp"
 
@@ -35,19 +36,7 @@ TEST_CASE("qk_norm gradient equals finite differences (double)", "[attention][qk
     for (size_t e = 0; e < n; e++) l += dout[e] * out[e];
     return l;
   };
-  const auto fd = [&](std::vector<double>& t) {
-    std::vector<double> g;
-    for (double& e : t) {
-      const double keep = e;
-      e = keep + 1e-6;
-      const double up = loss();
-      e = keep - 1e-6;
-      const double down = loss();
-      e = keep;
-      g.push_back((up - down) / 2e-6);
-    }
-    return g;
-  };
+  const auto fd = [&](std::vector<double>& t) { return numeric_gradient(t, loss); };
   CHECK(max_rel(dx, fd(x)) < 1e-8);
   CHECK(max_rel(dgamma, fd(gamma)) < 1e-8);
   // The backward accumulates: a second call doubles the gradients.
@@ -126,19 +115,7 @@ TEST_CASE("qk_norm logit_scale gradient equals finite differences (double)", "[a
     for (size_t e = 0; e < c.n(); e++) l += dq_out[e] * c.q_out[e] + dk_out[e] * c.k_out[e];
     return l;
   };
-  const auto fd = [&](std::vector<double>& t) {
-    std::vector<double> grad;
-    for (double& e : t) {
-      const double keep = e;
-      e = keep + 1e-6;
-      const double up = loss();
-      e = keep - 1e-6;
-      const double down = loss();
-      e = keep;
-      grad.push_back((up - down) / 2e-6);
-    }
-    return grad;
-  };
+  const auto fd = [&](std::vector<double>& t) { return numeric_gradient(t, loss); };
   CHECK(max_rel(dq, fd(c.q)) < 1e-7);
   CHECK(max_rel(dk, fd(c.k)) < 1e-7);
   CHECK(max_rel(dg, fd(c.g)) < 1e-8);
