@@ -27,10 +27,14 @@ bench() {
 SAGE_KINTERVAL="--set attention.sage.softmax.kind=kinterval --set attention.sage.softmax.K=16 \
 --set attention.sage.softmax.calibration=fwm --set attention.sage.softmax.rounding=nearest \
 --set attention.sage.softmax.ste=prob"  # one line: the settings list below splits at newlines
+# The fp8 products the Hopper kernels run (docs/sage.md, "FP8 operands").
+SAGE_FP8="--set attention.sage.precision.pv=fp8 --set attention.sage.precision.dv=fp8 \
+--set attention.sage.precision.dq=fp8 --set attention.sage.precision.dk=fp8"
 {
   bench --kind fpa
   bench --kind sage
   bench --kind sage $SAGE_KINTERVAL
+  bench --kind sage $SAGE_FP8
   bench --kind kinterval --rounding lerp --calibration minmax --K 4
   bench --kind kinterval --rounding nearest --calibration fwm --ste weight --K 4
   bench --kind kinterval --rounding nearest --calibration minmax --ste prob --K 4
@@ -54,7 +58,7 @@ PY
 # Each attention setting: its name, attention.kind and further --set arguments.
 KINTERVAL_PROB="--set attention.kinterval.rounding=nearest --set attention.kinterval.ste=prob"
 SETTINGS=("fpa|fpa|" "sage|sage|" "kinterval|kinterval|" "kinterval-prob|kinterval|$KINTERVAL_PROB"
-          "sage-kinterval|sage|$SAGE_KINTERVAL")
+          "sage-kinterval|sage|$SAGE_KINTERVAL" "sage-fp8|sage|$SAGE_FP8")
 for setting in "${SETTINGS[@]}"; do
   IFS='|' read -r name kind sets <<< "$setting"
   # shellcheck disable=SC2086 # $sets is a list of --set arguments
@@ -82,7 +86,7 @@ except OSError:
     sys.exit(f"{name}: no metrics")
 tok = [float(r["tokens_per_s"]) for r in rows[2:]]
 mfu = [float(r["mfu"]) for r in rows[2:] if r.get("mfu")]
-print(f"qattn {name:9s}: median {statistics.median(tok):>9,.0f} tokens/s, MFU {100*statistics.median(mfu):.1f}% over {len(tok)} steps")
+print(f"qattn {name:14s}: median {statistics.median(tok):>9,.0f} tokens/s, MFU {100*statistics.median(mfu):.1f}% over {len(tok)} steps")
 PY
 done
 tail -n 6 "$OUT/bench_gpt2_peers.log"
