@@ -154,9 +154,13 @@ __device__ __forceinline__ float fp8_block_scale(float amax) {
   return ldexpf(1.0f, (f == 0.5f ? e - 1 : e) - 8);
 }
 // dS's scale from its bound b (§4.12): 2^e(b), with e(0) = 0 (a row or column
-// whose bound is 0 has dS = 0 there).
+// whose bound is 0 has dS = 0 there), and at least FLT_MIN, so that its
+// reciprocal, which multiplies dS before the cast, is finite: a bound under
+// 2^-118 (a head whose V or dO is all zeros makes one of about FLT_MIN) would
+// give 2^e(b) a subnormal whose reciprocal is inf, and 0 · inf = NaN in dŜ.
+// |dS| ≤ b keeps dS / FLT_MIN below 2^8.
 __device__ __forceinline__ float fp8_bound_scale(float bound) {
-  return bound == 0.0f ? 1.0f : fp8_block_scale(bound);
+  return bound == 0.0f ? 1.0f : fmaxf(fp8_block_scale(bound), FLT_MIN);
 }
 // The head's largest of n per-block values x[0], x[stride], … (each warp its
 // own reduction; at least FLT_MIN, so that its reciprocal is finite).

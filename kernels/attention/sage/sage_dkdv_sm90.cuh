@@ -168,9 +168,13 @@ __global__ void __launch_bounds__(
   const Softmax softmax(p.softmax);
   auto visible = [&](int key, int query) { return query < p.T && key <= query; };
   // fp8: 2^8 / s_dO,top, the largest of the head's dO block scales (a block of
-  // zeros has scale 0, quant.cu; all zeros give FLT_MIN), each warp's own max.
+  // zeros has scale 0, quant.cu), each warp's own max; at least 2^-120, so that
+  // 2^8 / s_dO,top is finite (a head whose dO is all zeros has s_dO,top = 0, and
+  // 2^8 / FLT_MIN overflows, giving P̂ = 0 · inf = NaN). Below it every s_dOi ·
+  // fold_do stays under 2^8, as above it.
   float fold_do = 1.0f;
-  if constexpr (kDvFp8) fold_do = 256.0f / head_max(ws.dout.scale + scale0, ws.blocks, 1);
+  if constexpr (kDvFp8)
+    fold_do = 256.0f / fmaxf(head_max(ws.dout.scale + scale0, ws.blocks, 1), 0x1p-120f);
   // fp8 dK: dS's scale 2^e(C_t) of the thread's two keys t (frag_row) and the
   // head's s_Q,top.
   float ds_scale[2] = {1.0f, 1.0f}, inv_ds_scale[2] = {1.0f, 1.0f};
