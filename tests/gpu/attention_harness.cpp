@@ -200,6 +200,16 @@ void scale_row_blocks(std::vector<bf16>& x, const AttentionShape& s, int nslots,
     }
 }
 
+void zero_head(std::vector<bf16>& x, const AttentionShape& s, int nslots, int slot, int bh) {
+  const int b = bh / s.H, h = bh % s.H;
+  for (int t = 0; t < s.T; ++t) {
+    bf16* y = &x[(((static_cast<size_t>(b) * s.T + t) * nslots + slot) * s.H + h) * s.d];
+    std::fill(y, y + s.d, __float2bfloat16(0.0f));
+  }
+}
+
+int zeroed_head(const AttentionShape& s) { return s.B * s.H - 1; }
+
 namespace {
 
 // Rows that never clear their margin in this many draws: the inputs are degenerate.
@@ -428,6 +438,8 @@ Drawn draw(const AttentionCase& c) {
     scale_row_blocks(d.in.qkv, s, 3, 2);
     scale_row_blocks(d.in.dout, s, 1, 0);
   }
+  if (r.kind == InputRecipe::zero_values) zero_head(d.in.qkv, s, 3, 2, zeroed_head(s));
+  if (r.kind == InputRecipe::zero_dout) zero_head(d.in.dout, s, 1, 0, zeroed_head(s));
   if (const KIntervalOptions* softmax = kinterval_softmax(c.cfg))
     d.clear = r.kind == InputRecipe::grid_exact
                   ? keep_grid_exact_rows_off_discontinuities(*softmax, s, d.in.qkv, r.q_sigma, gen)

@@ -96,6 +96,13 @@ struct AttentionInputs {
 // block scales span 2^12: of V (slot 2 of qkv, nslots 3) or of dO (nslots 1).
 void scale_row_blocks(std::vector<bf16>& x, const AttentionShape& s, int nslots, int slot);
 
+// Head bh = b·H + h of one slot all zeros: of V (slot 2 of qkv, nslots 3) or of
+// dO (nslots 1).
+void zero_head(std::vector<bf16>& x, const AttentionShape& s, int nslots, int slot, int bh);
+// The head whose V or dO the zero_values and zero_dout recipes zero: the last
+// one, b·H + h = B·H − 1.
+int zeroed_head(const AttentionShape& s);
+
 // Every later token's key repeats one of tokens 0-3 (which keep their own), so
 // every row's max and min are shared by many keys.
 void repeat_first_four_keys(std::vector<bf16>& qkv, const AttentionShape& s, std::mt19937_64& gen);
@@ -182,7 +189,7 @@ struct Tolerance {
 // CHECKs each error within its bound.
 void check_errors(const AttentionErrors& e, const Tolerance& tol);
 
-// How a case draws its inputs. dO ~ N(0, 1) always. With a K-interval softmax
+// How a case draws its inputs. dO ~ N(0, 1) but for zero_dout's head. With a K-interval softmax
 // (the kind, or sage's block) the compared query rows are kept off its
 // discontinuities (keep_rows_off_discontinuities, or the grid-exact redraw).
 struct InputRecipe {
@@ -191,6 +198,8 @@ struct InputRecipe {
     repeated_keys,  // normal, then repeat_first_four_keys
     grid_exact,     // grid_exact_qkv(q_sigma)
     wide_values,    // normal, then V's and dO's 64-row block b times 2^-(b mod 13)
+    zero_values,    // normal, then V of head zeroed_head all zeros
+    zero_dout,      // normal, then dO of head zeroed_head all zeros
   } kind = normal;
   float q_sigma = 1.0f, k_sigma = 1.0f, k_mean = 0.0f;
 };

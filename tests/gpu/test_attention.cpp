@@ -58,6 +58,7 @@ enum class Group {
   sage_subnormal,
   sage_kinterval,
   sage_fp8,
+  sage_fp8_zero_head,
 };
 
 const std::vector<FpaKernels> kAutomatic{FpaKernels::automatic};
@@ -302,6 +303,17 @@ std::vector<std::pair<Group, AttentionCase>> attention_cases() {
         composed_config(minmax_lerp, dp_int8), composed_config(fwm_weight, tile),
         composed_config(minmax_lerp, tile), composed_config(minmax_lerp, smooth_q)})
     composed(cfg, {1, 1, 1000, 64});
+
+  // fp8 with one head's V or dO all zeros (the last head; the other random):
+  // the fp8 kernels divide by a head's largest scale (s_V,top, s_dO,top, the
+  // bound of dS), which such a head makes 0 or its floor. dv alone and the
+  // four fp8 products (qk int8, dp bf16), on a tail shape and on one tile at
+  // d = 128. The test below also requires exact zeros where the maths has them.
+  for (const SageOptions& opt : {dv_fp8, four_fp8})
+    for (const AttentionShape& s : {AttentionShape{1, 2, 1000, 64}, AttentionShape{1, 2, 64, 128}})
+      for (const InputRecipe::Kind zeroed : {InputRecipe::zero_values, InputRecipe::zero_dout})
+        add(Group::sage_fp8_zero_head, qattn::test::sage_config(opt),
+            qattn::test::sage_families(opt), s, {zeroed, 1.0f, 1.0f, 0.3f}, {}, kSage);
   return all;
 }
 
@@ -355,6 +367,47 @@ TEST_CASE("sage on the GPU matches the CPU sage reference, forward and backward"
 TEST_CASE("sage with pv, dv, dq, dk = fp8 matches the CPU sage reference (wgmma kernels)",
           "[sage][fp8]") {
   qattn::test::check_cases(cases_of(Group::sage_fp8));
+}
+
+TEST_CASE("sage fp8 with one head's V or dO all zeros: the reference's values, its zeros exact",
+          "[sage][fp8][zero-head]") {
+  const std::vector<AttentionCase> cases = cases_of(Group::sage_fp8_zero_head);
+  const std::vector<qattn::test::CaseRun> runs = qattn::test::check_cases(cases);
+  // Beside the comparison with the reference (a NaN fails it), the zeroed head's
+  // outputs that are exactly 0 in the maths (docs/attention-maths.md §4.5) must
+  // be 0 on the GPU too. V = 0: O = P V = 0, so δ = rowsum(dO ∘ O) = 0 and
+  // dP = dO Vᵀ = 0, dS = P ∘ (dP − δ) = 0, dQ = dS K = 0 and dK = dSᵀ Q = 0
+  // (dV = Pᵀ dO is not). dO = 0: dV = Pᵀ dO = 0, dP = 0 and δ = 0, so dS = 0
+  // and dQ = dK = 0 (O is not).
+  struct Output {
+    const char* name;
+    bool of_dqkv;  // a slot of dQKV (B, T, 3, H, d), or O (B, T, H, d)
+    int slot;
+  };
+  constexpr Output kO{"o", false, 0}, kDq{"dq", true, 0}, kDk{"dk", true, 1}, kDv{"dv", true, 2};
+  for (const qattn::test::CaseRun& r : runs) {
+    const AttentionCase& c = cases[r.c];
+    const AttentionShape& s = c.shape;
+    const int bh = qattn::test::zeroed_head(s), b = bh / s.H, h = bh % s.H;
+    const bool zero_values = c.inputs.kind == InputRecipe::zero_values;
+    const std::vector<Output> zero =
+        zero_values ? std::vector<Output>{kO, kDq, kDk} : std::vector<Output>{kDq, kDk, kDv};
+    for (const Output& out : zero) {
+      const std::vector<__nv_bfloat16>& v = out.of_dqkv ? r.run.dqkv : r.run.o;
+      int nonzero = 0;
+      float first = 0.0f;
+      for (int t = 0; t < s.T; ++t)
+        for (int x = 0; x < s.d; ++x) {
+          const float y = qattn::test::element(v, s, out.of_dqkv ? 3 : 1, b, t, out.slot, h, x);
+          if (y != 0.0f && nonzero++ == 0) first = y;  // a NaN counts
+        }
+      INFO(qattn::test::describe(c.cfg, s)
+           << " (" << qattn::test::family_name(r.family) << "), " << (zero_values ? "V" : "dO")
+           << " of head " << bh << " all zeros: " << out.name << " has " << nonzero
+           << " nonzero entries there, the first " << first);
+      CHECK(nonzero == 0);
+    }
+  }
 }
 
 TEST_CASE("sage with c·Q and K so small that s_Q·s_K is subnormal matches the CPU reference",
