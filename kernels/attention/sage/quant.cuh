@@ -162,6 +162,13 @@ __device__ __forceinline__ float fp8_block_scale(float amax) {
 __device__ __forceinline__ float fp8_bound_scale(float bound) {
   return bound == 0.0f ? 1.0f : fmaxf(fp8_block_scale(bound), FLT_MIN);
 }
+// 2^8 / top, the factor that puts a head's e4m3 block scales s_j (top: their
+// largest) under e4m3's 2^8 (s_j · fold ≤ 2^8). top is taken at least 2^-118,
+// so that the fold and its reciprocal (which scales the product back) are
+// normal floats: a head whose V or dO is all zeros has top = 0 or FLT_MIN, and
+// 2^8 / FLT_MIN overflows, making a zero block's s_j · fold = 0 · inf = NaN.
+// Below the floor every s_j · fold stays under 2^8, as above it.
+__device__ __forceinline__ float fp8_fold(float top) { return 256.0f / fmaxf(top, 0x1p-118f); }
 // The head's largest of n per-block values x[0], x[stride], … (each warp its
 // own reduction; at least FLT_MIN, so that its reciprocal is finite).
 __device__ __forceinline__ float head_max(const float* x, int n, int stride) {

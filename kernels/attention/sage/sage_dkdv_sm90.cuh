@@ -167,14 +167,11 @@ __global__ void __launch_bounds__(
   const float s_k = ws.k.scale[scale0 + min(wg_key0 / kSageBlock, ws.blocks - 1)];
   const Softmax softmax(p.softmax);
   auto visible = [&](int key, int query) { return query < p.T && key <= query; };
-  // fp8: 2^8 / s_dO,top, the largest of the head's dO block scales (a block of
-  // zeros has scale 0, quant.cu), each warp's own max; at least 2^-120, so that
-  // 2^8 / s_dO,top is finite (a head whose dO is all zeros has s_dO,top = 0, and
-  // 2^8 / FLT_MIN overflows, giving P̂ = 0 · inf = NaN). Below it every s_dOi ·
-  // fold_do stays under 2^8, as above it.
+  // fp8: 2^8 / s_dO,top (fp8_fold), s_dO,top the largest of the head's dO block
+  // scales (a block of zeros has scale 0, quant.cu), each warp's own max; a head
+  // whose dO is all zeros has s_dO,top = FLT_MIN (head_max), which fp8_fold floors.
   float fold_do = 1.0f;
-  if constexpr (kDvFp8)
-    fold_do = 256.0f / fmaxf(head_max(ws.dout.scale + scale0, ws.blocks, 1), 0x1p-120f);
+  if constexpr (kDvFp8) fold_do = fp8_fold(head_max(ws.dout.scale + scale0, ws.blocks, 1));
   // fp8 dK: dS's scale 2^e(C_t) of the thread's two keys t (frag_row) and the
   // head's s_Q,top.
   float ds_scale[2] = {1.0f, 1.0f}, inv_ds_scale[2] = {1.0f, 1.0f};

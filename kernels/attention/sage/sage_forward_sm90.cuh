@@ -126,12 +126,13 @@ __global__ void __launch_bounds__(
           smem + Layout::kBytes, {ws.k.scale + scale0, ws.v.scale + scale0}, ws.blocks);
   const QueryWarpgroup wg(ws, bh, q0, p.smooth_q, scales);
   const float* scale_v = scales + ws.blocks;
-  // fp8: 2^8 / s_V,top, so that block j's P̂ = e4m3(P̃ · 2^8 · s_Vj / s_V,top). A
-  // block of zeros has s_V = 0 (quant.cu), and all zeros give s_V,top = FLT_MIN.
-  float v_top = FLT_MIN;
+  // fp8: 2^8 / s_V,top (fp8_fold), so that block j's P̂ = e4m3(P̃ · 2^8 · s_Vj /
+  // s_V,top). A block of zeros has s_V = 0 (quant.cu), and a head whose V is
+  // all zeros has s_V,top = 0, which fp8_fold floors.
+  float v_top = 0.0f;
   if constexpr (kPvFp8)
     for (int j = 0; j < ws.blocks; ++j) v_top = fmaxf(v_top, scale_v[j]);
-  const float fold_v = kPvFp8 ? 256.0f / v_top : 1.0f;
+  const float fold_v = kPvFp8 ? fp8_fold(v_top) : 1.0f;
   // s (64, 64) = the scores of key block j (S·log2(e) for the exact softmax,
   // HopperScores), masked entries −inf; this warp's 16 rows.
   auto scores = [&](float(&s)[1][kNTiles][4], int j, int stage) {
