@@ -63,16 +63,25 @@ void sweep(int B, int H, int T, int d) {
   const SageTiles dflt = sage_default_tiles(s);
   std::printf("B=%d H=%d T=%d d=%d (default tiles: forward %d, dq %d, dkdv %d warps)\n", B, H, T, d,
               dflt.forward, dflt.dq, dflt.dkdv);
+  // One forward and backward under `tiles`: their median times and outputs.
+  struct Pass {
+    float fwd, bwd;
+    std::vector<bf16> o, dqkv;
+  };
+  auto timed_pass = [&](const SageTiles& tiles) {
+    Pass r;
+    r.fwd = median_ms([&] { sage_forward(opt, s, qkv, o, stats, saved, nullptr, tiles); });
+    r.o = download(o, n_o);
+    r.bwd = median_ms(
+        [&] { sage_backward(opt, s, qkv, o, dout, stats, saved, dqkv, scratch, nullptr, tiles); });
+    r.dqkv = download(dqkv, n_qkv);
+    return r;
+  };
   std::vector<bf16> first_o, first_dqkv;
   for (SageTiles tiles : {dflt, SageTiles{4, 4, 4}, SageTiles{8, 8, 8}, SageTiles{4, 4, 8},
                           SageTiles{8, 4, 8}, SageTiles{4, 8, 8}, SageTiles{8, 8, 4}}) {
     tiles.forward_kernels = tiles.dq_kernels = tiles.dkdv_kernels = FpaKernels::mma_sync;
-    const float fwd =
-        median_ms([&] { sage_forward(opt, s, qkv, o, stats, saved, nullptr, tiles); });
-    const std::vector<bf16> o_now = download(o, n_o);
-    const float bwd = median_ms(
-        [&] { sage_backward(opt, s, qkv, o, dout, stats, saved, dqkv, scratch, nullptr, tiles); });
-    const std::vector<bf16> dqkv_now = download(dqkv, n_qkv);
+    const auto [fwd, bwd, o_now, dqkv_now] = timed_pass(tiles);
     if (first_o.empty()) first_o = o_now, first_dqkv = dqkv_now;
     const bool same = std::memcmp(o_now.data(), first_o.data(), n_o * sizeof(bf16)) == 0 &&
                       std::memcmp(dqkv_now.data(), first_dqkv.data(), n_qkv * sizeof(bf16)) == 0;
@@ -100,12 +109,7 @@ void sweep(int B, int H, int T, int d) {
   for (const auto& [family, name] : families) {
     SageTiles tiles = dflt;
     tiles.forward_kernels = tiles.dq_kernels = tiles.dkdv_kernels = family;
-    const float fwd =
-        median_ms([&] { sage_forward(opt, s, qkv, o, stats, saved, nullptr, tiles); });
-    const std::vector<bf16> o_now = download(o, n_o);
-    const float bwd = median_ms(
-        [&] { sage_backward(opt, s, qkv, o, dout, stats, saved, dqkv, scratch, nullptr, tiles); });
-    const std::vector<bf16> dqkv_now = download(dqkv, n_qkv);
+    const auto [fwd, bwd, o_now, dqkv_now] = timed_pass(tiles);
     std::printf(
         "  %-8s forward %7.3f ms (%5.1f TFLOP/s) with the pre-pass, %7.3f ms without; backward "
         "(all "
