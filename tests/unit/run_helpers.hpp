@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "qattn/data.hpp"
+#include "qattn/model.hpp"
 
 namespace qattn::test {
 
@@ -27,6 +29,15 @@ inline fs::path scratch_dir(const std::string& name) {
   fs::remove_all(d);
   fs::create_directories(d);
   return d;
+}
+
+// Every parameter of model m drawn from N(0, sigma²) (model-file round trips).
+inline std::vector<float> random_params(const ModelConfig& m, float sigma, unsigned seed = 5) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, sigma);
+  std::vector<float> p(ParamLayout(m).total);
+  for (float& x : p) x = normal(rng);
+  return p;
 }
 
 // Byte-level text with some structure: shards s_val_000000.bin and s_train_000001.bin in d.

@@ -29,14 +29,6 @@ ModelConfig small_model() {
   return m;
 }
 
-std::vector<float> random_params(const ModelConfig& m, unsigned seed = 5) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal(0.0f, 0.5f);
-  std::vector<float> p(ParamLayout(m).total);
-  for (float& x : p) x = normal(rng);
-  return p;
-}
-
 std::string file_bytes(const fs::path& p) {
   std::ifstream f(p, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(f), {});
@@ -244,7 +236,7 @@ TEST_CASE("safetensors: F16 reads exactly; damaged and lying files are refused w
 TEST_CASE("HF export: GPT-2's names, Conv1D transposes and config.json", "[hf]") {
   const auto d = scratch_dir("hf_layout");
   const ModelConfig m = small_model();
-  const auto params = random_params(m);
+  const auto params = random_params(m, 0.5f);
   write_hf_model(d.string(), m, params, TensorDtype::f32, {{"qattn.step", "7"}});
 
   const json c = json::parse(std::ifstream(d / "config.json"));
@@ -304,7 +296,7 @@ TEST_CASE("HF export: GPT-2 computed from the exported tensors by transformers' 
           "[hf]") {
   const auto d = scratch_dir("hf_forward");
   const ModelConfig m = small_model();
-  const auto params = random_params(m, 11);
+  const auto params = random_params(m, 0.5f, 11);
   write_hf_model(d.string(), m, params, TensorDtype::f32);
   cpu::Gpt2<double> model(m, AttentionConfig{});
   std::copy(params.begin(), params.end(), model.params.begin());
@@ -325,7 +317,7 @@ TEST_CASE("HF export: GPT-2 computed from the exported tensors by transformers' 
 TEST_CASE("HF round trip: export, then model.init_from reads the same parameters and logits", "[hf]") {
   const auto d = scratch_dir("hf_round_trip");
   const ModelConfig m = small_model();
-  const auto params = random_params(m);
+  const auto params = random_params(m, 0.5f);
   write_hf_model(d.string(), m, params, TensorDtype::f32);
   const auto back = params_from_hf_model(d.string(), m);
   CHECK(back == params);  // bit for bit
@@ -368,7 +360,7 @@ TEST_CASE("HF round trip: export, then model.init_from reads the same parameters
 TEST_CASE("HF model directories: what differs is named (file, key or tensor, value, expected)", "[hf]") {
   const auto d = scratch_dir("hf_errors");
   const ModelConfig m = small_model();
-  const auto params = random_params(m);
+  const auto params = random_params(m, 0.5f);
   write_hf_model(d.string(), m, params, TensorDtype::f32);
   const std::string weights = (d / "model.safetensors").string(), config = (d / "config.json").string();
   auto error_of = [&](const ModelConfig& want) {

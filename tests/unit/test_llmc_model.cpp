@@ -23,14 +23,6 @@ ModelConfig small_model() {
   return m;
 }
 
-std::vector<float> random_params(const ModelConfig& m) {
-  std::mt19937 rng(5);
-  std::normal_distribution<float> normal;
-  std::vector<float> p(ParamLayout(m).total);
-  for (float& x : p) x = normal(rng);
-  return p;
-}
-
 std::vector<int32_t> header_of(const fs::path& path) {
   std::vector<int32_t> h(256);
   std::ifstream(path, std::ios::binary).read(reinterpret_cast<char*>(h.data()), 1024);
@@ -42,7 +34,7 @@ std::vector<int32_t> header_of(const fs::path& path) {
 TEST_CASE("llm.c model files: header, padding and the fp32 round trip", "[llmc]") {
   const auto d = scratch_dir("llmc_fp32");
   const ModelConfig m = small_model();
-  const auto params = random_params(m);
+  const auto params = random_params(m, 1.0f);
   const fs::path file = d / "model.bin";
   write_llmc_model(file.string(), m, params, kLlmcVersionFp32);
 
@@ -101,7 +93,7 @@ TEST_CASE("llm.c model files: header, padding and the fp32 round trip", "[llmc]"
 TEST_CASE("llm.c bf16 files round to nearest even and round-trip exactly after that", "[llmc]") {
   const auto d = scratch_dir("llmc_bf16");
   const ModelConfig m = small_model();
-  auto params = random_params(m);
+  auto params = random_params(m, 1.0f);
   params[0] = 1.0f + 1.0f / 256;         // exactly between two bf16 values: rounds to the even 1.0
   params[1] = 1.0f + 3.0f / 256;         // between 1+2/256 and 1+4/256: rounds to the even 1+4/256
   params[2] = -2.5f;                     // exact in bf16
