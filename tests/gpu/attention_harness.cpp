@@ -106,28 +106,17 @@ std::vector<FpaKernels> every_family() {
   return {FpaKernels::automatic};
 }
 
-bool wgmma_forward_runs(const SageOptions& opt) {
-  return opt.precision.qk == Precision::int8 &&
-         (opt.precision.pv == Precision::int8 || opt.precision.pv == Precision::fp8);
-}
-bool wgmma_dq_runs(const SageOptions& opt) {
-  const SagePrecision& pr = opt.precision;
-  return pr.qk == Precision::int8 && pr.dq == Precision::int8 && pr.dp == Precision::bf16 &&
-         opt.bwd_granularity == BwdGranularity::rowcol;
-}
-bool wgmma_dkdv_runs(const SageOptions& opt) {
-  const SagePrecision& pr = opt.precision;
-  return pr.qk == Precision::int8 && (pr.dv == Precision::int8 || pr.dv == Precision::fp8) &&
-         pr.dk == Precision::int8 && pr.dp == Precision::bf16 &&
-         opt.bwd_granularity == BwdGranularity::rowcol;
-}
+bool wgmma_forward_runs(const SageOptions& opt) { return cuda::sage_wgmma_forward_runs(opt); }
+bool wgmma_dq_runs(const SageOptions& opt) { return cuda::sage_wgmma_dq_runs(opt); }
+bool wgmma_dkdv_runs(const SageOptions& opt) { return cuda::sage_wgmma_dkdv_runs(opt); }
 bool some_sage_kernel_on_wgmma(const SageOptions& opt) {
   return wgmma_forward_runs(opt) || wgmma_dq_runs(opt) || wgmma_dkdv_runs(opt);
 }
 
 std::vector<FpaKernels> sage_families(const SageOptions& opt) {
-  if (opt.precision.pv == Precision::fp8 || opt.precision.dv == Precision::fp8)
-    return {FpaKernels::wgmma};  // the fp8 products' only family
+  const SagePrecision& pr = opt.precision;
+  for (Precision x : {pr.qk, pr.pv, pr.dp, pr.dv, pr.dq, pr.dk})
+    if (x == Precision::fp8) return {FpaKernels::wgmma};  // the fp8 products' only family
   if (some_sage_kernel_on_wgmma(opt)) return {FpaKernels::mma_sync, FpaKernels::wgmma};
   return {FpaKernels::mma_sync};
 }

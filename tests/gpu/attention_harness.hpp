@@ -57,15 +57,14 @@ const char* family_name(FpaKernels family);
 // Automatic, and mma.sync beside it where automatic is wgmma (Hopper).
 std::vector<FpaKernels> every_family();
 
-// The sage kernels that have a wgmma version (sage.cuh, SageTiles): the forward
-// with qk = int8 and pv = int8 or fp8 (fp8 runs there alone); dQ with qk = dq = int8, dK/dV with qk
-// = dv = dk = int8, both with dp = bf16 and rowcol.
+// The sage kernels that have a wgmma version and whether it runs the options
+// (sage.cuh, SageTiles: cuda::sage_wgmma_forward_runs and the others).
 bool wgmma_forward_runs(const SageOptions& opt);
 bool wgmma_dq_runs(const SageOptions& opt);
 bool wgmma_dkdv_runs(const SageOptions& opt);
 bool some_sage_kernel_on_wgmma(const SageOptions& opt);
 // mma.sync, and wgmma where some sage kernel runs these options on it; wgmma
-// alone under pv or dv = fp8.
+// alone where any key is fp8.
 std::vector<FpaKernels> sage_families(const SageOptions& opt);
 // The default tiles with each kernel that has a wgmma version on `family`
 // (wgmma only where it runs these options; the others on mma.sync).

@@ -214,27 +214,46 @@ std::vector<std::pair<Group, AttentionCase>> attention_cases() {
       add(Group::sage, qattn::test::sage_config(opt), qattn::test::sage_families(opt), s,
           sage_inputs, {}, kSage);
 
-  // fp8 (docs/attention-maths.md §4.12) where the CUDA kernels run it: pv (the
-  // wgmma forward's e4m3 P̂ V̂), dv (the wgmma dK/dV's e4m3 P̂ᵀ dÔ), both, dq
-  // (the wgmma dQ's e4m3 dŜ K̂), dv with dk (the dK/dV kernel's e4m3 dŜᵀ Q̂
-  // beside P̂ᵀ dÔ) and the four together (qk int8, dp bf16: the mixed setting),
-  // on the shapes of the defaults; then each with smooth_q, at sigma = 5, and
-  // with V's and dO's 64-row blocks scaled 2^0 ... 2^-12 (the folds span 2^-12,
-  // and ‖dO_i‖ and ‖V_j‖, so dS's per-row and per-key exponents, with them).
+  // fp8 (docs/attention-maths.md §4.12) on the CUDA kernels: pv (the wgmma
+  // forward's e4m3 P̂ V̂), dv (the wgmma dK/dV's e4m3 P̂ᵀ dÔ), both, dq (the
+  // wgmma dQ's e4m3 dŜ K̂), dv with dk (the dK/dV kernel's e4m3 dŜᵀ Q̂ beside
+  // P̂ᵀ dÔ) and the four together (qk int8, dp bf16); qk alone (the e4m3 S =
+  // Q̂ K̂ᵀ of all three kernels), dp alone (the e4m3 dP = dÔ V̂ᵀ of dQ and dK/dV),
+  // qk = int8 with the other five fp8, all six fp8, and qk fp8 with dp int8
+  // (the s8 dÔ V̂ᵀ beside an e4m3 S on the wgmma backward); on the shapes of the
+  // defaults (T = 64: one block on the diagonal; T = 1000 and 1024: the causal
+  // mask's full and diagonal blocks and a tail); then each with smooth_q, at
+  // sigma = 5, and with V's and dO's 64-row blocks scaled 2^0 ... 2^-12 (the
+  // folds span 2^-12, and ‖dO_i‖ and ‖V_j‖, so dS's per-row and per-key
+  // exponents, with them).
   // The tolerances are the int8 ones: against the CPU reference (the
   // definition, in fp64) an fp8 operand differs only where the GPU's fp32 value
   // (hardware exp2 for P, bf16 dP summed in another order, fp32 norms in dS's
-  // bound) and the reference's fp64 one straddle an e4m3 rounding boundary
-  // (2^-4 relative apart) or a power of two of the bound; a flip moves that one
-  // entry by at most 2^-4 of itself, and the entries flip independently, so the
-  // relative L2 of dQ and dK stays below that of an int8 level flip of Q̂ or K̂,
-  // which moves a whole row of scores (what kSage and kSageSigma5 are set by).
-  SageOptions pv_fp8, dv_fp8, both_fp8, dq_fp8, dv_dk_fp8, four_fp8;
+  // bound, fp32 c·(Q − μ_Q)) and the reference's fp64 one straddle an e4m3
+  // rounding boundary (2^-4 relative apart) or a power of two of the bound
+  // (§4.9); a flip moves that one entry by at most 2^-4 of itself, and the
+  // entries flip independently, so the relative L2 of dQ and dK stays below that
+  // of an int8 level flip of Q̂ or K̂, which moves a whole row of scores (what
+  // kSage and kSageSigma5 are set by). The e4m3 S and dP are sums of exact
+  // products in the tensor cores' accumulator, in their order and precision
+  // (§4.9), against the reference's index-order fp64 sum: relative 2^-13 or
+  // better of the sum's terms, far below a level flip.
+  SageOptions pv_fp8, dv_fp8, both_fp8, dq_fp8, dv_dk_fp8, four_fp8, qk_fp8, dp_fp8, five_fp8,
+      all_fp8, qk_fp8_dp_int8;
   pv_fp8.precision.pv = both_fp8.precision.pv = four_fp8.precision.pv = Precision::fp8;
   dv_fp8.precision.dv = both_fp8.precision.dv = dv_dk_fp8.precision.dv = Precision::fp8;
   dq_fp8.precision.dq = dv_dk_fp8.precision.dk = Precision::fp8;
   four_fp8.precision.dv = four_fp8.precision.dq = four_fp8.precision.dk = Precision::fp8;
-  for (const SageOptions& opt : {pv_fp8, dv_fp8, both_fp8, dq_fp8, dv_dk_fp8, four_fp8}) {
+  qk_fp8.precision.qk = qk_fp8_dp_int8.precision.qk = Precision::fp8;
+  dp_fp8.precision.dp = Precision::fp8;
+  qk_fp8_dp_int8.precision.dp = Precision::int8;
+  for (Precision* p : {&five_fp8.precision.pv, &five_fp8.precision.dp, &five_fp8.precision.dv,
+                       &five_fp8.precision.dq, &five_fp8.precision.dk})
+    *p = Precision::fp8;
+  all_fp8 = five_fp8;
+  all_fp8.precision.qk = Precision::fp8;
+  for (const SageOptions& opt : {pv_fp8, dv_fp8, both_fp8, dq_fp8, dv_dk_fp8, four_fp8, qk_fp8,
+                                 dp_fp8, five_fp8, all_fp8, qk_fp8_dp_int8}) {
     const AttentionConfig cfg = qattn::test::sage_config(opt);
     const std::vector<FpaKernels> families = qattn::test::sage_families(opt);
     for (const AttentionShape& s : {AttentionShape{1, 2, 64, 64}, AttentionShape{1, 2, 1000, 64},
@@ -306,10 +325,11 @@ std::vector<std::pair<Group, AttentionCase>> attention_cases() {
 
   // fp8 with one head's V or dO all zeros (the last head; the other random):
   // the fp8 kernels divide by a head's largest scale (s_V,top, s_dO,top, the
-  // bound of dS), which such a head makes 0 or its floor. dv alone and the
-  // four fp8 products (qk int8, dp bf16), on a tail shape and on one tile at
-  // d = 128. The test below also requires exact zeros where the maths has them.
-  for (const SageOptions& opt : {dv_fp8, four_fp8})
+  // bound of dS), which such a head makes 0 or its floor, and the e4m3 dP's
+  // blocks of zeros have scale 0. dv alone, the four fp8 products (qk int8, dp
+  // bf16) and all six, on a tail shape and on one tile at d = 128. The test
+  // below also requires exact zeros where the maths has them.
+  for (const SageOptions& opt : {dv_fp8, four_fp8, all_fp8})
     for (const AttentionShape& s : {AttentionShape{1, 2, 1000, 64}, AttentionShape{1, 2, 64, 128}})
       for (const InputRecipe::Kind zeroed : {InputRecipe::zero_values, InputRecipe::zero_dout})
         add(Group::sage_fp8_zero_head, qattn::test::sage_config(opt),
@@ -364,7 +384,7 @@ TEST_CASE("sage on the GPU matches the CPU sage reference, forward and backward"
   qattn::test::check_cases(cases_of(Group::sage));
 }
 
-TEST_CASE("sage with pv, dv, dq, dk = fp8 matches the CPU sage reference (wgmma kernels)",
+TEST_CASE("sage with fp8 products (any of the six keys) matches the CPU sage reference (wgmma)",
           "[sage][fp8]") {
   qattn::test::check_cases(cases_of(Group::sage_fp8));
 }

@@ -35,6 +35,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -912,6 +913,64 @@ TEST_CASE("sage wgmma backward on many heads: dQ stable and finite over poisoned
   }
 }
 
+// fp8 at the shapes `qattn bench attention` is timed at (docs/sage.md), on its
+// inputs (Q, K, V, dO ~ N(0, 1)), with the default tiles as training runs them:
+// all six keys fp8, and qk int8 with the other five fp8. The CPU reference is
+// too slow there (T² d per head); what is checked is that every output and
+// saved statistic is finite (outputs poisoned with NaN first), i.e. that no
+// fold, bound or scale of the many heads and blocks overflows or divides by 0.
+TEST_CASE("sage fp8 at the bench shapes: every output finite", "[sage][fp8][fp8-bench]") {
+  if (!wgmma_checked("fp8 sage is")) return;
+  SageOptions all_fp8;
+  for (Precision* p : {&all_fp8.precision.pv, &all_fp8.precision.dp, &all_fp8.precision.dv,
+                       &all_fp8.precision.dq, &all_fp8.precision.dk})
+    *p = Precision::fp8;
+  SageOptions qk_int8 = all_fp8;
+  all_fp8.precision.qk = Precision::fp8;
+  for (const SageOptions& opt : {all_fp8, qk_int8})
+    for (const AttentionShape& s :
+         {AttentionShape{4, 16, 4096, 128}, AttentionShape{1, 16, 16384, 128}}) {
+      const AttentionConfig cfg = sage_config(opt);
+      const std::vector<bf16> qkv =
+                                  qattn::test::normal_qkv(s, 1.0f, 1.0f, 0.0f, qattn::test::rng()),
+                              dout = random_heads(s);
+      AttentionBuffers b(cfg, s, qkv, dout);
+      b.o.poison();
+      b.dqkv.poison();
+      b.stats.poison();
+      qattn::cuda::sage_forward(cfg.sage, s, b.qkv.get(), b.o.get(), b.stats.get(), b.saved.get(),
+                                nullptr);
+      qattn::cuda::sage_backward(cfg.sage, s, b.qkv.get(), b.o.get(), b.dout.get(), b.stats.get(),
+                                 b.saved.get(), b.dqkv.get(), b.work.get(), nullptr);
+      auto not_finite = [](const auto& v) {
+        size_t n = 0;
+        for (const auto& x : v) {
+          float f;
+          if constexpr (std::is_same_v<std::decay_t<decltype(x)>, bf16>)
+            f = __bfloat162float(x);
+          else
+            f = x;
+          n += !std::isfinite(f);
+        }
+        return n;
+      };
+      const std::vector<bf16> o = b.o.download(), dqkv = b.dqkv.download();
+      const std::vector<float> stats = b.stats.download();
+      const size_t bad_o = not_finite(o), bad_dqkv = not_finite(dqkv),
+                   bad_stats = not_finite(stats);
+      std::printf(
+          "sage fp8 bench shape  (B,H,T,d)=(%d,%d,%5d,%3d) qk %s: non-finite o %zu/%zu, dqkv "
+          "%zu/%zu, stats %zu/%zu\n",
+          s.B, s.H, s.T, s.d, qattn::to_string(opt.precision.qk).c_str(), bad_o, o.size(), bad_dqkv,
+          dqkv.size(), bad_stats, stats.size());
+      INFO("(B,H,T,d)=(" << s.B << "," << s.H << "," << s.T << "," << s.d << "), qk "
+                         << qattn::to_string(opt.precision.qk));
+      CHECK(bad_o == 0);
+      CHECK(bad_dqkv == 0);
+      CHECK(bad_stats == 0);
+    }
+}
+
 namespace {
 
 // Forward and backward with the given tile shape; outputs, statistics and
@@ -1055,7 +1114,8 @@ TEST_CASE("sage kernels refuse what they cannot run, naming the option", "[sage]
       qattn::cuda::sage_forward(pv_bf16, s, nullptr, nullptr, nullptr, pv_bf16_saved.get(), nullptr,
                                 qattn::cuda::SageTiles{4, 4, 8, FpaKernels::wgmma}),
       Catch::Contains("forward_kernels = wgmma: the wgmma kernel runs only "
-                      "attention.sage.precision.qk = pv = int8 (got qk = int8, pv = bf16)"));
+                      "attention.sage.precision.qk and pv each int8 or fp8 (got qk = int8, pv = "
+                      "bf16)"));
   SageOptions tile;
   tile.bwd_granularity = BwdGranularity::tile;
   qattn::cuda::SageTiles dq_wgmma = qattn::cuda::sage_default_tiles(s);
@@ -1064,71 +1124,79 @@ TEST_CASE("sage kernels refuse what they cannot run, naming the option", "[sage]
       qattn::cuda::sage_backward(tile, s, nullptr, nullptr, nullptr, nullptr, saved.get(), nullptr,
                                  work.get(), nullptr, dq_wgmma),
       Catch::Contains(
-          "dq_kernels = wgmma: the wgmma kernel runs only attention.sage.precision.qk "
-          "= dq = int8, dp = bf16, bwd_granularity rowcol (got qk = int8, dq = int8, dp "
-          "= bf16, bwd_granularity tile)"));
-  SageOptions dp_int8;
-  dp_int8.precision.dp = Precision::int8;
-  DeviceBuffer<unsigned char> dp_int8_saved(qattn::cuda::sage_saved_bytes(dp_int8, s)),
-      dp_int8_work(qattn::cuda::sage_workspace_bytes(dp_int8, s));
+          "dq_kernels = wgmma: the wgmma kernel runs only attention.sage.precision.qk = int8 "
+          "or fp8, and dq = fp8 or dq = int8 with bwd_granularity rowcol (got qk = int8, dq = "
+          "int8, bwd_granularity tile)"));
+  SageOptions dk_tile;
+  dk_tile.precision.dk = Precision::bf16;
+  DeviceBuffer<unsigned char> dk_tile_saved(qattn::cuda::sage_saved_bytes(dk_tile, s)),
+      dk_tile_work(qattn::cuda::sage_workspace_bytes(dk_tile, s));
   qattn::cuda::SageTiles dkdv_wgmma{4, 4, 8};
   dkdv_wgmma.dkdv_kernels = FpaKernels::wgmma;
   CHECK_THROWS_WITH(
-      qattn::cuda::sage_backward(dp_int8, s, nullptr, nullptr, nullptr, nullptr,
-                                 dp_int8_saved.get(), nullptr, dp_int8_work.get(), nullptr,
+      qattn::cuda::sage_backward(dk_tile, s, nullptr, nullptr, nullptr, nullptr,
+                                 dk_tile_saved.get(), nullptr, dk_tile_work.get(), nullptr,
                                  dkdv_wgmma),
-      Catch::Contains(
-          "dkdv_kernels = wgmma: the wgmma kernel runs only attention.sage.precision.qk "
-          "= dv = dk = int8, dp = bf16, bwd_granularity rowcol (got qk = int8, dv = int8, "
-          "dk = int8, dp = int8, bwd_granularity rowcol)"));
-  // fp8 operands: pv, dv, dq and dk run on the wgmma kernels with qk = int8,
-  // dp = bf16 and no softmax block (dv also with dk = int8, rowcol, or dk =
-  // fp8; dk only beside dv = fp8); qk and dp run on the CPU backend only.
-  // Sizing the buffers refuses what cannot run, as does the forward, naming
-  // the key.
+      Catch::Contains("dkdv_kernels = wgmma: the wgmma kernel runs only "
+                      "attention.sage.precision.qk, dv and dk each int8 or fp8, dk = fp8 only "
+                      "with dv = fp8, and bwd_granularity rowcol unless dv = dk = fp8 (got qk = "
+                      "int8, dv = int8, dk = bf16, bwd_granularity rowcol)"));
+  // fp8 operands run on the wgmma kernels (sage.cuh), each kernel its own
+  // products, with the exact softmax only. Sizing the buffers refuses what
+  // cannot run, as does the forward, naming the key, its value and what the
+  // kernel takes.
   using qattn::SagePrecision;
   for (const auto& [key, member] :
-       {std::pair{"qk", &SagePrecision::qk}, std::pair{"dp", &SagePrecision::dp}}) {
-    SageOptions fp8;
-    fp8.precision.*member = Precision::fp8;
-    const std::string named = std::string("attention.sage.precision.") + key + " = \"fp8\"";
-    CHECK_THROWS_WITH(qattn::cuda::sage_saved_bytes(fp8, s), Catch::Contains(named));
-    CHECK_THROWS_WITH(qattn::cuda::attention_forward(sage_config(fp8), s, nullptr, nullptr, nullptr,
-                                                     nullptr, nullptr),
+       {std::pair{"qk", &SagePrecision::qk}, std::pair{"pv", &SagePrecision::pv},
+        std::pair{"dp", &SagePrecision::dp}, std::pair{"dv", &SagePrecision::dv},
+        std::pair{"dq", &SagePrecision::dq}, std::pair{"dk", &SagePrecision::dk}}) {
+    SageOptions fp8_with_block;
+    fp8_with_block.precision.*member = Precision::fp8;
+    fp8_with_block.softmax = qattn::KIntervalOptions{};
+    const std::string named = std::string("attention.sage.precision.") + key +
+                              " = \"fp8\": the CUDA kernels run fp8 with the exact softmax "
+                              "only, not with a softmax block (allowed there: \"int8\" | "
+                              "\"bf16\")";
+    CHECK_THROWS_WITH(qattn::cuda::sage_saved_bytes(fp8_with_block, s), Catch::Contains(named));
+    CHECK_THROWS_WITH(qattn::cuda::attention_forward(sage_config(fp8_with_block), s, nullptr,
+                                                     nullptr, nullptr, nullptr, nullptr),
                       Catch::Contains(named));
   }
-  SageOptions pv_fp8_dp_int8;
-  pv_fp8_dp_int8.precision.pv = Precision::fp8;
-  pv_fp8_dp_int8.precision.dp = Precision::int8;
-  CHECK_THROWS_WITH(
-      qattn::cuda::sage_saved_bytes(pv_fp8_dp_int8, s),
-      Catch::Contains("attention.sage.precision.pv = \"fp8\": the CUDA kernels run "
-                      "it with qk = \"int8\", dp = \"bf16\" and no softmax block "
-                      "(got qk = int8, dp = int8, dv = int8, dk = int8, bwd_granularity rowcol)"));
+  SageOptions qk_fp8_pv_bf16;
+  qk_fp8_pv_bf16.precision.qk = Precision::fp8;
+  qk_fp8_pv_bf16.precision.pv = Precision::bf16;
+  CHECK_THROWS_WITH(qattn::cuda::sage_saved_bytes(qk_fp8_pv_bf16, s),
+                    Catch::Contains("attention.sage.precision.qk = \"fp8\" runs on the wgmma "
+                                    "forward, which runs only attention.sage.precision.qk and pv "
+                                    "each int8 or fp8 (got qk = fp8, pv = bf16)"));
+  SageOptions dp_fp8_dq_tile;
+  dp_fp8_dq_tile.precision.dp = Precision::fp8;
+  dp_fp8_dq_tile.bwd_granularity = BwdGranularity::tile;
+  CHECK_THROWS_WITH(qattn::cuda::sage_saved_bytes(dp_fp8_dq_tile, s),
+                    Catch::Contains("attention.sage.precision.dp = \"fp8\" runs on the wgmma dQ "
+                                    "kernel, which runs only attention.sage.precision.qk = int8 "
+                                    "or fp8, and dq = fp8 or dq = int8 with bwd_granularity "
+                                    "rowcol (got qk = int8, dq = int8, bwd_granularity tile)"));
   SageOptions dv_fp8_tile;
   dv_fp8_tile.precision.dv = Precision::fp8;
   dv_fp8_tile.bwd_granularity = BwdGranularity::tile;
   CHECK_THROWS_WITH(qattn::cuda::sage_saved_bytes(dv_fp8_tile, s),
-                    Catch::Contains("attention.sage.precision.dv = \"fp8\": the CUDA kernels run "
-                                    "it with qk = \"int8\", dp = \"bf16\", no softmax block, "
-                                    "and dk = \"fp8\" or dk = \"int8\" with bwd_granularity "
-                                    "\"rowcol\" (got qk = int8, dp = bf16, dv = fp8, dk = int8, "
-                                    "bwd_granularity tile)"));
-  SageOptions dq_fp8_dp_int8;
-  dq_fp8_dp_int8.precision.dq = Precision::fp8;
-  dq_fp8_dp_int8.precision.dp = Precision::int8;
-  CHECK_THROWS_WITH(qattn::cuda::sage_saved_bytes(dq_fp8_dp_int8, s),
-                    Catch::Contains("attention.sage.precision.dq = \"fp8\": the CUDA kernels run "
-                                    "it with qk = \"int8\", dp = \"bf16\" and no softmax block "
-                                    "(got qk = int8, dp = int8, dv = int8, dk = int8, "
-                                    "bwd_granularity rowcol)"));
+                    Catch::Contains("attention.sage.precision.dv = \"fp8\" runs on the wgmma "
+                                    "dK/dV kernel, which runs only attention.sage.precision.qk, "
+                                    "dv and dk each int8 or fp8, dk = fp8 only with dv = fp8, and "
+                                    "bwd_granularity rowcol unless dv = dk = fp8 (got qk = int8, "
+                                    "dv = fp8, dk = int8, bwd_granularity tile)"));
   SageOptions dk_fp8_alone;
   dk_fp8_alone.precision.dk = Precision::fp8;
   CHECK_THROWS_WITH(qattn::cuda::sage_saved_bytes(dk_fp8_alone, s),
-                    Catch::Contains("attention.sage.precision.dk = \"fp8\": the CUDA kernels run "
-                                    "it with qk = \"int8\", dp = \"bf16\", dv = \"fp8\" and "
-                                    "no softmax block (got qk = int8, dp = bf16, dv = int8, "
-                                    "dk = fp8, bwd_granularity rowcol)"));
+                    Catch::Contains("attention.sage.precision.dk = \"fp8\" runs on the wgmma "
+                                    "dK/dV kernel, which runs only"));
+  SageOptions qk_fp8_dq_bf16;
+  qk_fp8_dq_bf16.precision.qk = Precision::fp8;
+  qk_fp8_dq_bf16.precision.dq = Precision::bf16;
+  CHECK_THROWS_WITH(qattn::cuda::sage_saved_bytes(qk_fp8_dq_bf16, s),
+                    Catch::Contains("attention.sage.precision.qk = \"fp8\" runs on the wgmma dQ "
+                                    "kernel, which runs only"));
   if (!qattn::test::wgmma_available()) {  // off Hopper, fp8 has no kernel
     SageOptions pv_fp8;
     pv_fp8.precision.pv = Precision::fp8;

@@ -273,6 +273,33 @@ __device__ __forceinline__ void mma_e4m3_rs(float (&acc)[1][kNTiles][4], const u
 #endif
 }
 
+// acc (64, N) (+)= A (64, 32) Bᵀ, e4m3 x e4m3 -> f32, A and B K-major 8-bit
+// tiles in shared memory (B is (N, 32): rows are output columns), as mma_s8_ss.
+// accumulate = false overwrites acc.
+template <int kNTiles>
+__device__ __forceinline__ void mma_e4m3_ss(float (&acc)[1][kNTiles][4], uint64_t a_desc,
+                                            uint64_t b_desc, bool accumulate) {
+  static_assert(kNTiles == 8 || kNTiles == 16, "wgmma N is 64 or 128 here");
+#if QATTN_SM90A_DEVICE
+  auto& c = acc[0];
+  if constexpr (kNTiles == 8) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 " QATTN_REGS32
+        ", %32, %33, p, 1, 1;\n}\n"
+        : QATTN_ACC32(c)
+        : "l"(a_desc), "l"(b_desc), "r"(accumulate ? 1 : 0));
+  } else {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 " QATTN_REGS64
+        ", %64, %65, p, 1, 1;\n}\n"
+        : QATTN_ACC64(c)
+        : "l"(a_desc), "l"(b_desc), "r"(accumulate ? 1 : 0));
+  }
+#endif
+}
+
 #undef QATTN_ACC4
 #undef QATTN_ACC32
 #undef QATTN_ACC64
@@ -358,6 +385,23 @@ __device__ __forceinline__ void issue_s8_ss(int (&acc)[1][kNTiles][4],
 #pragma unroll
   for (int ks = 0; ks < kRowBytes / 32; ++ks)
     mma_s8_ss(acc, desc_plus(a_desc, 32 * ks), desc_plus(b_desc, 32 * ks), ks > 0);
+  wgmma_commit();
+  fence_operands(acc);
+}
+
+// The same over e4m3 tiles into fresh fp32 accumulators (S = Q̂ K̂ᵀ and dP =
+// dÔ V̂ᵀ at fp8, docs/attention-maths.md §4.12; one scale per tile, applied
+// by the caller).
+template <int kNTiles, int kRowsA, int kRowsB, int kRowBytes>
+__device__ __forceinline__ void issue_e4m3_ss(float (&acc)[1][kNTiles][4],
+                                              Int8SmemTile<kRowsA, kRowBytes> a, int row0,
+                                              Int8SmemTile<kRowsB, kRowBytes> b) {
+  static_assert(kNTiles * 8 == kRowsB, "B's rows are the output columns");
+  const uint64_t a_desc = desc_k_major(a, row0), b_desc = desc_k_major(b, 0);
+  wgmma_fence();
+#pragma unroll
+  for (int ks = 0; ks < kRowBytes / 32; ++ks)
+    mma_e4m3_ss(acc, desc_plus(a_desc, 32 * ks), desc_plus(b_desc, 32 * ks), ks > 0);
   wgmma_commit();
   fence_operands(acc);
 }

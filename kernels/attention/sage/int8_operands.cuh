@@ -120,6 +120,15 @@ __device__ __forceinline__ void sums_to_scores(float (&acc)[1][kNTiles][4],
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc[0][nt][e] = sum_to_float<kTerms>(sum[nt][e]) * scale;
 }
+// The same from fp32 sums (the e4m3 products' accumulators, §4.12).
+template <int kTerms, int kNTiles>
+__device__ __forceinline__ void sums_to_scores(float (&acc)[1][kNTiles][4],
+                                               const float (&sum)[kNTiles][4], float scale) {
+#pragma unroll
+  for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[0][nt][e] = sum[nt][e] * scale;
+}
 // acc += sum · row_scale of the element's row (g: [0], g + 8: [1]), kTerms products each.
 template <int kTerms>
 __device__ __forceinline__ void add_sum(float (&acc)[4], const int (&sum)[4],

@@ -5,12 +5,13 @@
 //   quantise         one block of every operand of the pass: smoothing, ψ, the
 //                    copies (forward Q, K, V; backward dO and δ)
 //   query_bias       smooth_q's fp32 bias c·μ_Qi·(K_j − μ_K), one row per query block
-// Under pv = fp8 V's copies, under dv = fp8 dO's, hold e4m3 values on
-// power-of-two block scales (docs/attention-maths.md §4.12) where the others
-// hold ψ's int8 levels; under dq = fp8 K's transposed copy, under dk = fp8
-// c·(Q − μ_Q)'s, hold e4m3 on their own power-of-two scales (t_scale) beside
-// the natural int8 copy that S reads. Under dq or dk = fp8 the backward's pass
-// also writes ‖dO_t‖, ‖V_t‖ and their and |δ_t|'s block maxima, dS's bounds.
+// An operand's natural copy (read by S = Q̂ K̂ᵀ for c·(Q − μ_Q) and K − μ_K, by
+// dP = dÔ V̂ᵀ for V and dO) and its transposed copy (read by dK, dQ, O and dV)
+// each hold e4m3 values on power-of-two block scales (docs/attention-maths.md
+// §4.12) where that product is fp8, else ψ's int8 levels: `scale` is the
+// natural copy's, `t_scale` the transposed one's (its own array where the two
+// differ, QuantOperand). Under dq or dk = fp8 the backward's pass also writes
+// ‖dO_t‖, ‖V_t‖ and their and |δ_t|'s block maxima, dS's bounds.
 //
 // The block kernels move a 64-row block as 16-byte chunks of 8 bf16: thread i
 // owns channels 8(i mod d/8) … +7 of rows i / (d/8) + k·(256 / (d/8)), the same
@@ -41,10 +42,10 @@ struct QuantiseParams {
   int B, H, T;
   float c;  // 1 / sqrt(d)
   bool smooth_q, smooth_k;
-  bool v_fp8;      // pv = fp8: V's copies in e4m3
-  bool do_fp8;     // dv = fp8: dO's copies in e4m3
-  bool k_t_fp8;    // dq = fp8: K's transposed copy in e4m3 (t_scale)
-  bool q_t_fp8;    // dk = fp8: c·(Q − μ_Q)'s transposed copy in e4m3 (t_scale)
+  // Which copies hold e4m3, per operand (0 c·(Q − μ_Q), 1 K − μ_K, 2 V, 3 dO):
+  // the natural one (qk for Q and K, dp for V and dO), the transposed one (dk,
+  // dq, pv, dv).
+  bool natural_fp8[4], transposed_fp8[4];
   bool ds_bounds;  // dq or dk = fp8: the norms and maxima of dS's bounds
 };
 
@@ -323,14 +324,13 @@ __global__ void __launch_bounds__(kQuantThreads) quantise_kernel(const QuantiseP
     amax = 0.0f;
 #pragma unroll
     for (int w = 0; w < kQuantThreads / 32; ++w) amax = fmaxf(amax, sm.warp_amax[i][w]);
-    const bool fp8 = (which == 2 && p.v_fp8) || (which == 3 && p.do_fp8);  // uniform
-    // The transposed copy alone in e4m3 (its own scale), the natural one int8.
-    const bool t_fp8 = (which == 0 && p.q_t_fp8) || (which == 1 && p.k_t_fp8);
-    const float scale = fp8 ? fp8_block_scale(amax) : amax == 0.0f ? 1.0f : amax / 127.0f;
-    const float t_scale = t_fp8 ? fp8_block_scale(amax) : scale;
+    const bool fp8 = p.natural_fp8[which], t_fp8 = p.transposed_fp8[which];  // uniform
+    const float int8_scale = amax == 0.0f ? 1.0f : amax / 127.0f;
+    const float scale = fp8 ? fp8_block_scale(amax) : int8_scale;
+    const float t_scale = t_fp8 ? fp8_block_scale(amax) : int8_scale;
     if (threadIdx.x == 0) {
       out.scale[ws.head_block0(bh) + blk] = scale;
-      if (t_fp8) out.t_scale[ws.head_block0(bh) + blk] = t_scale;
+      if (t_fp8 != fp8) out.t_scale[ws.head_block0(bh) + blk] = t_scale;
     }
 
     // The natural copies, one 16-byte (bf16) or 8-byte (int8) store per chunk;
@@ -367,15 +367,25 @@ __global__ void __launch_bounds__(kQuantThreads) quantise_kernel(const QuantiseP
         return static_cast<uint32_t>(__nv_cvt_float_to_fp8(v * inv_s, __NV_SATFINITE, __NV_E4M3));
       };
     };
-    if (fp8) {
-      write_copies(e4m3_level(scale), true, true);
-    } else if (scale >= kReciprocalScaleMin) {  // uniform over the block
-      const float inv_scale = __frcp_rn(scale);
-      write_copies([&](float v) { return quantise_level(v, scale, inv_scale); }, true, !t_fp8);
+    // The copies of one precision at once (both where they share it).
+    auto write_at = [&](bool e4m3, bool natural, bool transposed) {
+      if (e4m3) {
+        write_copies(e4m3_level(fp8_block_scale(amax)), natural, transposed);
+      } else if (int8_scale >= kReciprocalScaleMin) {  // uniform over the block
+        const float inv_scale = __frcp_rn(int8_scale);
+        write_copies([&](float v) { return quantise_level(v, int8_scale, inv_scale); }, natural,
+                     transposed);
+      } else {
+        write_copies([&](float v) { return quantise_level_by_division(v, int8_scale); }, natural,
+                     transposed);
+      }
+    };
+    if (fp8 == t_fp8) {
+      write_at(fp8, true, true);
     } else {
-      write_copies([&](float v) { return quantise_level_by_division(v, scale); }, true, !t_fp8);
+      write_at(fp8, true, false);
+      write_at(t_fp8, false, true);
     }
-    if (t_fp8) write_copies(e4m3_level(t_scale), false, true);
     if (!copies.i8t) return;
     __syncthreads();
     if (threadIdx.x < D)
@@ -502,7 +512,8 @@ class Carver {
 bool v_bf16_is_the_forwards(const SageOptions& opt) { return opt.precision.pv == Precision::bf16; }
 
 // Operand x's copies named in `copies`, each (B·H, Tp, d), and its block scales.
-// own_t_scale: the transposed copy is e4m3 beside an int8 natural one (QuantOperand::t_scale).
+// own_t_scale: one of the natural and the transposed copy is e4m3, the other
+// int8 levels (QuantOperand::t_scale).
 void carve_operand(QuantOperand& x, const OperandCopies& copies, size_t n, size_t scales, Carver& c,
                    bool own_t_scale = false) {
   x.i8 = copies.i8 ? c.take<int8_t>(n) : nullptr;
@@ -519,18 +530,20 @@ SageWorkspace carve(const SageOptions& opt, const AttentionShape& s, const SageC
   ws.Tp = ws.blocks * kSageBlock;
   const size_t heads = static_cast<size_t>(s.B) * s.H, n = heads * ws.Tp * s.d,
                scales = heads * ws.blocks;
-  const bool dq_fp8 = opt.precision.dq == Precision::fp8,
-             dk_fp8 = opt.precision.dk == Precision::fp8;
-  carve_operand(ws.q, copies.q, n, scales, saved, dk_fp8);
-  carve_operand(ws.k, copies.k, n, scales, saved, dq_fp8);
+  const SagePrecision& pr = opt.precision;
+  auto fp8 = [](Precision x) { return x == Precision::fp8; };
+  const bool dq_fp8 = fp8(pr.dq), dk_fp8 = fp8(pr.dk);
+  carve_operand(ws.q, copies.q, n, scales, saved, fp8(pr.qk) != dk_fp8);
+  carve_operand(ws.k, copies.k, n, scales, saved, fp8(pr.qk) != dq_fp8);
   const bool v_bf_saved = v_bf16_is_the_forwards(opt);
-  carve_operand(ws.v, {copies.v.i8, copies.v.i8t, copies.v.bf && v_bf_saved}, n, scales, saved);
+  carve_operand(ws.v, {copies.v.i8, copies.v.i8t, copies.v.bf && v_bf_saved}, n, scales, saved,
+                fp8(pr.dp) != fp8(pr.pv));
   ws.key_block_sums = opt.smooth_k ? saved.take<float>(heads * ws.blocks * s.d) : nullptr;
   ws.key_mean = saved.take<float>(heads * s.d);
   ws.query_mean = opt.smooth_q ? saved.take<float>(heads * ws.blocks * s.d) : nullptr;
   ws.query_bias = opt.smooth_q ? saved.take<float>(heads * ws.blocks * ws.Tp) : nullptr;
   if (copies.v.bf && !v_bf_saved) ws.v.bf = scratch.take<bf16>(n);
-  carve_operand(ws.dout, copies.dout, n, scales, scratch);
+  carve_operand(ws.dout, copies.dout, n, scales, scratch, fp8(pr.dp) != fp8(pr.dv));
   ws.delta = scratch.take<float>(heads * ws.Tp);
   if (dq_fp8 || dk_fp8) {
     ws.do_norm = scratch.take<float>(heads * ws.Tp);
@@ -544,22 +557,20 @@ SageWorkspace carve(const SageOptions& opt, const AttentionShape& s, const SageC
 QuantiseParams quantise_params(const SageOptions& opt, const AttentionShape& s, const bf16* qkv,
                                const bf16* o, const bf16* dout, const SageWorkspace& ws,
                                const SageCopies& copies) {
-  return {qkv,
-          o,
-          dout,
-          ws,
-          copies,
-          s.B,
-          s.H,
-          s.T,
-          1.0f / std::sqrt(static_cast<float>(s.d)),
-          opt.smooth_q,
-          opt.smooth_k,
-          opt.precision.pv == Precision::fp8,
-          opt.precision.dv == Precision::fp8,
-          opt.precision.dq == Precision::fp8,
-          opt.precision.dk == Precision::fp8,
-          opt.precision.dq == Precision::fp8 || opt.precision.dk == Precision::fp8};
+  const SagePrecision& pr = opt.precision;
+  auto fp8 = [](Precision x) { return x == Precision::fp8; };
+  QuantiseParams p{};
+  p.qkv = qkv, p.o = o, p.dout = dout;
+  p.ws = ws;
+  p.copies = copies;
+  p.B = s.B, p.H = s.H, p.T = s.T;
+  p.c = 1.0f / std::sqrt(static_cast<float>(s.d));
+  p.smooth_q = opt.smooth_q, p.smooth_k = opt.smooth_k;
+  const bool natural[4] = {fp8(pr.qk), fp8(pr.qk), fp8(pr.dp), fp8(pr.dp)};
+  const bool transposed[4] = {fp8(pr.dk), fp8(pr.dq), fp8(pr.pv), fp8(pr.dv)};
+  for (int i = 0; i < 4; ++i) p.natural_fp8[i] = natural[i], p.transposed_fp8[i] = transposed[i];
+  p.ds_bounds = fp8(pr.dq) || fp8(pr.dk);
+  return p;
 }
 
 template <int D>

@@ -31,13 +31,14 @@ __host__ __device__ constexpr int kPermuted(int p) {
 // One operand of one attention call, all (b, h) heads: X quantised per block
 // of kSageBlock rows, and the same X rounded to bf16 (for products set to bf16).
 struct QuantOperand {
-  int8_t* i8;    // (B·H, Tp, d)  X̂, row-major
+  int8_t* i8;    // (B·H, Tp, d)  X̂, row-major (int8 levels or e4m3 bytes)
   int8_t* i8t;   // (B·H, d, Tp)  X̂ᵀ, T permuted within groups of 16 (int8_operands.cuh)
   bf16* bf;      // (B·H, Tp, d)  bf16(X)
-  float* scale;  // (B·H, Tp / kSageBlock)  ψ's scale per block
+  float* scale;  // (B·H, Tp / kSageBlock)  the natural copy's scale per block
   // The transposed copy's scale per block: `scale` itself, or its own array
-  // where i8t holds e4m3 on power-of-two scales and i8 ψ's int8 levels (K
-  // under dq = fp8, c·(Q − μ_Q) under dk = fp8, with qk = int8).
+  // where one of i8 and i8t holds e4m3 on power-of-two scales and the other
+  // ψ's int8 levels (the products reading them differ in fp8: qk against dk
+  // or dq, dp against pv or dv; quant.cu).
   float* t_scale;
 };
 

@@ -37,6 +37,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <initializer_list>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -87,9 +88,9 @@ struct SageParams {
   int B, H, T;
   float c;  // 1 / sqrt(d)
   // Precision of each product (the keys of docs/attention-maths.md §4.7): true = int8, false =
-  // bf16, or fp8 where the fp8 flag says so (pv, dv, dq, dk, on the wgmma kernels).
+  // bf16, or fp8 where the fp8 flag says so (on the wgmma kernels alone).
   bool qk8, pv8, dv8, dp8, dq8, dk8;
-  bool pv_fp8, dv_fp8, dq_fp8, dk_fp8;
+  bool qk_fp8, pv_fp8, dv_fp8, dp_fp8, dq_fp8, dk_fp8;
   bool tile_scales;  // bwd_granularity "tile": one scale per 64x64 tile of P and dS
   bool smooth_q;     // add the bias to S and the dK correction
 };
@@ -254,7 +255,7 @@ __global__ void __launch_bounds__(Tr::kThreads) sage_forward_kernel(const SagePa
   load_natural<D, kThreads, Tr::kRows>(q_slot, ws.q, p.qk8, ws, bh, q_tile * Tr::kBlocks);
   const size_t scale0 = ws.head_block0(bh);
   const float* scale_k = ws.k.scale + scale0;
-  const float* scale_v = ws.v.scale + scale0;
+  const float* scale_v = ws.v.t_scale + scale0;  // of V̂ᵀ
   const float scale_q = ws.q.scale[scale0 + q_block];
   const float* bias = p.smooth_q ? ws.query_bias + (scale0 + q_block) * ws.Tp : nullptr;
   // s (16, 64) = the scores of key block j, masked entries −inf.
@@ -372,7 +373,8 @@ __global__ void __launch_bounds__(Tr::kThreads) sage_backward_dkdv_kernel(const 
                             : 0.0f;
         }
     });
-    product_over_t<D>(dv_acc, p.dv8, w, p.tile_scales, scratch[0], dot_slot(s), s_do);
+    product_over_t<D>(dv_acc, p.dv8, w, p.tile_scales, scratch[0], dot_slot(s),
+                      ws.dout.t_scale[scale0 + i]);
     float dp[1][kTileN][4];  // (16 keys, 64 queries): dPᵀ
     product_over_d<D, Tr::kRows>(dp, p.dp8, v_slot, row0, do_slot(s), s_v * s_do);
     with_mask(all_visible, [&](auto unmasked) {
@@ -387,7 +389,8 @@ __global__ void __launch_bounds__(Tr::kThreads) sage_backward_dkdv_kernel(const 
                   : 0.0f;
         }
     });
-    product_over_t<D>(dk_acc, p.dk8, w, p.tile_scales, scratch[1], qt_slot(s), s_q);
+    product_over_t<D>(dk_acc, p.dk8, w, p.tile_scales, scratch[1], qt_slot(s),
+                      ws.q.t_scale[scale0 + i]);
     if (p.smooth_q) {  // dK_j += c (dSᵀ 1) μ_Qiᵀ, from the unquantised dS
       float row_sum[2] = {0.0f, 0.0f};
 #pragma unroll
@@ -486,7 +489,8 @@ __global__ void __launch_bounds__(Tr::kThreads) sage_backward_dq_kernel(const Sa
     scores_and_dp(score, dp, j, s);
     float w[1][kTileN][4];  // (16 queries, 64 keys): dS
     score_grads(w, score, dp, softmax, rows, j * kTile, q0 + row0, p.T);
-    product_over_t<D>(dq_acc, p.dq8, w, p.tile_scales, scratch, kt_slot(s), ws.k.scale[scale0 + j]);
+    product_over_t<D>(dq_acc, p.dq8, w, p.tile_scales, scratch, kt_slot(s),
+                      ws.k.t_scale[scale0 + j]);
   });
 
   const SmemTile<Tr::kRows, D> dq_tile{reinterpret_cast<bf16*>(smem)};  // every slot is free now
@@ -528,6 +532,7 @@ SageParams make_params(const SageOptions& opt, const AttentionShape& s, void* sa
   p.dv8 = pr.dv == Precision::int8;
   p.dp8 = pr.dp == Precision::int8, p.dq8 = pr.dq == Precision::int8,
   p.dk8 = pr.dk == Precision::int8;
+  p.qk_fp8 = pr.qk == Precision::fp8, p.dp_fp8 = pr.dp == Precision::fp8;
   p.pv_fp8 = pr.pv == Precision::fp8, p.dv_fp8 = pr.dv == Precision::fp8;
   p.dq_fp8 = pr.dq == Precision::fp8, p.dk_fp8 = pr.dk == Precision::fp8;
   p.tile_scales = opt.bwd_granularity == BwdGranularity::tile;
@@ -582,7 +587,49 @@ bool on_wgmma(FpaKernels requested, bool supported, const char* field, const std
                                 " = wgmma: the wgmma kernel runs only " + allowed);
   return supported && resolve_kernels(requested, "CUDA attention kind sage") == FpaKernels::wgmma;
 }
-std::string precision_name(bool int8) { return int8 ? "int8" : "bf16"; }
+
+bool fp8(Precision x) { return x == Precision::fp8; }
+bool eight_bit(Precision x) { return x != Precision::bf16; }  // int8 or fp8
+
+// The keys of the products each kernel runs; the first of them at fp8, or null:
+// the kernel then runs on wgmma, the fp8 products' only family.
+using Key = std::pair<const char*, Precision SagePrecision::*>;
+const char* fp8_key(const SagePrecision& pr, std::initializer_list<Key> keys) {
+  for (const auto& [name, member] : keys)
+    if (fp8(pr.*member)) return name;
+  return nullptr;
+}
+constexpr Key kQk{"qk", &SagePrecision::qk}, kPv{"pv", &SagePrecision::pv},
+    kDp{"dp", &SagePrecision::dp}, kDv{"dv", &SagePrecision::dv}, kDq{"dq", &SagePrecision::dq},
+    kDk{"dk", &SagePrecision::dk};
+const char* forward_fp8_key(const SagePrecision& pr) { return fp8_key(pr, {kQk, kPv}); }
+const char* dq_fp8_key(const SagePrecision& pr) { return fp8_key(pr, {kQk, kDp, kDq}); }
+const char* dkdv_fp8_key(const SagePrecision& pr) { return fp8_key(pr, {kQk, kDp, kDv, kDk}); }
+
+std::string granularity_name(const SageOptions& opt) {
+  return opt.bwd_granularity == BwdGranularity::tile ? "tile" : "rowcol";
+}
+// What each wgmma kernel runs (sage.cuh), and the options it was given.
+std::string forward_allowed(const SageOptions& opt) {
+  const SagePrecision& pr = opt.precision;
+  return "attention.sage.precision.qk and pv each int8 or fp8 (got qk = " + to_string(pr.qk) +
+         ", pv = " + to_string(pr.pv) + ")";
+}
+std::string dq_allowed(const SageOptions& opt) {
+  const SagePrecision& pr = opt.precision;
+  return "attention.sage.precision.qk = int8 or fp8, and dq = fp8 or dq = int8 with "
+         "bwd_granularity rowcol (got qk = " +
+         to_string(pr.qk) + ", dq = " + to_string(pr.dq) + ", bwd_granularity " +
+         granularity_name(opt) + ")";
+}
+std::string dkdv_allowed(const SageOptions& opt) {
+  const SagePrecision& pr = opt.precision;
+  return "attention.sage.precision.qk, dv and dk each int8 or fp8, dk = fp8 only with dv = fp8, "
+         "and bwd_granularity rowcol unless dv = dk = fp8 (got qk = " +
+         to_string(pr.qk) + ", dv = " + to_string(pr.dv) + ", dk = " + to_string(pr.dk) +
+         ", bwd_granularity " + granularity_name(opt) + ")";
+}
+
 // The fp8 products run on the wgmma kernels only.
 void require_wgmma_for_fp8(const char* key) {
   if (resolve_kernels(FpaKernels::automatic, "CUDA attention kind sage") != FpaKernels::wgmma)
@@ -592,42 +639,51 @@ void require_wgmma_for_fp8(const char* key) {
                                 "\"bf16\"");
 }
 
-bool forward_on_wgmma(const SageParams& p, const SageTiles& tiles) {
-  // fp8 P̂ V̂ has the wgmma forward alone: it runs there whatever the tiles prefer.
-  if (p.pv_fp8) {
-    require_wgmma_for_fp8("pv");
+bool forward_on_wgmma(const SageOptions& opt, const SageTiles& tiles) {
+  if (const char* key = forward_fp8_key(opt.precision)) {
+    require_wgmma_for_fp8(key);
     return true;
   }
-  return on_wgmma(tiles.forward_kernels, p.qk8 && p.pv8, "forward_kernels",
-                  "attention.sage.precision.qk = pv = int8 (got qk = " + precision_name(p.qk8) +
-                      ", pv = " + precision_name(p.pv8) + ")");
+  return on_wgmma(tiles.forward_kernels, sage_wgmma_forward_runs(opt), "forward_kernels",
+                  forward_allowed(opt));
 }
-bool dq_on_wgmma(const SageParams& p, const SageTiles& tiles) {
-  if (p.dq_fp8) {  // fp8 dŜ K̂ has the wgmma dQ kernel alone
-    require_wgmma_for_fp8("dq");
+bool dq_on_wgmma(const SageOptions& opt, const SageTiles& tiles) {
+  if (const char* key = dq_fp8_key(opt.precision)) {
+    require_wgmma_for_fp8(key);
     return true;
   }
-  return on_wgmma(
-      tiles.dq_kernels, p.qk8 && p.dq8 && !p.dp8 && !p.tile_scales, "dq_kernels",
-      "attention.sage.precision.qk = dq = int8, dp = bf16, bwd_granularity rowcol (got qk = " +
-          precision_name(p.qk8) + ", dq = " + precision_name(p.dq8) + ", dp = " +
-          precision_name(p.dp8) + ", bwd_granularity " + (p.tile_scales ? "tile" : "rowcol") + ")");
+  return on_wgmma(tiles.dq_kernels, sage_wgmma_dq_runs(opt), "dq_kernels", dq_allowed(opt));
 }
-
-bool dkdv_on_wgmma(const SageParams& p, const SageTiles& tiles) {
-  if (p.dv_fp8 || p.dk_fp8) {  // fp8 P̂ᵀ dÔ and dŜᵀ Q̂ have the wgmma dK/dV kernel alone
-    require_wgmma_for_fp8(p.dk_fp8 ? "dk" : "dv");
+bool dkdv_on_wgmma(const SageOptions& opt, const SageTiles& tiles) {
+  if (const char* key = dkdv_fp8_key(opt.precision)) {
+    require_wgmma_for_fp8(key);
     return true;
   }
-  return on_wgmma(
-      tiles.dkdv_kernels, p.qk8 && p.dv8 && p.dk8 && !p.dp8 && !p.tile_scales, "dkdv_kernels",
-      "attention.sage.precision.qk = dv = dk = int8, dp = bf16, bwd_granularity rowcol (got qk = " +
-          precision_name(p.qk8) + ", dv = " + precision_name(p.dv8) +
-          ", dk = " + precision_name(p.dk8) + ", dp = " + precision_name(p.dp8) +
-          ", bwd_granularity " + (p.tile_scales ? "tile" : "rowcol") + ")");
+  return on_wgmma(tiles.dkdv_kernels, sage_wgmma_dkdv_runs(opt), "dkdv_kernels", dkdv_allowed(opt));
 }
 
-// Tensor maps over the pre-pass's int8 copies for the wgmma kernels: a natural
+// Calls run(x) with x the compile-time form of a run-time choice: a bool, or
+// the Precision of a product over d on wgmma (S: int8 or fp8; dP: any, fp8
+// where kFp8 allows it).
+template <class Run>
+void with_flag(bool on, Run&& run) {
+  if (on) return run(std::true_type{});
+  run(std::false_type{});
+}
+template <class Run>
+void with_qk(bool fp8_, Run&& run) {
+  if (fp8_) return run(std::integral_constant<Precision, Precision::fp8>{});
+  run(std::integral_constant<Precision, Precision::int8>{});
+}
+template <bool kFp8, class Run>
+void with_dp(bool int8, bool fp8_, Run&& run) {
+  if constexpr (kFp8)
+    if (fp8_) return run(std::integral_constant<Precision, Precision::fp8>{});
+  if (int8) return run(std::integral_constant<Precision, Precision::int8>{});
+  run(std::integral_constant<Precision, Precision::bf16>{});
+}
+
+// Tensor maps over the pre-pass's 8-bit copies for the wgmma kernels: a natural
 // copy (B·H·Tp, d) in (64, d) boxes, a transposed one (B·H·d, Tp) in boxes of
 // 64 rows by one quantisation block.
 template <int D>
@@ -644,9 +700,10 @@ struct WorkspaceMaps {
 };
 
 // V and dO as the backward gets them, (B·T, 3·H·d) and (B·T, H·d) in 64 x 64
-// boxes: the wgmma kernels read them in place, so the pre-pass writes no bf16
-// copy for them. Rows past a batch's T are the next batch's or zeros: finite,
-// and they fall on masked keys and queries (weights 0) or on rows never stored.
+// boxes: at dp = bf16 the wgmma kernels read them in place, so the pre-pass
+// writes no bf16 copy for them. Rows past a batch's T are the next batch's or
+// zeros: finite, and they fall on masked keys and queries (weights 0) or on
+// rows never stored.
 CUtensorMap qkv_map(const SageParams& p, int d) {
   const uint64_t cols = 3ull * p.H * d;
   return sm90::make_tensor_map(p.qkv, static_cast<uint64_t>(p.B) * p.T, cols, cols);
@@ -656,8 +713,8 @@ CUtensorMap dout_map(const SageParams& p, int d) {
   return sm90::make_tensor_map(p.dout, static_cast<uint64_t>(p.B) * p.T, cols, cols);
 }
 
-// The wgmma forward: tensor maps over the pre-pass's int8 copies.
-template <int D, class Softmax, bool kPvFp8>
+// The wgmma forward: tensor maps over the pre-pass's 8-bit copies.
+template <int D, class Softmax, Precision kQk, bool kPvFp8>
 void forward_sm90(const SageParams& p, cudaStream_t stream) {
   const SageWorkspace& ws = p.ws;
   const WorkspaceMaps<D> maps(p);
@@ -673,16 +730,24 @@ void forward_sm90(const SageParams& p, cudaStream_t stream) {
   f.vt = maps.transposed(ws.v.i8t);
   constexpr int kWarpgroups =
       SageForwardSm90Layout<D, Softmax>::kWarpgroups;  // one 64-row block each
-  launch(sage_forward_sm90_kernel<D, Softmax, kPvFp8>,
+  launch(sage_forward_sm90_kernel<D, Softmax, kQk, kPvFp8>,
          dim3(ceil_div(ws.blocks, kWarpgroups), p.B * p.H), sm90::block_threads<kWarpgroups>(),
          SageForwardSm90Layout<D, Softmax>::kBytes + scale_table_bytes(2, ws.blocks), stream, f);
 }
 
 template <int D, class Softmax>
 void forward(const SageParams& p, const SageTiles& tiles, bool on_wgmma, cudaStream_t stream) {
-  if constexpr (Softmax::kExact)  // fp8 pv runs with the exact softmax only (sage_check_options)
-    if (p.pv_fp8) return forward_sm90<D, Softmax, true>(p, stream);
-  if (on_wgmma) return forward_sm90<D, Softmax, false>(p, stream);
+  if (on_wgmma) {
+    if constexpr (Softmax::kExact)  // fp8 runs with the exact softmax only (sage_check_options)
+      return with_qk(p.qk_fp8, [&](auto qk) {
+        with_flag(p.pv_fp8, [&](auto pv_fp8) {
+          forward_sm90<D, Softmax, std::decay_t<decltype(qk)>::value,
+                       std::decay_t<decltype(pv_fp8)>::value>(p, stream);
+        });
+      });
+    else
+      return forward_sm90<D, Softmax, Precision::int8, false>(p, stream);
+  }
   with_warps(tiles.forward, [&](auto warps) {
     using Tr = SageTraits<D, decltype(warps)::value>;
     launch(sage_forward_kernel<Tr, Softmax>, grid_of<Tr>(p), Tr::kThreads,
@@ -696,7 +761,8 @@ SageBackwardSm90Common backward_sm90_common(const SageParams& p) {
 }
 
 // The tensor maps both wgmma backward kernels read, encoded once per backward:
-// Q̂ and K̂ (the pre-pass's natural copies), V and dO in place.
+// Q̂ and K̂ (the pre-pass's natural copies), V and dO in place (dp = bf16) or
+// V̂ and dÔ (their natural copies, dp = int8 or fp8).
 template <int D>
 struct BackwardMaps {
   CUtensorMap q, k, v, dout;
@@ -704,13 +770,14 @@ struct BackwardMaps {
     const WorkspaceMaps<D> maps(p);
     q = maps.natural(p.ws.q.i8);
     k = maps.natural(p.ws.k.i8);
-    v = qkv_map(p, D);
-    dout = dout_map(p, D);
+    const bool dp_copies = p.dp8 || p.dp_fp8;
+    v = dp_copies ? maps.natural(p.ws.v.i8) : qkv_map(p, D);
+    dout = dp_copies ? maps.natural(p.ws.dout.i8) : dout_map(p, D);
   }
 };
 
 // The wgmma dQ: also K̂ᵀ.
-template <int D, class Softmax, bool kDqFp8>
+template <int D, class Softmax, Precision kQk, Precision kDp, bool kDqFp8>
 void dq_sm90(const SageParams& p, const BackwardMaps<D>& maps, cudaStream_t stream) {
   const SageWorkspace& ws = p.ws;
   SageDqSm90Params f{backward_sm90_common(p)};
@@ -719,14 +786,15 @@ void dq_sm90(const SageParams& p, const BackwardMaps<D>& maps, cudaStream_t stre
   f.kt = WorkspaceMaps<D>(p).transposed(ws.k.i8t);
   f.dout = maps.dout;
   f.v = maps.v;
-  constexpr int kWarpgroups = SageDqSm90Layout<D, Softmax>::kWarpgroups;  // one 64-row block each
-  launch(sage_dq_sm90_kernel<D, Softmax, kDqFp8>, dim3(ceil_div(ws.blocks, kWarpgroups), p.B * p.H),
-         sm90::block_threads<kWarpgroups>(),
-         SageDqSm90Layout<D, Softmax>::kBytes + scale_table_bytes(1, ws.blocks), stream, f);
+  using Layout = SageDqSm90Layout<D, Softmax, kDp>;
+  constexpr int kWarpgroups = Layout::kWarpgroups;  // one 64-row block each
+  launch(sage_dq_sm90_kernel<D, Softmax, kQk, kDp, kDqFp8>,
+         dim3(ceil_div(ws.blocks, kWarpgroups), p.B * p.H), sm90::block_threads<kWarpgroups>(),
+         Layout::kBytes + scale_table_bytes(3, ws.blocks), stream, f);
 }
 
 // The wgmma dK/dV kernel: also Q̂ᵀ and dÔᵀ.
-template <int D, class Softmax, bool kDvFp8, bool kDkFp8>
+template <int D, class Softmax, Precision kQk, Precision kDp, bool kDvFp8, bool kDkFp8>
 void dkdv_sm90(const SageParams& p, const BackwardMaps<D>& maps, cudaStream_t stream) {
   const SageWorkspace& ws = p.ws;
   const WorkspaceMaps<D> copies(p);
@@ -737,33 +805,55 @@ void dkdv_sm90(const SageParams& p, const BackwardMaps<D>& maps, cudaStream_t st
   f.dot = copies.transposed(ws.dout.i8t);
   f.v = maps.v;
   f.dout = maps.dout;
-  constexpr int kWarpgroups = SageDkDvSm90Layout<D, Softmax>::kWarpgroups;  // one 64-row block each
-  launch(sage_dkdv_sm90_kernel<D, Softmax, kDvFp8, kDkFp8>,
+  using Layout = SageDkDvSm90Layout<D, Softmax, kDp>;
+  constexpr int kWarpgroups = Layout::kWarpgroups;  // one 64-row block each
+  launch(sage_dkdv_sm90_kernel<D, Softmax, kQk, kDp, kDvFp8, kDkFp8>,
          dim3(ceil_div(ws.blocks, kWarpgroups), p.B * p.H), sm90::block_threads<kWarpgroups>(),
-         SageDkDvSm90Layout<D, Softmax>::kBytes, stream, f);
+         Layout::kBytes, stream, f);
 }
 
 // dQ first: with a row sweep it writes the row terms the dK/dV kernel reads.
+// The fp8 instantiations are the exact softmax's alone (sage_check_options).
 template <int D, class Softmax>
 void backward(const SageParams& p, const SageTiles& tiles, bool dq_wgmma, bool dkdv_wgmma,
               cudaStream_t stream) {
   std::optional<BackwardMaps<D>> maps;
   if (dq_wgmma || dkdv_wgmma) maps.emplace(p);
-  [&] {
-    if constexpr (Softmax::kExact)  // fp8 dq runs with the exact softmax only (sage_check_options)
-      if (p.dq_fp8) return dq_sm90<D, Softmax, true>(p, *maps, stream);
-    if (dq_wgmma) return dq_sm90<D, Softmax, false>(p, *maps, stream);
+  // run(qk, dp) with their compile-time Precisions
+  auto with_products = [&](auto run) {
+    if constexpr (Softmax::kExact)
+      with_qk(p.qk_fp8,
+              [&](auto qk) { with_dp<true>(p.dp8, p.dp_fp8, [&](auto dp) { run(qk, dp); }); });
+    else
+      with_dp<false>(p.dp8, false, [&](auto dp) {
+        run(std::integral_constant<Precision, Precision::int8>{}, dp);
+      });
+  };
+  if (dq_wgmma) {
+    with_products([&](auto qk, auto dp) {
+      with_flag(Softmax::kExact && p.dq_fp8, [&](auto dq_fp8) {
+        if constexpr (Softmax::kExact || !std::decay_t<decltype(dq_fp8)>::value)
+          dq_sm90<D, Softmax, std::decay_t<decltype(qk)>::value, std::decay_t<decltype(dp)>::value,
+                  std::decay_t<decltype(dq_fp8)>::value>(p, *maps, stream);
+      });
+    });
+  } else {
     with_warps(tiles.dq, [&](auto warps) {
       using Tr = SageTraits<D, decltype(warps)::value>;
       launch(sage_backward_dq_kernel<Tr, Softmax>, grid_of<Tr>(p), Tr::kThreads,
              smem_bytes<Tr, 1>(dq_plan<Tr>(p)), stream, p);
     });
-  }();
-  if constexpr (Softmax::kExact)  // fp8 dv runs with the exact softmax only (sage_check_options)
-    if (p.dv_fp8)
-      return p.dk_fp8 ? dkdv_sm90<D, Softmax, true, true>(p, *maps, stream)
-                      : dkdv_sm90<D, Softmax, true, false>(p, *maps, stream);
-  if (dkdv_wgmma) return dkdv_sm90<D, Softmax, false, false>(p, *maps, stream);
+  }
+  if (dkdv_wgmma)
+    return with_products([&](auto qk, auto dp) {
+      constexpr Precision kQk = std::decay_t<decltype(qk)>::value,
+                          kDp = std::decay_t<decltype(dp)>::value;
+      if constexpr (Softmax::kExact) {
+        if (p.dk_fp8) return dkdv_sm90<D, Softmax, kQk, kDp, true, true>(p, *maps, stream);
+        if (p.dv_fp8) return dkdv_sm90<D, Softmax, kQk, kDp, true, false>(p, *maps, stream);
+      }
+      dkdv_sm90<D, Softmax, kQk, kDp, false, false>(p, *maps, stream);
+    });
   with_warps(tiles.dkdv, [&](auto warps) {
     using Tr = SageTraits<D, decltype(warps)::value>;
     launch(sage_backward_dkdv_kernel<Tr, Softmax>, grid_of<Tr>(p), Tr::kThreads,
@@ -788,48 +878,42 @@ void dispatch(const SageOptions& opt, const AttentionShape& s, Run&& run) {
 
 }  // namespace
 
+bool sage_wgmma_forward_runs(const SageOptions& opt) {
+  const SagePrecision& pr = opt.precision;
+  return eight_bit(pr.qk) && eight_bit(pr.pv);
+}
+bool sage_wgmma_dq_runs(const SageOptions& opt) {
+  const SagePrecision& pr = opt.precision;
+  return eight_bit(pr.qk) && (fp8(pr.dq) || (pr.dq == Precision::int8 &&
+                                             opt.bwd_granularity == BwdGranularity::rowcol));
+}
+bool sage_wgmma_dkdv_runs(const SageOptions& opt) {
+  const SagePrecision& pr = opt.precision;
+  return eight_bit(pr.qk) && eight_bit(pr.dv) && eight_bit(pr.dk) && (!fp8(pr.dk) || fp8(pr.dv)) &&
+         ((fp8(pr.dv) && fp8(pr.dk)) || opt.bwd_granularity == BwdGranularity::rowcol);
+}
+
 void sage_check_options(const SageOptions& opt) {
   const SagePrecision& pr = opt.precision;
-  for (const auto& [key, p] : {std::pair{"qk", pr.qk}, std::pair{"dp", pr.dp}})
-    if (p == Precision::fp8)
-      throw std::invalid_argument(
-          std::string("attention.sage.precision.") + key +
-          " = \"fp8\": the CUDA kernels run fp8 for pv, dv, dq and dk only (allowed: "
-          "\"int8\" | \"bf16\"; the CPU backend runs fp8 everywhere)");
-  // V's int8 copies hold e4m3 under pv = fp8, dO's under dv = fp8, so no int8
-  // product may read them (dp), and the wgmma kernels that run them take int8
-  // scores and the exact softmax (and for dv the wgmma dK/dV's int8 dK, rowcol,
-  // or fp8 dK). K's and c·Q's transposed copies hold e4m3 under dq and dk =
-  // fp8, read by those products alone; fp8 dK runs beside fp8 dV.
-  const auto state = [&] {
-    return "(got qk = " + to_string(pr.qk) + ", dp = " + to_string(pr.dp) +
-           ", dv = " + to_string(pr.dv) + ", dk = " + to_string(pr.dk) + ", bwd_granularity " +
-           to_string(opt.bwd_granularity) + (opt.softmax ? ", a K-interval softmax)" : ")");
+  // fp8 products run on the wgmma kernels (sage.cuh), each kernel on its own
+  // products: a key at fp8 needs the kernels that run it to take the other
+  // keys as they are. The folds and dS's bounds take the exact softmax's
+  // weights (P̃, P <= 1; §4.12), so no fp8 runs with a softmax block.
+  if (opt.softmax)
+    if (const char* key = fp8_key(pr, {kQk, kPv, kDp, kDv, kDq, kDk}))
+      throw std::invalid_argument(std::string("attention.sage.precision.") + key +
+                                  " = \"fp8\": the CUDA kernels run fp8 with the exact softmax "
+                                  "only, not with a softmax block (allowed there: \"int8\" | "
+                                  "\"bf16\")");
+  auto require = [](const char* key, bool runs, const char* kernel, const std::string& allowed) {
+    if (key && !runs)
+      throw std::invalid_argument(std::string("attention.sage.precision.") + key +
+                                  " = \"fp8\" runs on the wgmma " + kernel + ", which runs only " +
+                                  allowed);
   };
-  const bool fp8_base = pr.qk == Precision::int8 && pr.dp == Precision::bf16 && !opt.softmax;
-  if (pr.pv == Precision::fp8 && !fp8_base)
-    throw std::invalid_argument(
-        "attention.sage.precision.pv = \"fp8\": the CUDA kernels run it with qk = \"int8\", "
-        "dp = \"bf16\" and no softmax block " +
-        state());
-  if (pr.dv == Precision::fp8 &&
-      !(fp8_base && (pr.dk == Precision::fp8 ||
-                     (pr.dk == Precision::int8 && opt.bwd_granularity == BwdGranularity::rowcol))))
-    throw std::invalid_argument(
-        "attention.sage.precision.dv = \"fp8\": the CUDA kernels run it with qk = \"int8\", "
-        "dp = \"bf16\", no softmax block, and dk = \"fp8\" or dk = \"int8\" with "
-        "bwd_granularity \"rowcol\" " +
-        state());
-  if (pr.dq == Precision::fp8 && !fp8_base)
-    throw std::invalid_argument(
-        "attention.sage.precision.dq = \"fp8\": the CUDA kernels run it with qk = \"int8\", "
-        "dp = \"bf16\" and no softmax block " +
-        state());
-  if (pr.dk == Precision::fp8 && !(fp8_base && pr.dv == Precision::fp8))
-    throw std::invalid_argument(
-        "attention.sage.precision.dk = \"fp8\": the CUDA kernels run it with qk = \"int8\", "
-        "dp = \"bf16\", dv = \"fp8\" and no softmax block " +
-        state());
+  require(forward_fp8_key(pr), sage_wgmma_forward_runs(opt), "forward", forward_allowed(opt));
+  require(dq_fp8_key(pr), sage_wgmma_dq_runs(opt), "dQ kernel", dq_allowed(opt));
+  require(dkdv_fp8_key(pr), sage_wgmma_dkdv_runs(opt), "dK/dV kernel", dkdv_allowed(opt));
   if (opt.block_q != kSageBlock || opt.block_k != kSageBlock)
     throw std::invalid_argument("attention.sage.block_q/block_k = " + std::to_string(opt.block_q) +
                                 "/" + std::to_string(opt.block_k) +
@@ -883,7 +967,7 @@ void sage_forward(const SageOptions& opt, const AttentionShape& s, const bf16* q
   SageParams p = make_params(opt, s, saved, nullptr);
   p.stats_out = stats;
   p.o = o;
-  const bool on_wgmma = forward_on_wgmma(p, tiles);
+  const bool on_wgmma = forward_on_wgmma(opt, tiles);
   sage_quantise_inputs(opt, s, qkv, p.ws, sage_forward_copies(opt), stream);
   dispatch(opt, s, [&](auto d, auto softmax) {
     forward<decltype(d)::value, typename decltype(softmax)::type>(p, tiles, on_wgmma, stream);
@@ -902,8 +986,8 @@ void sage_backward(const SageOptions& opt, const AttentionShape& s, const bf16* 
   p.dqkv = dqkv;
   p.qkv = qkv;
   p.dout = dout;
-  const bool dq_wgmma = dq_on_wgmma(p, tiles);
-  const bool dkdv_wgmma = dkdv_on_wgmma(p, tiles);
+  const bool dq_wgmma = dq_on_wgmma(opt, tiles);
+  const bool dkdv_wgmma = dkdv_on_wgmma(opt, tiles);
   sage_quantise_gradient(opt, s, qkv, o, dout, p.ws,
                          sage_backward_copies(opt, dq_wgmma && dkdv_wgmma), stream);
   dispatch(opt, s, [&](auto d, auto softmax) {

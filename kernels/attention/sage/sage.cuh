@@ -25,6 +25,12 @@ size_t sage_workspace_bytes(const SageOptions& opt, const AttentionShape& s);
 // scores), or with the softmax block the row's K-interval grid (kinterval_softmax.cuh, RowStats).
 int sage_row_stats(const SageOptions& opt);
 
+// Whether each wgmma kernel can run the options (the list below); an fp8 key
+// needs the kernels running its product to (sage_check_options).
+bool sage_wgmma_forward_runs(const SageOptions& opt);
+bool sage_wgmma_dq_runs(const SageOptions& opt);
+bool sage_wgmma_dkdv_runs(const SageOptions& opt);
+
 // Warps per CTA of each mma.sync kernel: 4 (64 resident rows: queries, or keys
 // for dK/dV) or 8 (128 rows). Every shape computes the same outputs bit for bit;
 // sage_default_tiles is the one expected fastest per shape, the others are
@@ -34,10 +40,12 @@ int sage_row_stats(const SageOptions& opt);
 // sm_90a they run on wgmma (two or three 64-row warpgroups, sage_sm90.cuh, and a
 // TMA producer; the warp counts are then not used) where the options allow, else on mma.sync
 // (sage.cu):
-//   forward  sage_forward_sm90.cuh: qk = pv = int8 (the defaults)
-//   dQ       sage_dq_sm90.cuh: qk = dq = int8, dp = bf16, bwd_granularity rowcol
-//   dK/dV    sage_dkdv_sm90.cuh: qk = dv = dk = int8, dp = bf16, bwd_granularity
-//            rowcol (the defaults)
+//   forward  sage_forward_sm90.cuh: qk and pv each int8 (the defaults) or fp8
+//   dQ       sage_dq_sm90.cuh: qk int8 or fp8, dp any, dq fp8 or int8 with
+//            bwd_granularity rowcol
+//   dK/dV    sage_dkdv_sm90.cuh: qk, dv, dk each int8 or fp8 (dk fp8 only
+//            beside dv fp8), dp any, bwd_granularity rowcol unless dv = dk = fp8
+// Any fp8 runs with the exact softmax only.
 // *_kernels = mma_sync forces mma.sync; wgmma forces wgmma and throws where it
 // cannot run (no sm_90a, other options); automatic is wgmma where it runs.
 // sage_default_tiles, what training runs, names the family of each kernel

@@ -1,7 +1,9 @@
 // SageBwd's dK/dV kernel (docs/attention-maths.md §4.5) on Hopper (sm_90a): the products on wgmma,
 // the tiles by TMA through TmaFeed (feeds.cuh), for the default backward flags
-// (qk = dv = dk = int8, dp = bf16, bwd_granularity rowcol). sage.cu's mma.sync
-// kernel runs every other combination and the devices without sm_90a. Both use
+// (qk = dv = dk = int8, dp = bf16, bwd_granularity rowcol) and what sage.cuh
+// lists beside them (qk int8 or fp8, dp any: OverD, sage_sm90.cuh; dv and dk
+// fp8, below). sage.cu's mma.sync kernel runs every other combination and the
+// devices without sm_90a. Both use
 // the same helpers (int8_operands.cuh: the int8 sums, ψ of the weights and their
 // fragments; sage_softmax.cuh: the softmax policies), in the same order, so that
 // for the same quantised operands Sᵀ's sums and dV's partial sums are the same
@@ -17,10 +19,10 @@
 // in place) into a three-stage ring, one warp the queries' saved statistics (L,
 // or RowStats) and row terms (δ, or the row sweep's). Per warpgroup and query
 // block i from the diagonal (transposed tiles, keys x queries):
-//   Sᵀ = K̂ Q̂ᵀ (s32, wgmma ss) and dPᵀ = V dOᵀ (fp32, bf16 wgmma ss) issued back
-//   to back; Sᵀ · s_K s_Q (+ smooth_q bias; for the exact softmax the sums,
-//   its exponent scaled, HopperScores) -> Pᵀ (masked 0) while dPᵀ runs ->
-//   ψ(Pᵀ) per row (per key) into s8 A fragments -> dSᵀ = Pᵀ ∘ (dPᵀ − δ) (the
+//   Sᵀ = K̂ Q̂ᵀ (s32, wgmma ss; fp32 e4m3 at qk = fp8) and dPᵀ = V dOᵀ (fp32,
+//   bf16 wgmma ss; or V̂ dÔᵀ · s_V s_dO at dp = int8 / fp8) issued back to back; Sᵀ · s_K s_Q (+
+//   smooth_q bias; for the exact softmax the sums, its exponent scaled, HopperScores) -> Pᵀ (masked
+//   0) while dPᵀ runs -> ψ(Pᵀ) per row (per key) into s8 A fragments -> dSᵀ = Pᵀ ∘ (dPᵀ − δ) (the
 //   policy's grad) -> ψ(dSᵀ) per row into s8 A fragments -> dV += P̂ᵀ dÔ ·
 //   s_P s_dO and dK += dŜᵀ Q̂ · s_dS s_Q (s32, wgmma rs, B the transposed
 //   copies, per 64 columns of d, folded into the fp32 accumulators, dV's while
@@ -47,17 +49,18 @@
 namespace qattn::cuda::sage {
 
 struct SageDkDvSm90Params : SageBackwardSm90Common {
-  CUtensorMap k, q;     // K̂, Q̂ (B·H·Tp, d) int8, boxes (64, d)
+  CUtensorMap k, q;     // K̂, Q̂ (B·H·Tp, d) int8 (qk = fp8: e4m3), boxes (64, d)
   CUtensorMap qt, dot;  // Q̂ᵀ, dÔᵀ (B·H·d, Tp) int8 (or e4m3), T permuted, boxes (64, 64)
-  CUtensorMap v;        // qkv (B·T, 3·H·d) as the backward gets it, for V, boxes (64, 64)
-  CUtensorMap dout;     // dO (B·T, H·d) as the backward gets it, boxes (64, 64)
+  // dp = bf16: qkv (B·T, 3·H·d), for V, and dO (B·T, H·d) as the backward gets
+  // them, boxes (64, 64); dp = int8 or fp8: V̂, dÔ (B·H·Tp, d), boxes (64, d)
+  CUtensorMap v, dout;
 };
 
-// Shared memory: K̂ (R, d) | V (R, d) bf16 | kStages stages of [Q̂ (64, d) | Q̂ᵀ (d, 64)
-// | dÔᵀ (d, 64) | dO (64, d) bf16 | statistics (64 rows) | row terms (64 rows)] |
+// Shared memory: K̂ (R, d) | V (R, d) bf16 (dp 8-bit: V̂, bytes) | kStages stages of [Q̂ (64, d) | Q̂ᵀ
+// (d, 64) | dÔᵀ (d, 64) | dO (64, d) (as V) | statistics (64 rows) | row terms (64 rows)] |
 // barriers. Every tile starts at a multiple of 1024 bytes (its swizzle). At the
 // end dK and dV (R, d) bf16 are staged from offset 0.
-template <int D, class Softmax>
+template <int D, class Softmax, Precision kDp>
 struct SageDkDvSm90Layout {
   static constexpr int kWarpgroups = D == 64 && !Softmax::kRowPass ? 3 : 2;  // sage_sm90.cuh
   static constexpr int kRows = sage_rows(kWarpgroups);
@@ -66,10 +69,12 @@ struct SageDkDvSm90Layout {
   // 16384, 128); at (4, 16, 4096, 128) 1.747-1.763 -> 1.749-1.750, within the
   // noise (`qattn bench attention --kind sage`, two rounds of each binary).
   using Feed = flash::TmaFeed<kWarpgroups * 128, true, 3>;
-  static constexpr int kK = 0, kV = kK + kRows * D, kStage0 = kV + kRows * D * 2;
+  static constexpr int kK = 0, kV = kK + kRows * D,
+                       kStage0 = kV + OverD<kDp>::template tile_bytes<kRows, D>();
   // Offsets within a stage.
   static constexpr int kQ = 0, kQt = kQ + kSageBlock * D, kDot = kQt + D * kSageBlock;
-  static constexpr int kDo = kDot + D * kSageBlock, kStats = kDo + kSageBlock * D * 2;
+  static constexpr int kDo = kDot + D * kSageBlock,
+                       kStats = kDo + OverD<kDp>::template tile_bytes<kSageBlock, D>();
   static constexpr int kTerms = kStats + kSageBlock * Softmax::kStatFloats * 4;
   static constexpr int kStageBytes =
       (kTerms + kSageBlock * Softmax::kTermFloats * 4 + 1023) / 1024 * 1024;
@@ -82,16 +87,20 @@ struct SageDkDvSm90Layout {
 
 // Grid (ceil(blocks / kWarpgroups), B·H); key tile 0, which sees every query,
 // starts first.
-template <int D, class Softmax, bool kDvFp8, bool kDkFp8>
+template <int D, class Softmax, Precision kQk, Precision kDp, bool kDvFp8, bool kDkFp8>
 __global__ void __launch_bounds__(
-    flash::sm90::block_threads<SageDkDvSm90Layout<D, Softmax>::kWarpgroups>(), 1)
+    flash::sm90::block_threads<SageDkDvSm90Layout<D, Softmax, kDp>::kWarpgroups>(), 1)
     sage_dkdv_sm90_kernel(const __grid_constant__ SageDkDvSm90Params params) {
   static_assert(!kDvFp8 || Softmax::kExact, "fp8 P̂ᵀ dÔ takes the exact softmax's P <= 1");
   static_assert(!kDkFp8 || kDvFp8, "fp8 dŜᵀ Q̂ runs beside fp8 P̂ᵀ dÔ (sage_check_options)");
+  static_assert(kQk != Precision::bf16, "Sᵀ reads the pre-pass's 8-bit copies");
+  static_assert((kQk != Precision::fp8 && kDp != Precision::fp8) || Softmax::kExact,
+                "fp8 S and dP run with the exact softmax (sage_check_options)");
 #if QATTN_SM90A_DEVICE
   using namespace flash;
   using namespace flash::sm90;
-  using Layout = SageDkDvSm90Layout<D, Softmax>;
+  using Layout = SageDkDvSm90Layout<D, Softmax, kDp>;
+  using DpTile = OverD<kDp>;
   using Feed = typename Layout::Feed;
   constexpr int kRows = Layout::kRows;  // keys per block
   constexpr int kQueries = kSageBlock,
@@ -102,7 +111,7 @@ __global__ void __launch_bounds__(
   const SageWorkspace& ws = p.ws;
   extern __shared__ __align__(1024) unsigned char smem[];
   const Int8SmemTile<kRows, D> k_tile{reinterpret_cast<int8_t*>(smem + Layout::kK)};  // (R, d)
-  const SmemTile<kRows, D> v_tile{reinterpret_cast<bf16*>(smem + Layout::kV)};        // (R, d)
+  const auto v_tile = DpTile::template tile_at<kRows, D>(smem + Layout::kV);          // (R, d)
   auto stage = [&](int s) { return smem + Layout::kStage0 + s * Layout::kStageBytes; };
   auto q_tile = [&](int s) {
     return Int8SmemTile<kQueries, D>{reinterpret_cast<int8_t*>(stage(s) + Layout::kQ)};
@@ -114,7 +123,7 @@ __global__ void __launch_bounds__(
     return Int8SmemTile<D, kQueries>{reinterpret_cast<int8_t*>(stage(s) + Layout::kDot)};
   };
   auto do_tile = [&](int s) {
-    return SmemTile<kQueries, D>{reinterpret_cast<bf16*>(stage(s) + Layout::kDo)};
+    return DpTile::template tile_at<kQueries, D>(stage(s) + Layout::kDo);
   };
   auto stats_slot = [&](int s) {
     return reinterpret_cast<float*>(stage(s) + Layout::kStats);
@@ -133,16 +142,20 @@ __global__ void __launch_bounds__(
   // rows (or zeros past the tensor): finite, and those keys are never computed on.
   auto resident = [&](auto& to) {
     to.tile(k_tile, Int8TileSource{&p.k, head_row0 + k0, 0});
-    to.tile(v_tile, activation_tile(nullptr, &p.v, 3 * p.H * D, b, p.T, k0,
-                                    (2 * p.H + h) * D));  // V in place
+    if constexpr (DpTile::kBytes)
+      to.tile(v_tile, Int8TileSource{&p.v, head_row0 + k0, 0});
+    else  // V in place
+      to.tile(v_tile, activation_tile(nullptr, &p.v, 3 * p.H * D, b, p.T, k0, (2 * p.H + h) * D));
   };
   auto queries = [&](int i, int s, auto& to) {
     const int q0 = i * kQueries;
     to.tile(q_tile(s), Int8TileSource{&p.q, head_row0 + q0, 0});
     to.tile(qt_tile(s), Int8TileSource{&p.qt, bh * D, q0});
     to.tile(dot_tile(s), Int8TileSource{&p.dot, bh * D, q0});
-    to.tile(do_tile(s),
-            activation_tile(nullptr, &p.dout, p.H * D, b, p.T, q0, h * D));  // dO in place
+    if constexpr (DpTile::kBytes)
+      to.tile(do_tile(s), Int8TileSource{&p.dout, head_row0 + q0, 0});
+    else  // dO in place
+      to.tile(do_tile(s), activation_tile(nullptr, &p.dout, p.H * D, b, p.T, q0, h * D));
     to.rows([&](int thread, int threads, auto copier) {  // statistics past T read as 0
       const int stats_valid = (p.T - q0) * kStat;
       for (int f = thread; f < kQueries * kStat; f += threads)
@@ -163,15 +176,17 @@ __global__ void __launch_bounds__(
   const int wg_key0 = k0 + wg_row0;        // and its first key
   const int warp_key0 = k0 + warp_row0();  // the warp's first key
   const size_t scale0 = ws.head_block0(bh);
-  // The warpgroup's quantisation block (a block past the last: the last, as sage.cu).
-  const float s_k = ws.k.scale[scale0 + min(wg_key0 / kSageBlock, ws.blocks - 1)];
+  // The warpgroup's quantisation block (a block past the last: the last, as sage.cu):
+  // its s_K (Sᵀ) and s_V (dPᵀ at dp = int8 / fp8).
+  const size_t k_block = scale0 + min(wg_key0 / kSageBlock, ws.blocks - 1);
+  const float s_k = ws.k.scale[k_block], s_v = ws.v.scale[k_block];
   const Softmax softmax(p.softmax);
   auto visible = [&](int key, int query) { return query < p.T && key <= query; };
   // fp8: 2^8 / s_dO,top (fp8_fold), s_dO,top the largest of the head's dO block
   // scales (a block of zeros has scale 0, quant.cu), each warp's own max; a head
   // whose dO is all zeros has s_dO,top = FLT_MIN (head_max), which fp8_fold floors.
   float fold_do = 1.0f;
-  if constexpr (kDvFp8) fold_do = fp8_fold(head_max(ws.dout.scale + scale0, ws.blocks, 1));
+  if constexpr (kDvFp8) fold_do = fp8_fold(head_max(ws.dout.t_scale + scale0, ws.blocks, 1));
   // fp8 dK: dS's scale 2^e(C_t) of the thread's two keys t (frag_row) and the
   // head's s_Q,top.
   float ds_scale[2] = {1.0f, 1.0f}, inv_ds_scale[2] = {1.0f, 1.0f};
@@ -231,7 +246,9 @@ __global__ void __launch_bounds__(
     // the forward and dQ do) measured slower here at d = 128 (`qattn bench
     // attention --kind sage`, three rounds: backward 1.747-1.763 vs 1.779-1.789
     // ms at (4, 16, 4096, 128), though 0.875 vs 0.858 at (4, 12, 4096, 64)).
+    // s_Q, s_dO of Q̂ and dÔ (Sᵀ, dPᵀ), and of their transposed copies (dK, dV)
     const float s_q = ws.q.scale[scale0 + i], s_do = ws.dout.scale[scale0 + i];
+    const float s_qt = ws.q.t_scale[scale0 + i], s_dot = ws.dout.t_scale[scale0 + i];
     const float* stats = stats_slot(s);
     const float* terms = terms_slot(s);
     auto query_row = [&](int qi) {
@@ -240,10 +257,11 @@ __global__ void __launch_bounds__(
     // The warp's last key sees the step's first query, and every query is real.
     const bool all_visible = warp_key0 + 15 <= q0 && q0 + kQueries <= p.T;
 
-    int st_sum[1][kNTiles][4];  // (64 keys, 64 queries) K̂ Q̂ᵀ, s32
-    issue_s8_ss(st_sum, k_tile, wg_row0, q_tile(s));
-    float dp[1][kNTiles][4];  // (64 keys, 64 queries): dPᵀ, runs while Pᵀ is made
-    issue_ss(dp, v_tile, wg_row0, do_tile(s));
+    typename OverD<kQk>::Acc st_sum[1][kNTiles][4];  // (64 keys, 64 queries) K̂ Q̂ᵀ
+    OverD<kQk>::issue(st_sum, k_tile, wg_row0, q_tile(s));
+    typename DpTile::Acc dp_sum[1][kNTiles]
+                               [4];  // (64 keys, 64 queries): dPᵀ, runs while Pᵀ is made
+    DpTile::issue(dp_sum, v_tile, wg_row0, do_tile(s));
     wait_for<1>(st_sum);
     using Scores = HopperScores<Softmax>;
     float score[1][kNTiles][4];  // Sᵀ as HopperScores has it for the backward
@@ -270,14 +288,16 @@ __global__ void __launch_bounds__(
       return tile_softmax.probability(query_row(qi), score[0][nt][e]);
     });
     if constexpr (kDvFp8) {
-      pack_weights_e4m3(p_hat[0], w, s_do * fold_do);
+      pack_weights_e4m3(p_hat[0], w, s_dot * fold_do);
     } else {
       float s_p[2], inv_s_p[2];  // ψ's scale of each of the thread's two keys
       weight_scales<1>(w, false, nullptr, s_p, inv_s_p);
       pack_weights(p_hat[0], w, inv_s_p);
-      dv_scale[0] = s_p[0] * s_do, dv_scale[1] = s_p[1] * s_do;
+      dv_scale[0] = s_p[0] * s_dot, dv_scale[1] = s_p[1] * s_dot;
     }
-    wait_for<0>(dp);
+    wait_for<0>(dp_sum);
+    float dp[1][kNTiles][4];  // dPᵀ
+    DpTile::template values<D>(dp, dp_sum, s_v * s_do);
     visible_entries([&](int nt, int e, int key, int qi) {
       return tile_softmax.grad(query_row(qi), score[0][nt][e], w[0][nt][e], dp[0][nt][e], key);
     });
@@ -289,7 +309,7 @@ __global__ void __launch_bounds__(
       float s_ds[2], inv_s_ds[2];
       weight_scales<1>(w, false, nullptr, s_ds, inv_s_ds);
       pack_weights(ds_hat[0], w, inv_s_ds);
-      dk_scale[0] = s_ds[0] * s_q, dk_scale[1] = s_ds[1] * s_q;
+      dk_scale[0] = s_ds[0] * s_qt, dk_scale[1] = s_ds[1] * s_qt;
     }
     float ds_sum[2] = {0.0f, 0.0f};  // smooth_q: dSᵀ 1 of the thread's two keys, unquantised
     if (p.smooth_q) {

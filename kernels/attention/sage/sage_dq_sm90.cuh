@@ -1,7 +1,7 @@
 // SageBwd's dQ (docs/attention-maths.md §4.5) on Hopper (sm_90a), as sage_forward_sm90.cuh
-// does the forward: qk = dq = int8 with dp = bf16 (the defaults) and ψ per row
-// (bwd_granularity rowcol); sage.cu's mma.sync kernel runs every other
-// combination. Both share the softmax policies' backward (sage_softmax.cuh:
+// does the forward: qk int8 or fp8, dp bf16, int8 or fp8 (OverD, sage_sm90.cuh),
+// dq int8 with ψ per row (bwd_granularity rowcol) or fp8; sage.cu's mma.sync
+// kernel runs every other combination. Both share the softmax policies' backward (sage_softmax.cuh:
 // load_rows, score_grads, the K-interval row sweep) and the int8 helpers.
 //
 // A block: three consumer warpgroups of 64 query rows (two with the K-interval
@@ -10,9 +10,10 @@
 // 64-key step K̂ (64, d), V (64, d; bf16, in place from qkv) and K̂ᵀ (d, 64) into
 // a two-stage ring.
 // Per warpgroup and key block j up to the diagonal:
-//   S = Q̂ K̂ᵀ (s32, wgmma ss) · s_Q s_K (+ smooth_q bias; for the exact softmax
-//   the sums, its exponent scaled, HopperScores); dP = dO Vᵀ (bf16
-//   wgmma ss, fp32) issued before S is waited for; dS = policy(S, dP) masked;
+//   S = Q̂ K̂ᵀ (s32, wgmma ss; fp32 e4m3 wgmma at qk = fp8) · s_Q s_K (+ smooth_q
+//   bias; for the exact softmax the sums, its exponent scaled, HopperScores);
+//   dP = dO Vᵀ (bf16 wgmma ss, fp32; or dÔ V̂ᵀ · s_dO s_V at dp = int8 / fp8)
+//   issued before S is waited for; dS = policy(S, dP) masked;
 //   dŜ quantised per row into s8 A fragments; dQ += dŜ K̂ · s_dS s_K (s32
 //   wgmma rs into fresh accumulators, one per 64 columns of d, weight_product;
 //   B = K̂ᵀ, K-major along the permuted keys)
@@ -34,25 +35,28 @@
 namespace qattn::cuda::sage {
 
 struct SageDqSm90Params : SageBackwardSm90Common {
-  CUtensorMap q, k;  // Q̂, K̂ (B·H·Tp, d) int8, boxes (64, d)
+  CUtensorMap q, k;  // Q̂, K̂ (B·H·Tp, d) int8 (qk = fp8: e4m3), boxes (64, d)
   CUtensorMap kt;    // K̂ᵀ (B·H·d, Tp) int8 (dq = fp8: e4m3), boxes (64, 64)
-  CUtensorMap dout;  // dO (B·T, H·d) as the backward gets it, boxes (64, 64)
-  CUtensorMap v;     // qkv (B·T, 3·H·d) as the backward gets it, for V, boxes (64, 64)
+  // dp = bf16: dO (B·T, H·d) and qkv (B·T, 3·H·d), for V, as the backward gets
+  // them, boxes (64, 64); dp = int8 or fp8: dÔ, V̂ (B·H·Tp, d), boxes (64, d)
+  CUtensorMap dout, v;
 };
 
 // Shared memory, with R = kRows query rows per block: Q̂ (R, d) |
-// dO (R, d) bf16 | 2 x [K̂ (64, d) | V (64, d) bf16 | K̂ᵀ (d, 64)] | dQ (R, d) bf16 |
-// barriers | the head's s_K (stage_scales; kBytes ends with the barriers);
-// every tile at a multiple of 1024 bytes.
-template <int D, class Softmax>
+// dO (R, d) (bf16, or dÔ at dp = int8 / fp8: OverD) | 2 x [K̂ (64, d) | V (64, d)
+// (as dO) | K̂ᵀ (d, 64)] | dQ (R, d) bf16 | barriers | the head's s_K, K̂ᵀ's
+// s_K and s_V (stage_scales; kBytes ends with the barriers); every tile at a
+// multiple of 1024 bytes.
+template <int D, class Softmax, Precision kDp>
 struct SageDqSm90Layout {
   static constexpr int kWarpgroups = !Softmax::kRowPass ? 3 : 2;  // sage_sm90.cuh
   static constexpr int kRows = sage_rows(kWarpgroups);
   using Feed = flash::TmaFeed<kWarpgroups * 128, false>;
-  static constexpr int kStage = kSageBlock * D + kSageBlock * D * 2 + D * kSageBlock;
-  static constexpr int kQ = 0, kDo = kRows * D, kStages = kDo + kRows * D * 2;
-  static constexpr int kK = 0, kV = kSageBlock * D,
-                       kKt = kV + kSageBlock * D * 2;  // within a stage
+  static constexpr int kVBytes = OverD<kDp>::template tile_bytes<kSageBlock, D>();
+  static constexpr int kStage = kSageBlock * D + kVBytes + D * kSageBlock;
+  static constexpr int kQ = 0, kDo = kRows * D,
+                       kStages = kDo + OverD<kDp>::template tile_bytes<kRows, D>();
+  static constexpr int kK = 0, kV = kSageBlock * D, kKt = kV + kVBytes;  // within a stage
   static constexpr int kDq = kStages + 2 * kStage;
   static constexpr int kBarriers = kDq + kRows * D * 2;
   static constexpr int kBytes = kBarriers + Feed::kBarrierBytes;
@@ -61,15 +65,19 @@ struct SageDqSm90Layout {
 
 // Grid (ceil(blocks / kWarpgroups), B·H); every head's heaviest (last) query
 // tile starts first (block_by_rank).
-template <int D, class Softmax, bool kDqFp8>
+template <int D, class Softmax, Precision kQk, Precision kDp, bool kDqFp8>
 __global__ void __launch_bounds__(
-    flash::sm90::block_threads<SageDqSm90Layout<D, Softmax>::kWarpgroups>(), 1)
+    flash::sm90::block_threads<SageDqSm90Layout<D, Softmax, kDp>::kWarpgroups>(), 1)
     sage_dq_sm90_kernel(const __grid_constant__ SageDqSm90Params params) {
   static_assert(!kDqFp8 || Softmax::kExact, "fp8 dS's bound takes the exact softmax's dS");
+  static_assert(kQk != Precision::bf16, "S reads the pre-pass's 8-bit copies");
+  static_assert((kQk != Precision::fp8 && kDp != Precision::fp8) || Softmax::kExact,
+                "fp8 S and dP run with the exact softmax (sage_check_options)");
 #if QATTN_SM90A_DEVICE
   using namespace flash;
   using namespace flash::sm90;
-  using Layout = SageDqSm90Layout<D, Softmax>;
+  using Layout = SageDqSm90Layout<D, Softmax, kDp>;
+  using DpTile = OverD<kDp>;
   using Feed = typename Layout::Feed;
   constexpr int kRows = Layout::kRows;                    // query rows per block
   constexpr int kKeys = kSageBlock, kNTiles = kKeys / 8;  // keys per step: one quantisation block
@@ -77,14 +85,12 @@ __global__ void __launch_bounds__(
   const SageWorkspace& ws = p.ws;
   extern __shared__ __align__(1024) unsigned char smem[];
   const Int8SmemTile<kRows, D> q_tile{reinterpret_cast<int8_t*>(smem + Layout::kQ)};  // (R, d)
-  const SmemTile<kRows, D> do_tile{reinterpret_cast<bf16*>(smem + Layout::kDo)};      // (R, d)
+  const auto do_tile = DpTile::template tile_at<kRows, D>(smem + Layout::kDo);        // (R, d)
   auto stage = [&](int s) { return smem + Layout::kStages + s * Layout::kStage; };
   auto k_tile = [&](int s) {
     return Int8SmemTile<kKeys, D>{reinterpret_cast<int8_t*>(stage(s) + Layout::kK)};
   };
-  auto v_tile = [&](int s) {
-    return SmemTile<kKeys, D>{reinterpret_cast<bf16*>(stage(s) + Layout::kV)};
-  };
+  auto v_tile = [&](int s) { return DpTile::template tile_at<kKeys, D>(stage(s) + Layout::kV); };
   auto kt_tile = [&](int s) {
     return Int8SmemTile<D, kKeys>{reinterpret_cast<int8_t*>(stage(s) + Layout::kKt)};
   };
@@ -99,12 +105,18 @@ __global__ void __launch_bounds__(
   // head's rows (or zeros past the tensor): finite, never stored.
   auto resident = [&](auto& to) {
     to.tile(q_tile, Int8TileSource{&p.q, head_row0 + q0, 0});
-    to.tile(do_tile, activation_tile(nullptr, &p.dout, p.H * D, b, p.T, q0, h * D));  // dO in place
+    if constexpr (DpTile::kBytes)
+      to.tile(do_tile, Int8TileSource{&p.dout, head_row0 + q0, 0});
+    else  // dO in place
+      to.tile(do_tile, activation_tile(nullptr, &p.dout, p.H * D, b, p.T, q0, h * D));
   };
   auto scores = [&](int j, int s, auto& to) {  // what S and dP read
     to.tile(k_tile(s), Int8TileSource{&p.k, head_row0 + j * kKeys, 0});
-    to.tile(v_tile(s),
-            activation_tile(nullptr, &p.v, 3 * p.H * D, b, p.T, j * kKeys, (2 * p.H + h) * D));
+    if constexpr (DpTile::kBytes)
+      to.tile(v_tile(s), Int8TileSource{&p.v, head_row0 + j * kKeys, 0});
+    else  // V in place
+      to.tile(v_tile(s),
+              activation_tile(nullptr, &p.v, 3 * p.H * D, b, p.T, j * kKeys, (2 * p.H + h) * D));
   };
   auto keys = [&](int j, int s, auto& to) {
     scores(j, s, to);
@@ -121,10 +133,15 @@ __global__ void __launch_bounds__(
   }
   feed.consumer_start();
 
-  const float* scale_k =  // (blocks): s_K of the head
-      stage_scales<Feed::kConsumerThreads, 1>(smem + Layout::kBytes,
-                                              {ws.k.scale + ws.head_block0(bh)}, ws.blocks);
-  const QueryWarpgroup wg(ws, bh, q0, p.smooth_q, scale_k);
+  const size_t scale0 = ws.head_block0(bh);
+  const float* scales =  // (3, blocks): s_K (of K̂), K̂ᵀ's s_K (t_scale), s_V of the head
+      stage_scales<Feed::kConsumerThreads, 3>(
+          smem + Layout::kBytes, {ws.k.scale + scale0, ws.k.t_scale + scale0, ws.v.scale + scale0},
+          ws.blocks);
+  const float *scale_kt = scales + ws.blocks, *scale_v = scales + 2 * ws.blocks;
+  const QueryWarpgroup wg(ws, bh, q0, p.smooth_q, scales);
+  // dP's scale s_dO of the warpgroup's query block (8-bit dp; a block past the last: the last)
+  const float scale_do = ws.dout.scale[scale0 + min(wg.wg_first / kSageBlock, ws.blocks - 1)];
   float* terms =
       p.row_terms + static_cast<size_t>(bh) * ws.Tp * Softmax::kTermFloats;  // (Tp, kTerm)
   const Softmax softmax(p.softmax);
@@ -141,14 +158,16 @@ __global__ void __launch_bounds__(
   auto scores_and_dp = [&](float(&score)[1][kNTiles][4], float(&dp)[1][kNTiles][4], int j, int s) {
     if (wg.bias && j + 1 < key_blocks)
       prefetch_l1(wg.bias + (j + 1) * kKeys, kKeys * 4);  // the next block's
-    int sum[1][kNTiles][4];
-    issue_s8_ss(sum, q_tile, wg.wg_row0, k_tile(s));
-    issue_ss(dp, do_tile, wg.wg_row0, v_tile(s));  // runs while S is converted
+    typename OverD<kQk>::Acc sum[1][kNTiles][4];
+    typename DpTile::Acc dp_sum[1][kNTiles][4];
+    OverD<kQk>::issue(sum, q_tile, wg.wg_row0, k_tile(s));
+    DpTile::issue(dp_sum, do_tile, wg.wg_row0, v_tile(s));  // runs while S is converted
     wait_for<1>(sum);
     Scores::template backward<D>(score, sum[0], wg.scale(j));
     add_key_bias(score, wg.bias, j * kKeys,
                  Scores::backward_unit(wg.scale(j)));  // score_grads and the sweep mask
-    wait_for<0>(dp);
+    wait_for<0>(dp_sum);
+    DpTile::template values<D>(dp, dp_sum, scale_do * scale_v[j]);
   };
 
   if constexpr (Softmax::kRowPass) {  // the row terms, before any dS is quantised
@@ -168,7 +187,6 @@ __global__ void __launch_bounds__(
   // head's s_K,top; the head's maxima are each warp's own reduction.
   float ds_scale[2] = {1.0f, 1.0f}, inv_ds_scale[2] = {1.0f, 1.0f};
   float k_top = 1.0f;
-  const size_t scale0 = ws.head_block0(bh);
   if constexpr (kDqFp8) {
     k_top = head_max(ws.k.t_scale + scale0, ws.blocks, 1);
     const float v_top = head_max(ws.norm_block_max + scale0 * 3 + 1, ws.blocks, 3);
@@ -201,7 +219,7 @@ __global__ void __launch_bounds__(
       float s_ds[2], inv_s_ds[2];  // ψ's scale of each of the thread's two rows
       weight_scales<1>(w, false, nullptr, s_ds, inv_s_ds);
       pack_weights(ds_hat[0], w, inv_s_ds);
-      const float row_scale[2] = {s_ds[0] * wg.scale_k[j], s_ds[1] * wg.scale_k[j]};
+      const float row_scale[2] = {s_ds[0] * scale_kt[j], s_ds[1] * scale_kt[j]};
       weight_product<D / 64, D / 64>(dq_acc, ds_hat, kt_tile(s),
                                      row_scale);  // dQ += dŜ K̂ · s_dS s_K
     }

@@ -1,6 +1,6 @@
-// SageBwd's forward (docs/attention-maths.md §4.4) on Hopper (sm_90a): the int8 products on wgmma,
-// the tiles by TMA through TmaFeed (feeds.cuh), for qk = pv = int8 (the
-// default). sage.cu's mma.sync kernel runs every other precision and the
+// SageBwd's forward (docs/attention-maths.md §4.4) on Hopper (sm_90a): the int8 and fp8 products
+// on wgmma, the tiles by TMA through TmaFeed (feeds.cuh), for qk and pv each
+// int8 (the default) or fp8. sage.cu's mma.sync kernel runs every other precision and the
 // devices without sm_90a; both use the same helpers (int8_operands.cuh for the
 // int8 sums, ψ of the weights and their fragments; sage_softmax.cuh for the
 // bias, the mask and the softmax policies), so that for the same quantised
@@ -22,7 +22,10 @@
 // then O /= l and L (or, with the K-interval block, a first pass over K̂ for each
 // row's max and min, ŵ for P̃, O /= Ẑ and the RowStats).
 //
-// With pv = fp8 (kPvFp8, exact softmax; docs/attention-maths.md §4.12) V̂ᵀ holds
+// With qk = fp8 (kQk, exact softmax; docs/attention-maths.md §4.12) Q̂ and K̂
+// hold e4m3 values on power-of-two block scales and S = Q̂ K̂ᵀ is an e4m3
+// wgmma into fresh fp32 accumulators, scaled once per tile by s_Q·s_K (OverD,
+// sage_sm90.cuh). With pv = fp8 (kPvFp8, exact softmax; §4.12) V̂ᵀ holds
 // e4m3 values on power-of-two block scales, the reference max is the running
 // max (P̃ <= 1), and P̂ = e4m3(P̃ · 2^8 · s_Vj / s_V,top) goes straight into the
 // fp32 O accumulator of the e4m3 wgmma: block j's scale is folded into P̂, so
@@ -68,11 +71,14 @@ struct SageForwardSm90Layout {
 
 // Grid (ceil(blocks / kWarpgroups), B·H); every head's heaviest (last) query
 // tile starts first (block_by_rank).
-template <int D, class Softmax, bool kPvFp8>
+template <int D, class Softmax, Precision kQk, bool kPvFp8>
 __global__ void __launch_bounds__(
     flash::sm90::block_threads<SageForwardSm90Layout<D, Softmax>::kWarpgroups>(), 1)
     sage_forward_sm90_kernel(const __grid_constant__ SageForwardSm90Params params) {
   static_assert(!kPvFp8 || Softmax::kExact, "fp8 P̂ V̂ takes the exact softmax's P̃ <= 1");
+  static_assert(kQk != Precision::bf16, "S reads the pre-pass's 8-bit copies");
+  static_assert(kQk == Precision::int8 || Softmax::kExact,
+                "fp8 S runs with the exact softmax (sage_check_options)");
 #if QATTN_SM90A_DEVICE
   using namespace flash;
   using namespace flash::sm90;
@@ -121,9 +127,9 @@ __global__ void __launch_bounds__(
   // A warp whose rows all precede a block the warpgroup sees gets a fully
   // masked tile: weights 0, O unchanged.
   const size_t scale0 = ws.head_block0(bh);
-  const float* scales =  // (2, blocks): s_K, s_V of the head
+  const float* scales =  // (2, blocks): s_K, and V̂ᵀ's s_V (t_scale) of the head
       stage_scales<Feed::kConsumerThreads, 2>(
-          smem + Layout::kBytes, {ws.k.scale + scale0, ws.v.scale + scale0}, ws.blocks);
+          smem + Layout::kBytes, {ws.k.scale + scale0, ws.v.t_scale + scale0}, ws.blocks);
   const QueryWarpgroup wg(ws, bh, q0, p.smooth_q, scales);
   const float* scale_v = scales + ws.blocks;
   // fp8: 2^8 / s_V,top (fp8_fold), so that block j's P̂ = e4m3(P̃ · 2^8 · s_Vj /
@@ -136,8 +142,8 @@ __global__ void __launch_bounds__(
   // s (64, 64) = the scores of key block j (S·log2(e) for the exact softmax,
   // HopperScores), masked entries −inf; this warp's 16 rows.
   auto scores = [&](float(&s)[1][kNTiles][4], int j, int stage) {
-    int sum[1][kNTiles][4];
-    issue_s8_ss(sum, q_tile, wg.wg_row0, k_tile(stage));
+    typename OverD<kQk>::Acc sum[1][kNTiles][4];
+    OverD<kQk>::issue(sum, q_tile, wg.wg_row0, k_tile(stage));
     wait_for<0>(sum);
     HopperScores<Softmax>::template forward<D>(s, sum[0], wg.scale(j));
     bias_and_mask(s, wg.bias, j * kKeys, wg.first_query, HopperScores<Softmax>::kForwardUnit);

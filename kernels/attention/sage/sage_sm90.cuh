@@ -2,6 +2,8 @@
 // sage_dkdv_sm90.cuh) share: their block's rows, and the parameters of the two
 // backward kernels besides their tensor maps (sage.cu fills them once).
 #pragma once
+#include <type_traits>
+
 #include "attention/common/warpgroups.cuh"
 #include "attention/common/wgmma.cuh"
 #include "attention/sage/int8_operands.cuh"
@@ -89,6 +91,59 @@ struct SageBackwardSm90Common {
 };
 
 #ifdef __CUDACC__
+// A product over d on the Hopper kernels, S = Q̂ K̂ᵀ (qk) or dP = dÔ V̂ᵀ (dp)
+// and their transposes, at precision P: bf16 (dp alone: V and dO as the
+// activations hold them), int8 (the pre-pass's natural copies' levels, s32
+// sums) or fp8 (the same copies holding e4m3 values on power-of-two block
+// scales, docs/attention-maths.md §4.12; fp32 sums). The 8-bit operands are
+// K-major byte tiles (Int8SmemTile) either way, so int8 and fp8 share the
+// tiles, the tensor maps and the layouts and differ in the instruction and
+// the accumulator alone. One product of one warpgroup is in flight in `acc`
+// from issue to wait_for.
+template <Precision P>
+struct OverD {
+  static constexpr bool kBytes = P != Precision::bf16;  // one byte per element
+  template <int kRows, int D>
+  using Tile =
+      std::conditional_t<kBytes, flash::sm90::Int8SmemTile<kRows, D>, flash::SmemTile<kRows, D>>;
+  template <int kRows, int D>
+  static constexpr int tile_bytes() {
+    return kRows * D * (kBytes ? 1 : 2);
+  }
+  template <int kRows, int D>
+  __device__ static Tile<kRows, D> tile_at(unsigned char* at) {
+    if constexpr (kBytes)
+      return {reinterpret_cast<int8_t*>(at)};
+    else
+      return {reinterpret_cast<bf16*>(at)};
+  }
+  using Acc = std::conditional_t<P == Precision::int8, int, float>;
+  template <int kNTiles, class A, class B>
+  __device__ static void issue(Acc (&acc)[1][kNTiles][4], A a, int row0, B b) {
+    using namespace flash::sm90;
+    if constexpr (P == Precision::int8)
+      issue_s8_ss(acc, a, row0, b);
+    else if constexpr (P == Precision::fp8)
+      issue_e4m3_ss(acc, a, row0, b);
+    else
+      issue_ss(acc, a, row0, b);
+  }
+  // out = the product's values, times `scale` (the two blocks' scales) where
+  // the operands are 8-bit; kTerms products per sum.
+  template <int kTerms, int kNTiles>
+  __device__ static void values(float (&out)[1][kNTiles][4], const Acc (&acc)[1][kNTiles][4],
+                                float scale) {
+    if constexpr (P == Precision::bf16) {
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) out[0][nt][e] = acc[0][nt][e];
+    } else {
+      flash::sums_to_scores<kTerms>(out, acc[0], scale);
+    }
+  }
+};
+
 // acc (64, d) += (a bt) · row_scale (per row of the thread, int8_operands.cuh's
 // add_sum): a the warpgroup's s8 A fragments (64 rows, 32 kKSteps), bt (d,
 // 32 kKSteps) the transposed B (V̂ᵀ, K̂ᵀ), as kChunks wgmma groups over d / kChunks

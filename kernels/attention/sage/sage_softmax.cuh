@@ -411,9 +411,9 @@ __device__ __forceinline__ void score_grads(float (&w)[1][kNTiles][4],
   });
 }
 
-// How the Hopper kernels turn the int32 sums of S = Q̂ K̂ᵀ at `scale` = s_Q s_K
-// into a policy's scores. ExactSoftmax's exponent is linear in S, so it takes
-// rescaled scores, one FMUL or FADD per score fewer:
+// How the Hopper kernels turn the sums of S = Q̂ K̂ᵀ at `scale` = s_Q s_K
+// (int32 at qk = int8, fp32 at fp8) into a policy's scores. ExactSoftmax's exponent is linear in S,
+// so it takes rescaled scores, one FMUL or FADD per score fewer:
 //   forward   S·log2(e), the policy at scale_log2 = 1 (its online max runs
 //             over key blocks of different scales: the scores share units);
 //   backward  the sums themselves, and per tile the policy at scale_log2 =
@@ -437,8 +437,8 @@ struct HopperScores {
       return Softmax(opt);
   }
   static constexpr float kForwardUnit = Softmax::kExact ? kLog2e : 1.0f;
-  template <int kTerms, int kNTiles>
-  __device__ static void forward(float (&s)[1][kNTiles][4], const int (&sum)[kNTiles][4],
+  template <int kTerms, int kNTiles, class Sum>
+  __device__ static void forward(float (&s)[1][kNTiles][4], const Sum (&sum)[kNTiles][4],
                                  float scale) {
     flash::sums_to_scores<kTerms>(s, sum, Softmax::kExact ? scale * kLog2e : scale);
   }
@@ -455,8 +455,8 @@ struct HopperScores {
     else
       return 1.0f;
   }
-  template <int kTerms, int kNTiles>
-  __device__ static void backward(float (&s)[1][kNTiles][4], const int (&sum)[kNTiles][4],
+  template <int kTerms, int kNTiles, class Sum>
+  __device__ static void backward(float (&s)[1][kNTiles][4], const Sum (&sum)[kNTiles][4],
                                   float scale) {
     flash::sums_to_scores<kTerms>(s, sum, Softmax::kExact ? 1.0f : scale);
   }
