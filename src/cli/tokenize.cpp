@@ -24,6 +24,7 @@ void add_tokenizer_options(CLI::App* cmd, std::string& kind, std::string& vocab)
       ->required()
       ->check(CLI::IsMember({"bytes", "gpt2"}));
   cmd->add_option("--vocab", vocab, "gpt2: directory with encoder.json and vocab.bpe")
+      ->check(nonempty_path())
       ->capture_default_str();
 }
 
@@ -84,10 +85,12 @@ void add_tokenize_command(CLI::App& app) {
       "tokenize", "Text files -> llm.c token shards (<name>_val_000000.bin, <name>_train_000001.bin, ...)");
   add_tokenizer_options(cmd, args->kind, args->vocab);
   cmd->add_option("files", c.files, "input text files, in order; each is one document unless "
-                                    "--doc-separator cuts it");
+                                    "--doc-separator cuts it")
+      ->check(nonempty_path());
   cmd->add_option("--files-from", args->files_from, "also read input paths from this file, one per "
-                                                    "line ('-': standard input)");
-  cmd->add_option("--out", c.out_dir, "output directory")->required();
+                                                    "line ('-': standard input)")
+      ->check(nonempty_path());
+  cmd->add_option("--out", c.out_dir, "output directory")->required()->check(nonempty_path());
   cmd->add_option("--name", c.name, "shard name prefix (default: the output directory's name)");
   cmd->add_option("--doc-separator", c.doc_separator,
                   "cut files into documents at this exact string (e.g. $'\\n\\n\\n')");
@@ -147,9 +150,9 @@ void add_detokenize_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "detokenize", "Shards or token ids -> text (end-of-text reads <|endoftext|>)");
   add_tokenizer_options(cmd, args->kind, args->vocab);
-  cmd->add_option("shards", args->shards, "llm.c token shards, decoded in order");
+  cmd->add_option("shards", args->shards, "llm.c token shards, decoded in order")->check(nonempty_path());
   cmd->add_option("--ids", args->ids, "token ids instead of shards: \"15496 995\" or \"15496,995\"");
-  cmd->add_option("--out", args->out, "write the text here instead of standard output");
+  cmd->add_option("--out", args->out, "write the text here instead of standard output")->check(nonempty_path());
   cmd->callback([args] {
     if (args->shards.empty() == args->ids.empty())
       throw TokenizerError("detokenize: give either shard files or --ids");
