@@ -248,6 +248,22 @@ TEST_CASE("tokenize that fails leaves the output folder as it was; gpt2 counts o
   CHECK(r.code == 1);
   CHECK(listing(d / "old") == before);
   check_clean(r);
+  // detokenize decodes everything before it writes --out: an id beyond the
+  // vocab leaves an existing file as it was (it was truncated) and makes no new one.
+  std::ofstream(d / "kept.txt") << "earlier text";
+  for (const auto& out : {d / "kept.txt", d / "new.txt"}) {
+    r = qattn_outcome({"detokenize", "--tokenizer", "bytes", "--ids", "72 300", "--out", out.string()}, d / "log");
+    INFO(r.output);
+    CHECK(r.code == 2);
+    CHECK_THAT(r.output, Catch::Contains("detokenize: --ids: bytes tokenizer: token 300 is outside its vocab"));
+    check_clean(r);
+  }
+  CHECK(read_text(d / "kept.txt") == "earlier text");
+  CHECK_FALSE(fs::exists(d / "new.txt"));
+  REQUIRE(qattn_outcome({"detokenize", "--tokenizer", "bytes", "--ids", "72,105", "--out", (d / "kept.txt").string()},
+                        d / "log")
+              .code == 0);
+  CHECK(read_text(d / "kept.txt") == "Hi");
 
   const fs::path vocab = tiny_gpt2_vocab(d / "vocab");
   std::ofstream(d / "bad.txt", std::ios::binary) << "then \xC3( and \xE2\x82 the end";  // 1 + 2 invalid bytes
