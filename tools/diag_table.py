@@ -12,27 +12,36 @@ named: which one carries the error. A first table gives each run's worst layer,
 a short overview.
 """
 import argparse
-import csv
 import os
 import sys
+
+import run_csv
 
 QUANTITIES = ("o", "p", "ds", "dq", "dk", "dv")
 
 
 def read_diag(path, step):
-    with open(path, newline="") as f:
-        rows = list(csv.DictReader(f))
+    """The step shown (step, or the file's last) and diag.csv's rows at it, each
+    with its numbers read: q_rms, k_rms, max_abs_score as floats and "cos" the
+    cosines by quantity (None for a layer not compared to FPA)."""
+    rows = run_csv.read_rows(path, run_csv.DIAG_COLUMNS + tuple("cos_" + q for q in QUANTITIES))
     if not rows:
         return None, []
-    steps = sorted({int(r["step"]) for r in rows})
-    at = step if step is not None else steps[-1]
-    return at, [r for r in rows if int(r["step"]) == at]
+    steps = [run_csv.number(path, line, r, "step", int) for line, r in rows]
+    at = step if step is not None else max(steps)
+    out = []
+    for s, (line, r) in zip(steps, rows):
+        if s != at:
+            continue
+        read = {c: run_csv.number(path, line, r, c) for c in ("q_rms", "k_rms", "max_abs_score")}
+        compared = run_csv.number(path, line, r, "cos_o", empty_ok=True) is not None  # then every cosine is there
+        cos = {q: run_csv.number(path, line, r, "cos_" + q) for q in QUANTITIES} if compared else None
+        out.append({**r, **read, "cos": cos})
+    return at, out
 
 
 def cosines(row):
-    if not row.get("cos_o"):
-        return None
-    return {q: float(row["cos_" + q]) for q in QUANTITIES}
+    return row["cos"]
 
 
 def worst(c):
@@ -47,8 +56,14 @@ def main():
     summary = os.path.join(a.sweep_dir, "summary.csv")
     if not os.path.exists(summary):
         sys.exit(f"diag_table.py: {summary} is missing (run qattn sweep SWEEP --summary)")
-    with open(summary, newline="") as f:
-        runs = [r for r in csv.DictReader(f) if os.path.exists(os.path.join(a.sweep_dir, r["id"], "diag.csv"))]
+    try:
+        runs = [r for _, r in run_csv.read_rows(summary, run_csv.SUMMARY_COLUMNS)
+                if os.path.exists(os.path.join(a.sweep_dir, r["id"], "diag.csv"))]
+        diags = [(r, *read_diag(os.path.join(a.sweep_dir, r["id"], "diag.csv"), a.step)) for r in runs]
+    except run_csv.CsvError as e:
+        sys.exit(f"diag_table.py: {e}")
+    if a.step is not None and not any(rows for _, _, rows in diags):
+        sys.exit(f"diag_table.py: --step {a.step}: no run of {summary} has diagnostics at that step")
     name = os.path.basename(os.path.normpath(a.sweep_dir))
     print(f"# Attention diagnostics: {name}\n")
     print("Per layer on the fixed probe batch (the first validation batch), against FPA on the same")
@@ -57,8 +72,7 @@ def main():
     tables = []
     print("| run | status | step | worst layer | σ_Q | σ_K | max \\|S\\| | cos O | cos P | cos dS | cos dQ | cos dK | cos dV | lowest |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for r in runs:
-        at, rows = read_diag(os.path.join(a.sweep_dir, r["id"], "diag.csv"), a.step)
+    for r, at, rows in diags:
         if not rows:
             continue
         tables.append((r, at, rows))
@@ -67,10 +81,10 @@ def main():
             row, c = min(compared, key=lambda rc: min(rc[1].values()))
             cells = [f"{c[q]:.5f}" for q in QUANTITIES] + [worst(c)]
         else:
-            row = max(rows, key=lambda x: float(x["max_abs_score"]))
+            row = max(rows, key=lambda x: x["max_abs_score"])
             cells = [""] * 6 + ["(exact kind)"]
-        print(f"| {r['id']} | {r['status']} | {at} | {row['layer']} | {float(row['q_rms']):.3f} | "
-              f"{float(row['k_rms']):.3f} | {float(row['max_abs_score']):.2f} | " + " | ".join(cells) + " |")
+        print(f"| {r['id']} | {r['status']} | {at} | {row['layer']} | {row['q_rms']:.3f} | "
+              f"{row['k_rms']:.3f} | {row['max_abs_score']:.2f} | " + " | ".join(cells) + " |")
     for r, at, rows in tables:
         print(f"\n## {r['id']} (step {at})\n")
         print("| layer | kind | σ_Q | σ_K | max \\|S\\| | cos O | cos P | cos dS | cos dQ | cos dK | cos dV | lowest |")
@@ -78,8 +92,8 @@ def main():
         for row in rows:
             c = cosines(row)
             cells = [f"{c[q]:.5f}" for q in QUANTITIES] + [worst(c)] if c else [""] * 7
-            print(f"| {row['layer']} | {row.get('kind', '')} | {float(row['q_rms']):.3f} | {float(row['k_rms']):.3f} | "
-                  f"{float(row['max_abs_score']):.2f} | " + " | ".join(cells) + " |")
+            print(f"| {row['layer']} | {row.get('kind', '')} | {row['q_rms']:.3f} | {row['k_rms']:.3f} | "
+                  f"{row['max_abs_score']:.2f} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":

@@ -14,10 +14,12 @@ tokens at which it diverged. A cell whose interval excludes 0 at a step is
 marked * there.
 """
 import argparse
-import csv
 import math
 import os
 import sys
+
+import run_csv
+
 
 def incomplete_beta(a, b, x):
     """The regularised incomplete beta function I_x(a, b), from its continued fraction
@@ -77,12 +79,14 @@ def t975(df):
 def val_by_step(run_dir):
     """{step: (tokens, val loss)} of a run's evaluations, and the tokens where it diverged (or None)."""
     vals, diverged = {}, None
-    with open(os.path.join(run_dir, "metrics.csv"), newline="") as f:
-        for row in csv.DictReader(f):
-            if (row.get("event") or "").startswith("diverged"):
-                diverged = int(float(row["tokens"] or 0))
-            elif row.get("val_loss"):
-                vals[int(row["step"])] = (int(float(row["tokens"])), float(row["val_loss"]))
+    path = os.path.join(run_dir, "metrics.csv")
+    for line, row in run_csv.read_rows(path, run_csv.METRICS_COLUMNS):
+        tokens = run_csv.number(path, line, row, "tokens", int)
+        val = run_csv.number(path, line, row, "val_loss", empty_ok=True)
+        if row["event"].startswith("diverged"):
+            diverged = tokens
+        elif val is not None:
+            vals[run_csv.number(path, line, row, "step", int)] = (tokens, val)
     return vals, diverged
 
 
@@ -115,13 +119,14 @@ def main():
         sys.exit(f"gap_table.py: {summary}: no such file; run `qattn sweep SWEEP.json --summary` first")
     if a.every < 0:
         sys.exit(f"gap_table.py: --every {a.every}: allowed: a step count >= 1, or 0 for 8 columns")
-    with open(summary, newline="") as f:
-        rows = list(csv.DictReader(f))
     runs = {}
-    for r in rows:
-        d = os.path.join(a.sweep_dir, r["id"])
-        if r["status"] in ("finished", "diverged") and os.path.isfile(os.path.join(d, "metrics.csv")):
-            runs[r["id"]] = (r, *val_by_step(d))
+    try:
+        for _, r in run_csv.read_rows(summary, run_csv.SUMMARY_COLUMNS):
+            d = os.path.join(a.sweep_dir, r["id"])
+            if r["status"] in ("finished", "diverged") and os.path.isfile(os.path.join(d, "metrics.csv")):
+                runs[r["id"]] = (r, *val_by_step(d))
+    except run_csv.CsvError as e:
+        sys.exit(f"gap_table.py: {e}")
     baselines = {(r["setting"], r.get("train.seed", "")): rid for rid, (r, _, _) in runs.items()
                  if r["baseline"] == "(baseline)"}
     cells = {}

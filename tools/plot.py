@@ -26,11 +26,12 @@ A setting has one colour in every figure.
 Needs matplotlib (Debian: apt-get install python3-matplotlib).
 """
 import argparse
-import csv
 import math
 import os
 import sys
 from collections import OrderedDict
+
+import run_csv
 
 try:
     import matplotlib
@@ -53,38 +54,17 @@ class DiagPoint:
 DIAG_COLUMNS = ("step", "layer", "max_abs_score", "cos_dq", "cos_dk")
 
 
-def diag_number(path, line, row, column, empty_ok=False):
-    """One diag.csv cell as a float (None for an empty cosine: an FPA layer)."""
-    text = (row.get(column) or "").strip()
-    if empty_ok and not text:
-        return None
-    try:
-        return float(text)
-    except ValueError:
-        raise ValueError(f"{path}: line {line}: {column} {text!r} is not allowed; "
-                         f"allowed: a number{' or empty' if empty_ok else ''}") from None
-
-
 def read_diag(path):
-    """diag.csv's steps as DiagPoints in step order; [] when it is missing or
-    empty. Raises ValueError naming the file, line, column and value when a row
-    is not what the trainer writes."""
+    """diag.csv's steps as DiagPoints in step order; [] when there is none.
+    Raises CsvError naming the file, line, column and value when a row is not
+    what the trainer writes."""
     if not os.path.exists(path):
         return []
     by_step = {}  # step -> [(max_abs_score, cos_dq, cos_dk)] over its layers
-    with open(path, newline="") as f:
-        reader = csv.DictReader(f)
-        missing = [c for c in DIAG_COLUMNS if c not in (reader.fieldnames or [])]
-        if reader.fieldnames and missing:
-            raise ValueError(f"{path}: its header has no {', '.join(missing)}; "
-                             f"allowed: the trainer's header (step,layer,kind,q_rms,k_rms,max_abs_score,cos_o,...)")
-        for row in reader:
-            step = (row["step"] or "").strip()
-            if not step.isdigit():
-                raise ValueError(f"{path}: line {reader.line_num}: step {step!r} is not allowed; "
-                                 "allowed: a step number (0, 1, ...)")
-            by_step.setdefault(int(step), []).append(
-                tuple(diag_number(path, reader.line_num, row, c, c != "max_abs_score") for c in DIAG_COLUMNS[2:]))
+    for line, row in run_csv.read_rows(path, DIAG_COLUMNS):
+        step = run_csv.number(path, line, row, "step", int)
+        by_step.setdefault(step, []).append(
+            tuple(run_csv.number(path, line, row, c, empty_ok=c != "max_abs_score") for c in DIAG_COLUMNS[2:]))
     points = []
     for step, layers in sorted(by_step.items()):
         dq = [c for _, c, _ in layers if c is not None]
@@ -103,24 +83,26 @@ class Run:
         self.val = []  # (tokens, val_loss)
         self.diverged_at = None  # tokens of the diverged row
         self.tokens_per_step = None  # from the last metrics row past step 0
-        with open(os.path.join(path, "metrics.csv"), newline="") as f:
-            for row in csv.DictReader(f):
-                tokens = float(row["tokens"] or 0)
-                step = int(row["step"] or 0)
-                if step > 0 and tokens > 0:
-                    self.tokens_per_step = tokens / step
-                if (row.get("event") or "").startswith("diverged"):
-                    self.diverged_at = tokens
-                    continue
-                if row["train_loss"]:
-                    self.train.append((tokens, float(row["train_loss"])))
-                if row["val_loss"]:
-                    self.val.append((tokens, float(row["val_loss"])))
+        metrics = os.path.join(path, "metrics.csv")
+        for line, row in run_csv.read_rows(metrics, run_csv.METRICS_COLUMNS):
+            tokens = run_csv.number(metrics, line, row, "tokens")
+            step = run_csv.number(metrics, line, row, "step", int)
+            if step > 0 and tokens > 0:
+                self.tokens_per_step = tokens / step
+            if row["event"].startswith("diverged"):
+                self.diverged_at = tokens
+                continue
+            train_loss = run_csv.number(metrics, line, row, "train_loss", empty_ok=True)
+            val_loss = run_csv.number(metrics, line, row, "val_loss", empty_ok=True)
+            if train_loss is not None:
+                self.train.append((tokens, train_loss))
+            if val_loss is not None:
+                self.val.append((tokens, val_loss))
         if self.diverged_at is not None:
             self.status = "diverged"
         try:
             self.diag = read_diag(os.path.join(path, "diag.csv"))
-        except ValueError as e:
+        except run_csv.CsvError as e:
             print(f"plot.py: {e}; this run is left out of the diagnostics figure", file=sys.stderr)
             self.diag = []
 
@@ -157,10 +139,10 @@ def load_runs(root):
     """Runs under root, from a sweep's summary.csv, a single run, or subfolders."""
     summary = os.path.join(root, "summary.csv")
     if os.path.exists(summary):
-        with open(summary, newline="") as f:
-            reader = csv.DictReader(f)
-            rows = list(reader)
-            columns = reader.fieldnames
+        rows = [row for _, row in run_csv.read_rows(summary, run_csv.SUMMARY_COLUMNS)]
+        if not rows:
+            return []
+        columns = list(rows[0])  # a row's keys are the header, in its order
         # The sweep's varied keys are the columns between "setting" and "status", the seed aside.
         keys = [k for k in columns[columns.index("setting") + 1:columns.index("status")] if k != "train.seed"]
         labels = short_labels(rows, keys)
@@ -174,6 +156,9 @@ def load_runs(root):
     if os.path.exists(os.path.join(root, "metrics.csv")):
         name = os.path.basename(os.path.normpath(root))
         return [Run(root, name, name)]
+    if not os.path.isdir(root):
+        raise run_csv.CsvError(f"{root}: {'no such directory' if not os.path.exists(root) else 'not a directory'}; "
+                               "allowed: a run directory, a sweep directory or a folder of runs")
     runs = []
     for name in sorted(os.listdir(root)):
         path = os.path.join(root, name)
@@ -376,8 +361,12 @@ def plot_diag(runs, title, colors):
 
 
 def save(fig, out):
-    fig.savefig(out, dpi=120, bbox_inches="tight")
-    plt.close(fig)
+    try:
+        fig.savefig(out, dpi=120, bbox_inches="tight")
+    except OSError as e:
+        sys.exit(f"plot.py: {out}: cannot write: {e.strerror}")
+    finally:
+        plt.close(fig)
     print(f"wrote {out}")
 
 
@@ -388,10 +377,18 @@ def main():
                    "the gap and diagnostics figures go beside it")
     p.add_argument("--smooth", type=int, default=0, help="train-loss window in steps (default: ~1/50 of the run)")
     a = p.parse_args()
-    runs = load_runs(a.dir)
+    if a.smooth < 0:
+        sys.exit(f"plot.py: --smooth {a.smooth} is not allowed; allowed: a window of steps >= 1, or 0 for the default")
+    try:
+        runs = load_runs(a.dir)
+    except run_csv.CsvError as e:
+        sys.exit(f"plot.py: {e}")
     if not runs:
         sys.exit(f"plot.py: {a.dir}: no metrics.csv in it, in its summary.csv runs, or in its subfolders")
+    # matplotlib appends ".png" to a name without an extension; the messages name the file it writes.
     out = a.out or os.path.join(a.dir, "loss.png")
+    if not os.path.splitext(out)[1]:
+        out += ".png"
     longest = max(len(r.train) for r in runs)
     window = a.smooth if a.smooth > 0 else max(1, longest // 50)
     title = os.path.basename(os.path.normpath(a.dir))
@@ -400,10 +397,10 @@ def main():
     stem, ext = os.path.splitext(out)
     gaps = plot_gaps(runs, f"{title}: gap to baseline", colors)
     if gaps:
-        save(gaps, f"{stem}_gap{ext or '.png'}")
+        save(gaps, f"{stem}_gap{ext}")
     diag = plot_diag(runs, title, colors)
     if diag:
-        save(diag, f"{stem}_diag{ext or '.png'}")
+        save(diag, f"{stem}_diag{ext}")
 
 
 if __name__ == "__main__":

@@ -33,9 +33,10 @@ def status_of(run_dir):
     """The run's status.json as a dict ({} when missing or unreadable)."""
     try:
         with open(os.path.join(run_dir, "status.json")) as f:
-            return json.load(f)
+            status = json.load(f)
     except (OSError, ValueError):
         return {}
+    return status if isinstance(status, dict) else {}
 
 
 def run_dirs(folder):
@@ -52,6 +53,8 @@ def copy_run(src, dst):
 
 
 def keep(sweep_dir, store):
+    if not os.path.isdir(sweep_dir):
+        sys.exit(f"results_store.py keep: {sweep_dir}: not a directory; allowed: a sweep directory of `qattn sweep`")
     kept = new = 0
     for run in run_dirs(sweep_dir):
         src = os.path.join(sweep_dir, run)
@@ -70,6 +73,9 @@ def keep(sweep_dir, store):
 def restore(store, sweep_dir):
     restored = 0
     runs = os.path.join(store, "runs")
+    if not os.path.isdir(runs):
+        sys.exit(f"results_store.py restore: {runs}: not a directory; allowed: a STORE written by "
+                 "`results_store.py keep`")
     for run in run_dirs(runs):
         src, dst = os.path.join(runs, run), os.path.join(sweep_dir, run)
         if status_of(src).get("status") not in DONE:
@@ -100,10 +106,11 @@ def main(argv):
         if not b.isdigit():
             sys.exit(f"results_store.py longest: DEFAULT {b!r} is not allowed; allowed: whole seconds")
         print(longest(a, b))
-    elif verb == "keep":
-        print(keep(a, b))
     else:
-        print(restore(a, b))
+        try:
+            print(keep(a, b) if verb == "keep" else restore(a, b))
+        except OSError as e:  # a STORE or SWEEP_DIR path through a file, a full disk, ...
+            sys.exit(f"results_store.py {verb}: {e.filename}: {e.strerror}")
 
 
 if __name__ == "__main__":

@@ -31,14 +31,53 @@ SCALED_STEP_KEYS = ("log.diag_every", "train.checkpoint_every")
 
 
 def load(path):
-    with open(path) as f:
-        text = f.read()
+    try:
+        with open(path) as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        sys.exit(f"scale_sweep.py: {path}: cannot read: {getattr(e, 'strerror', None) or e}")
     # qattn reads sweep files with // comments; the ones here are whole lines.
     text = re.sub(r"(?m)^\s*//.*$", "", text)
     try:
-        return json.loads(text)
+        s = json.loads(text)
     except json.JSONDecodeError as e:
         sys.exit(f"scale_sweep.py: {path}: not valid JSON after removing // comment lines: {e}")
+    check_shape(s, path)
+    return s
+
+
+def check_shape(s, path):
+    """The parts of a sweep file this tool reads have the types `qattn sweep`
+    requires (docs/runs.md); it checks the rest when it runs NEW.json."""
+    def refuse(where, value, allowed):
+        text = json.dumps(value)
+        text = text if len(text) <= 60 else text[:57] + "..."
+        sys.exit(f"scale_sweep.py: {path}: {where}: {text} is not allowed; allowed: {allowed}")
+
+    if not isinstance(s, dict):
+        refuse("(the whole file)", s, "a sweep object")
+    if not isinstance(s.get("name"), str) or not s["name"]:
+        refuse("name", s.get("name"), "a non-empty string")
+    if not isinstance(s.get("base"), str):
+        refuse("base", s.get("base"), "the path of the base config, a string")
+    if not isinstance(s.get("set", {}), dict):
+        refuse("set", s["set"], "an object of json.path: value")
+    if not isinstance(s.get("grid", {}), dict):
+        refuse("grid", s["grid"], "an object of json.path: [values]")
+    for key, values in s.get("grid", {}).items():
+        if not isinstance(values, list):
+            refuse(f"grid.{key}", values, "a list of values")
+    if not isinstance(s.get("zip", []), list):
+        refuse("zip", s["zip"], "a list of objects of json.path: [values]")
+    for g, group in enumerate(s.get("zip", [])):
+        if not isinstance(group, dict):
+            refuse(f"zip[{g}]", group, "an object of json.path: [values]")
+        for key, values in group.items():
+            if not isinstance(values, list):
+                refuse(f"zip[{g}].{key}", values, "a list of values")
+    seeds = s.get("seeds", [])
+    if not isinstance(seeds, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in seeds):
+        refuse("seeds", seeds, "a list of integers")
 
 
 def scaled(value, factor, where):
@@ -88,16 +127,25 @@ def main():
         s.setdefault("set", {}).update(extra)
         digest = hashlib.sha256(json.dumps(extra, sort_keys=True).encode()).hexdigest()[:8]
         s["name"] = f"{s['name']}_set-{digest}"
-    if a.seeds:
-        wanted = [int(x) for x in a.seeds.split(",")]
+    if a.seeds is not None:
+        parts = a.seeds.split(",")
+        if not all(x.strip().lstrip("-").isdigit() for x in parts) or len(set(map(int, parts))) != len(parts):
+            sys.exit(f"scale_sweep.py: --seeds {a.seeds!r} is not allowed; allowed: distinct integers separated "
+                     "by commas, e.g. 1,2")
+        wanted = [int(x) for x in parts]
         missing = [x for x in wanted if x not in s.get("seeds", [])]
         if missing:
             sys.exit(f"scale_sweep.py: --seeds {a.seeds}: {missing} not among the sweep's seeds {s.get('seeds')}")
         s["seeds"] = wanted
-    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
-    with open(a.out, "w") as f:
-        json.dump(s, f, indent=2)
-        f.write("\n")
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
+        with open(a.out, "w") as f:
+            json.dump(s, f, indent=2)
+            f.write("\n")
+    except FileExistsError as e:  # makedirs met a file where the path needs a folder
+        sys.exit(f"scale_sweep.py: --out {a.out}: cannot write: {e.filename} is a file, not a folder")
+    except OSError as e:
+        sys.exit(f"scale_sweep.py: --out {a.out}: cannot write: {e.strerror}")
     print(s["name"])
 
 

@@ -39,6 +39,14 @@ CLI::Validator number_range(double lo, double hi, bool hi_open) {
       fmt::format("FLOAT in [{} - {}{}", lo, hi, hi_open ? ")" : "]"));
 }
 
+CLI::Validator nonempty_path() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        return text.empty() ? "'' is not allowed; allowed: a file or directory path (not empty)" : "";
+      },
+      "PATH");
+}
+
 bool is_input_error(const std::exception& e) {
   return dynamic_cast<const ConfigError*>(&e) || dynamic_cast<const DataError*>(&e) ||
          dynamic_cast<const LlmcError*>(&e) || dynamic_cast<const HfError*>(&e);

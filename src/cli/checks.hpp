@@ -23,6 +23,10 @@ CLI::Validator integer_range(int64_t lo, int64_t hi);
 // are refused with the range in the message.
 CLI::Validator number_range(double lo, double hi, bool hi_open = false);
 
+// A file or directory path: the empty string, which names none (and would
+// reach the OS as "" with a message that names nothing), is refused.
+CLI::Validator nonempty_path();
+
 // True for the errors about what the user gave: a config (ConfigError), the
 // data it names (DataError) or its model.init_from (LlmcError, HfError).
 bool is_input_error(const std::exception& e);

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 
+#include "checks.hpp"
 #include "commands.hpp"
 #include "qattn/checkpoint.hpp"
 #include "qattn/hf_model.hpp"
@@ -22,9 +23,11 @@ void add_export_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "export", "Write a checkpoint's weights as an llm.c model file or a Hugging Face GPT-2 directory");
   cmd->add_option("--checkpoint", args->checkpoint, "checkpoint directory, or a run directory (its newest checkpoint)")
-      ->required();
+      ->required()
+      ->check(nonempty_path());
   cmd->add_option("--out", args->out, "llmc: the model file to write (e.g. gpt2_124M.bin); hf: the directory")
-      ->required();
+      ->required()
+      ->check(nonempty_path());
   cmd->add_option("--format", args->format, "llmc (llm.c's model file) or hf (config.json + model.safetensors)")
       ->check(CLI::IsMember({"llmc", "hf"}))
       ->capture_default_str();

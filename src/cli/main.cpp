@@ -5,6 +5,7 @@
 // by a signal).
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <exception>
 #include <filesystem>
 #include <new>
@@ -27,6 +28,24 @@ int main(int argc, char** argv) {
   qattn::cli::add_sweep_command(app);
   qattn::cli::add_sample_command(app);
   qattn::cli::add_export_command(app);
+  // CLI11 answers a word that is not a subcommand with "A subcommand is
+  // required", which names neither the word nor the subcommands: the words
+  // that pick a subcommand (qattn bench attention) are checked first.
+  std::string command = "qattn";
+  for (CLI::App* level = &app; level && argc > 1;) {
+    const auto subs = level->get_subcommands([](CLI::App*) { return true; });
+    const int at = static_cast<int>(std::count(command.begin(), command.end(), ' ')) + 1;
+    if (subs.empty() || at >= argc || argv[at][0] == '-') break;
+    const auto it = std::find_if(subs.begin(), subs.end(), [&](CLI::App* sub) { return sub->check_name(argv[at]); });
+    if (it == subs.end()) {
+      std::string allowed;
+      for (const CLI::App* sub : subs) allowed += (allowed.empty() ? "" : ", ") + sub->get_name();
+      spdlog::error("{}: '{}' is not a subcommand; allowed: {}", command, argv[at], allowed);
+      return qattn::cli::kExitBadInput;
+    }
+    command += " " + (*it)->get_name();
+    level = *it;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::RuntimeError& e) {  // a subcommand's own exit code

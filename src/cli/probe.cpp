@@ -128,7 +128,8 @@ void add_probe_command(CLI::App& app) {
       "causality", "Redraw the later tokens of random heads; report the largest change of earlier "
                    "outputs per kind (fpa and kinterval must be 0)");
   causality->add_option("config", args->config, "run config (JSON): shape and attention options")
-      ->required();
+      ->required()
+      ->check(nonempty_path());
   causality->add_option("--set", args->sets, "override a key: json.path=value (repeatable)");
   causality->add_option("--from", args->from, "first redrawn token (default: seq_len / 2)")
       ->check(integer_range(1, 1 << 20));

@@ -64,7 +64,8 @@ void add_sample_command(CLI::App& app) {
   auto args = std::make_shared<Args>();
   CLI::App* cmd = app.add_subcommand("sample", "Generate text from a checkpoint");
   cmd->add_option("--checkpoint", args->checkpoint, "checkpoint directory, or a run directory (its newest checkpoint)")
-      ->required();
+      ->required()
+      ->check(nonempty_path());
   cmd->add_option("--prompt", args->prompt, "text the generation continues")->capture_default_str();
   cmd->add_option("--tokens", args->tokens, "tokens to generate")->check(integer_range(1, 1 << 20))->capture_default_str();
   cmd->add_option("--temperature", args->temperature, "softmax temperature (0: greedy)")
@@ -80,7 +81,9 @@ void add_sample_command(CLI::App& app) {
       ->check(CLI::IsMember({"auto", "bytes", "gpt2"}))
       ->capture_default_str();
   cmd->add_flag("--ids", args->ids, "print the generated token ids, space-separated, instead of the text");
-  cmd->add_option("--vocab", args->vocab_dir, "gpt2: directory with encoder.json and vocab.bpe")->capture_default_str();
+  cmd->add_option("--vocab", args->vocab_dir, "gpt2: directory with encoder.json and vocab.bpe")
+      ->check(nonempty_path())
+      ->capture_default_str();
   cmd->callback([args] {
     const Checkpoint ck = load_checkpoint(resolve_checkpoint(args->checkpoint));
     const Config cfg = config_of_checkpoint(ck.config);

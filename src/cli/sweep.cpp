@@ -143,7 +143,7 @@ void add_sweep_command(CLI::App& app) {
   };
   auto args = std::make_shared<Args>();
   CLI::App* cmd = app.add_subcommand("sweep", "Run a grid of configs (resumable, parallel) and summarise it");
-  cmd->add_option("sweep", args->sweep, "sweep file (JSON)")->required();
+  cmd->add_option("sweep", args->sweep, "sweep file (JSON)")->required()->check(nonempty_path());
   cmd->add_flag("--dry-run", args->dry_run, "validate every run's config and list the runs; start nothing");
   cmd->add_flag("--summary", args->summary_only, "only regenerate summary.csv and summary.md");
   auto* gpus = cmd->add_option("--gpus", args->gpus, "GPUs to use, one run per GPU at a time: 0,1,2,3");

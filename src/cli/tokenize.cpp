@@ -9,9 +9,11 @@
 #include <iostream>
 #include <limits>
 #include <sstream>
+#include <stdexcept>
 
 #include "checks.hpp"
 #include "commands.hpp"
+#include "qattn/atomic_file.hpp"
 #include "qattn/data.hpp"
 #include "qattn/tokenizer.hpp"
 
@@ -24,6 +26,7 @@ void add_tokenizer_options(CLI::App* cmd, std::string& kind, std::string& vocab)
       ->required()
       ->check(CLI::IsMember({"bytes", "gpt2"}));
   cmd->add_option("--vocab", vocab, "gpt2: directory with encoder.json and vocab.bpe")
+      ->check(nonempty_path())
       ->capture_default_str();
 }
 
@@ -56,7 +59,7 @@ std::vector<uint16_t> parse_ids(const std::string& list) {
     } catch (const std::exception&) {
     }
     if (used != word.size() || value < 0 || value > 65535)
-      throw TokenizerError("detokenize: --ids: '" + word + "' is not a token id (0..65535)");
+      throw std::invalid_argument("detokenize: --ids: '" + word + "' is not a token id (0..65535)");
     ids.push_back(static_cast<uint16_t>(value));
   }
   return ids;
@@ -84,10 +87,12 @@ void add_tokenize_command(CLI::App& app) {
       "tokenize", "Text files -> llm.c token shards (<name>_val_000000.bin, <name>_train_000001.bin, ...)");
   add_tokenizer_options(cmd, args->kind, args->vocab);
   cmd->add_option("files", c.files, "input text files, in order; each is one document unless "
-                                    "--doc-separator cuts it");
+                                    "--doc-separator cuts it")
+      ->check(nonempty_path());
   cmd->add_option("--files-from", args->files_from, "also read input paths from this file, one per "
-                                                    "line ('-': standard input)");
-  cmd->add_option("--out", c.out_dir, "output directory")->required();
+                                                    "line ('-': standard input)")
+      ->check(nonempty_path());
+  cmd->add_option("--out", c.out_dir, "output directory")->required()->check(nonempty_path());
   cmd->add_option("--name", c.name, "shard name prefix (default: the output directory's name)");
   cmd->add_option("--doc-separator", c.doc_separator,
                   "cut files into documents at this exact string (e.g. $'\\n\\n\\n')");
@@ -147,23 +152,35 @@ void add_detokenize_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "detokenize", "Shards or token ids -> text (end-of-text reads <|endoftext|>)");
   add_tokenizer_options(cmd, args->kind, args->vocab);
-  cmd->add_option("shards", args->shards, "llm.c token shards, decoded in order");
+  cmd->add_option("shards", args->shards, "llm.c token shards, decoded in order")->check(nonempty_path());
   cmd->add_option("--ids", args->ids, "token ids instead of shards: \"15496 995\" or \"15496,995\"");
-  cmd->add_option("--out", args->out, "write the text here instead of standard output");
+  cmd->add_option("--out", args->out, "write the text here instead of standard output")->check(nonempty_path());
   cmd->callback([args] {
     if (args->shards.empty() == args->ids.empty())
-      throw TokenizerError("detokenize: give either shard files or --ids");
+      throw std::invalid_argument("detokenize: give either shard files or --ids");
     const auto tokenizer = make_tokenizer(args->kind, args->vocab);
-    std::ofstream file;
-    if (!args->out.empty()) {
-      file.open(args->out, std::ios::binary | std::ios::trunc);
-      if (!file) throw TokenizerError("detokenize: cannot write --out " + args->out);
+    // Everything is decoded before --out is touched: an id or shard that does
+    // not decode leaves an existing --out as it was, and a new one uncreated.
+    std::string text;
+    if (!args->ids.empty()) {
+      const auto ids = parse_ids(args->ids);
+      try {
+        text = tokenizer->decode(ids);
+      } catch (const TokenizerError& e) {
+        throw std::invalid_argument(std::string("detokenize: --ids: ") + e.what());
+      }
     }
-    std::ostream& out = args->out.empty() ? std::cout : file;
-    if (!args->ids.empty()) out << tokenizer->decode(parse_ids(args->ids));
-    for (const auto& shard : args->shards) out << tokenizer->decode(read_shard(shard));
-    out.flush();
-    if (!out) throw TokenizerError("detokenize: write failed");
+    for (const auto& shard : args->shards) text += tokenizer->decode(read_shard(shard));
+    if (!args->out.empty()) {
+      try {
+        write_file_atomically(args->out, [&](std::ostream& out) { out << text; }, /*binary=*/true);
+      } catch (const std::runtime_error& e) {
+        throw TokenizerError(std::string("detokenize: --out ") + e.what());
+      }
+      return;
+    }
+    std::cout << text << std::flush;
+    if (!std::cout) throw TokenizerError("detokenize: cannot write the text to standard output");
   });
 }
 

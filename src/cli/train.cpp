@@ -22,9 +22,9 @@ void add_train_command(CLI::App& app) {
   };
   auto args = std::make_shared<Args>();
   CLI::App* cmd = app.add_subcommand("train", "Train a GPT from a JSON config");
-  cmd->add_option("config", args->config, "run config (JSON)")->required();
+  cmd->add_option("config", args->config, "run config (JSON)")->required()->check(nonempty_path());
   cmd->add_option("--set", args->sets, "override a key: json.path=value (repeatable)");
-  cmd->add_option("--out", args->out, "run directory (default: log.out/log.name)");
+  cmd->add_option("--out", args->out, "run directory (default: log.out/log.name)")->check(nonempty_path());
   auto* resume = cmd->add_flag("--resume", args->resume,
                                "continue from the run's newest valid checkpoint (an error when there is "
                                "none); without it a run resumes when it has one and its config matches");

@@ -22,7 +22,7 @@ void add_validate_command(CLI::App& app) {
   };
   auto args = std::make_shared<Args>();
   CLI::App* cmd = app.add_subcommand("validate", "Check a config and the data it names; print it with defaults filled in");
-  cmd->add_option("config", args->config, "run config (JSON)")->required();
+  cmd->add_option("config", args->config, "run config (JSON)")->required()->check(nonempty_path());
   cmd->add_option("--set", args->sets, "override a key: json.path=value (repeatable)");
   cmd->add_option("--nproc", args->nproc, "check for N data-parallel processes, as train --nproc N")
       ->check(integer_range(1, kMaxProcesses))

@@ -289,6 +289,13 @@ void derive(Config& c, int world_size, std::vector<std::string>& errors) {
                      "; allowed: a multiple of " + std::to_string(per_micro));
     return;
   }
+  // grad_accum is an int: more micro-batches per step than that would wrap.
+  if (t.tokens_per_step / per_micro > kMaxI) {
+    errors.push_back("train.tokens_per_step: " + std::to_string(t.tokens_per_step) + " is " +
+                     std::to_string(t.tokens_per_step / per_micro) + " micro-batches of " + std::to_string(per_micro) +
+                     " tokens; allowed: at most " + std::to_string(kMaxI) + " micro-batches per step");
+    return;
+  }
   t.grad_accum = static_cast<int>(t.tokens_per_step / per_micro);
   if (t.tokens > 0) {
     if (t.tokens < t.tokens_per_step) {
@@ -299,6 +306,11 @@ void derive(Config& c, int world_size, std::vector<std::string>& errors) {
     t.steps = t.tokens / t.tokens_per_step;
   }
   if (t.steps < 1 && t.tokens == 0) errors.push_back("train.steps: 0 is out of range; allowed: >= 1");
+  // The tokens seen so far (metrics.csv, checkpoints) are an int64.
+  if (t.steps > kMaxI64 / t.tokens_per_step)
+    errors.push_back("train.steps: " + std::to_string(t.steps) + " steps of tokens_per_step = " +
+                     std::to_string(t.tokens_per_step) + " tokens exceed 2^63 tokens; allowed: at most " +
+                     std::to_string(kMaxI64 / t.tokens_per_step) + " steps");
   if (t.warmup > t.steps)
     errors.push_back("train.warmup: " + std::to_string(t.warmup) + " exceeds train.steps = " +
                      std::to_string(t.steps));

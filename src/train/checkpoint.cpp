@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <spdlog/spdlog.h>
 
 namespace qattn {
 
@@ -398,8 +399,15 @@ DirLock::~DirLock() { ::close(fd_); }  // closing releases the flock
 std::string resolve_checkpoint(const std::string& path) {
   if (fs::exists(fs::path(path) / "manifest.json")) return path;
   if (fs::is_directory(checkpoint_root(path))) {
-    const std::string latest = latest_checkpoint(path);
-    if (latest.empty()) throw CheckpointError(path + ": the run has no valid checkpoint");
+    std::vector<std::string> passed_over;
+    const std::string latest = latest_checkpoint(path, &passed_over);
+    if (latest.empty()) {
+      std::string msg = path + ": the run has no valid checkpoint";
+      for (const auto& p : passed_over) msg += "\n  passed over " + p;
+      throw CheckpointError(msg);
+    }
+    // An older checkpoint than the run's newest is used: say so, and why.
+    for (const auto& p : passed_over) spdlog::warn("passed over invalid checkpoint {}; using {}", p, latest);
     return latest;
   }
   throw CheckpointError(path + ": neither a checkpoint directory (with manifest.json) nor a run "

@@ -46,6 +46,18 @@ void check_key(const std::string& key, const std::string& where) {
   if (key == kSeedKey) throw SweepError(where + ": give seeds with the sweep's \"seeds\" list, not " + key);
 }
 
+// Two equal points of one axis would be one run: the second would vanish
+// without a word, and the cell would have fewer runs than the file lists.
+void check_distinct(const Axis& a, const std::string& where) {
+  for (size_t i = 0; i < a.values.size(); ++i)
+    for (size_t k = 0; k < i; ++k)
+      if (a.values[i] == a.values[k]) {
+        const std::string value = a.keys.size() == 1 ? a.values[i][0].dump() : json(a.values[i]).dump();
+        throw SweepError(where + ": " + value + " is given twice (entries " + std::to_string(k) + " and " +
+                         std::to_string(i) + "); allowed: distinct values, each one run");
+      }
+}
+
 std::vector<Axis> read_axes(const json& j) {
   std::vector<Axis> axes;
   if (j.contains("grid")) {
@@ -54,6 +66,7 @@ std::vector<Axis> read_axes(const json& j) {
       check_key(key, "grid");
       Axis a{{key}, {}};
       for (const auto& v : list_at(values, "grid." + key)) a.values.push_back({v});
+      check_distinct(a, "grid." + key);
       axes.push_back(std::move(a));
     }
   }
@@ -77,6 +90,7 @@ std::vector<Axis> read_axes(const json& j) {
       a.values.assign(n, {});
       for (size_t i = 0; i < n; ++i)
         for (const auto& key : a.keys) a.values[i].push_back(group[key][i]);
+      check_distinct(a, where);
       axes.push_back(std::move(a));
     }
   }
@@ -214,6 +228,12 @@ Sweep expand_sweep(const json& j, const std::string& source) {
         throw SweepError("seeds: " + seed.dump() + " is not allowed; allowed: integers >= 0");
       seeds.push_back(seed);
     }
+    check_distinct(Axis{{kSeedKey}, [&] {
+                     std::vector<std::vector<json>> v;
+                     for (const auto& seed : seeds) v.push_back({seed});
+                     return v;
+                   }()},
+                   "seeds");
   }
 
   const auto axes = read_axes(j);

@@ -19,6 +19,7 @@ except ImportError:
     print("matplotlib is missing (Debian: python3-matplotlib); skipped")
     sys.exit(77)
 
+sys.path.insert(0, os.path.join(ROOT, "tools"))  # plot.py imports run_csv from beside it
 spec = importlib.util.spec_from_file_location("plot", os.path.join(ROOT, "tools", "plot.py"))
 plot = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(plot)
@@ -218,7 +219,8 @@ class DiagFigureTest(unittest.TestCase):
         cases = {
             "a value": (DIAG_HEADER + "0,0,sage,1,1,0.5,,,,,,,,,,,,\n50,0,sage,1,1,huge,,,,,,,,,,,,\n",
                         "line 3: max_abs_score 'huge' is not allowed"),
-            "a cut row": (DIAG_HEADER + "0,0,sage,1,1,0.5,,,,,,,,,,,,\n50,0,sa\n", "line 3: max_abs_score ''"),
+            "a cut row": (DIAG_HEADER + "0,0,sage,1,1,0.5,,,,,,,,,,,,\n50,0,sa\n",
+                          "line 3: 3 cells, its header has 18; the file is cut short or damaged"),
             "a step": (DIAG_HEADER + "x,0,sage,1,1,0.5,,,,,,,,,,,,\n", "line 2: step 'x' is not allowed"),
             "a header": ("step,layer,q_rms\n0,0,1\n", "its header has no max_abs_score, cos_dq, cos_dk"),
         }
@@ -236,6 +238,56 @@ class DiagFigureTest(unittest.TestCase):
                 self.assertIn("left out of the diagnostics figure", r.stderr)
                 for png in ("loss.png", "loss_gap.png", "loss_diag.png"):
                     self.assertTrue(os.path.isfile(os.path.join(root, png)), png)
+
+    def test_a_bad_metrics_or_summary_csv_or_argument_stops_with_one_line(self):
+        """metrics.csv and summary.csv carry the curves: one that cannot be read
+        stops plot.py naming the file, line, column and value, and so does a
+        missing folder, a negative --smooth or an --out that cannot be written."""
+        def metrics(rows):
+            return HEADER + "0,0,,,9.5,,,,,0,\n" + rows
+        cases = (
+            ({"r/metrics.csv": ""}, ["{d}/r"], "{d}/r/metrics.csv: empty; allowed: a CSV file whose header has step"),
+            ({"r/metrics.csv": "step,loss\n1,2\n"}, ["{d}/r"],
+             "{d}/r/metrics.csv: its header has no tokens, train_loss, val_loss, event"),
+            ({"r/metrics.csv": metrics("1,100,0.1,abc,,1,1,1,,0,\n")}, ["{d}/r"],
+             "{d}/r/metrics.csv: line 3: train_loss 'abc' is not allowed; allowed: a number or empty"),
+            ({"r/metrics.csv": metrics("1,100,0.1,3.0\n")}, ["{d}/r"],
+             "{d}/r/metrics.csv: line 3: 4 cells, its header has 11; the file is cut short or damaged"),
+            ({"r/metrics.csv": None}, ["{d}/r"], "{d}/r/metrics.csv: is a directory"),
+            ({"s/summary.csv": ""}, ["{d}/s"], "{d}/s/summary.csv: empty"),
+            ({"s/summary.csv": "a,b\n1,2\n"}, ["{d}/s"], "{d}/s/summary.csv: its header has no id, setting"),
+            ({}, ["{d}/typo"], "{d}/typo: no such directory; allowed: a run directory"),
+            ({"r/metrics.csv": metrics("")}, ["{d}/r", "--smooth", "-3"], "--smooth -3 is not allowed"),
+            ({"r/metrics.csv": metrics("")}, ["{d}/r", "--out", "{d}/no/x.png"],
+             "{d}/no/x.png: cannot write: No such file or directory"),
+        )
+        for files, args, message in cases:
+            with self.subTest(message), tempfile.TemporaryDirectory() as d:
+                for rel, text in files.items():
+                    path = os.path.join(d, rel)
+                    os.makedirs(path if text is None else os.path.dirname(path), exist_ok=True)
+                    if text is not None:
+                        with open(path, "w") as f:
+                            f.write(text)
+                # In this process (matplotlib loads once): main's sys.exit carries the message.
+                argv = sys.argv
+                sys.argv = ["plot.py", *[a.format(d=d) for a in args]]
+                try:
+                    with self.assertRaises(SystemExit) as stop:
+                        plot.main()
+                finally:
+                    sys.argv = argv
+                self.assertIn(f"plot.py: {message.format(d=d)}", str(stop.exception.code))
+
+    def test_out_without_an_extension_gets_png_and_is_named(self):
+        with tempfile.TemporaryDirectory() as d:
+            make_sweep(d)
+            r = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "plot.py"), d, "--out",
+                                os.path.join(d, "curves")], capture_output=True, text=True)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            for name in ("curves.png", "curves_gap.png", "curves_diag.png"):
+                self.assertIn(f"wrote {os.path.join(d, name)}", r.stdout)
+                self.assertTrue(os.path.isfile(os.path.join(d, name)), name)
 
 
 if __name__ == "__main__":

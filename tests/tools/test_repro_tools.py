@@ -168,5 +168,81 @@ class GapTable(unittest.TestCase):
             self.assertEqual(lines[3], "| bad | 1 | 150.0M (seed 1) | +0.500 (n=1) |  |")
 
 
+
+METRICS = "step,tokens,lr,train_loss,val_loss,grad_norm,step_ms,tokens_per_s,mfu,skipped,event\n"
+SUMMARY = "id,setting,train.seed,status,baseline\nb,base,1,finished,(baseline)\nq,quant,1,finished,base\n"
+DIAG = "step,layer,kind,q_rms,k_rms,max_abs_score,cos_o,cos_p,cos_ds,cos_dq,cos_dk,cos_dv\n"
+
+
+class BadInput(unittest.TestCase):
+    """Every tool answers files that are missing, empty, cut short or not what
+    qattn writes, and arguments out of range, with one line naming the file (and
+    line, column and value) or argument: never a traceback, never an empty table."""
+
+    def check(self, files, args, message):
+        """Writes files ({relative path: text}, None for a folder) into a fresh
+        folder d, runs args (with {d} filled in) and expects a failure whose
+        stderr holds message (with {d} filled in)."""
+        with tempfile.TemporaryDirectory() as d:
+            for rel, text in files.items():
+                path = os.path.join(d, rel)
+                os.makedirs(path if text is None else os.path.dirname(path), exist_ok=True)
+                if text is not None:
+                    with open(path, "w") as f:
+                        f.write(text)
+            argv = [a.format(d=d) for a in args]
+            r = subprocess.run([sys.executable, *argv], capture_output=True, text=True)
+            self.assertNotEqual(r.returncode, 0, f"{argv}: {r.stdout}")
+            self.assertNotIn("Traceback", r.stderr, argv)
+            self.assertIn(message.format(d=d), r.stderr, argv)
+            self.assertEqual(len(r.stderr.strip().splitlines()), 1, r.stderr)
+
+    def test_gap_and_diag_tables(self):
+        gap, diag = os.path.join(TOOLS, "gap_table.py"), os.path.join(TOOLS, "diag_table.py")
+        runs = {"b/metrics.csv": METRICS + "0,0,,,9.5,,,,,0,\n", "q/metrics.csv": METRICS + "0,0,,,9.4,,,,,0,\n"}
+        for files, args, message in (
+            ({"summary.csv": ""}, [gap, "{d}"], "{d}/summary.csv: empty; allowed: a CSV file whose header has id"),
+            ({"summary.csv": "a,b\n1,2\n"}, [diag, "{d}"], "{d}/summary.csv: its header has no id, setting, status"),
+            ({"summary.csv": SUMMARY, **runs, "q/metrics.csv": METRICS + "0,x,,,9.4,,,,,0,\n"}, [gap, "{d}"],
+             "{d}/q/metrics.csv: line 2: tokens 'x' is not allowed; allowed: an integer"),
+            ({"summary.csv": SUMMARY, **runs, "q/metrics.csv": METRICS + "0,0,,,9.4,,,,,0,\n7,700,0.1\n"},
+             [gap, "{d}"], "{d}/q/metrics.csv: line 3: 3 cells, its header has 11; the file is cut short"),
+            ({"summary.csv": SUMMARY, **runs, "b/metrics.csv": "step,val_loss\n0,9\n"}, [gap, "{d}"],
+             "{d}/b/metrics.csv: its header has no tokens, train_loss, event"),
+            ({"summary.csv": SUMMARY, "q/diag.csv": DIAG + "x,0,fpa,1,1,1,,,,,,\n"}, [diag, "{d}"],
+             "{d}/q/diag.csv: line 2: step 'x' is not allowed; allowed: an integer"),
+            ({"summary.csv": SUMMARY, "q/diag.csv": DIAG + "5,0,sage,1,1,1,0.9,,,,,\n"}, [diag, "{d}"],
+             "{d}/q/diag.csv: line 2: cos_p '' is not allowed; allowed: a number"),
+            ({"summary.csv": SUMMARY, "q/diag.csv": DIAG + "5,0,fpa,1,1,1,,,,,,\n"}, [diag, "{d}", "--step", "7"],
+             "--step 7: no run of {d}/summary.csv has diagnostics at that step"),
+        ):
+            with self.subTest(message):
+                self.check(files, args, message)
+
+    def test_results_store_and_scale_sweep(self):
+        store, scale = os.path.join(TOOLS, "results_store.py"), os.path.join(TOOLS, "scale_sweep.py")
+        sweep = '{"name": "s", "base": "b.json", "seeds": [1, 2], "set": {"train.tokens": 1000}}'
+        finished = {"sw/r/status.json": '{"status": "finished"}'}
+        for files, args, message in (
+            ({}, [store, "keep", "{d}/typo", "{d}/store"], "keep: {d}/typo: not a directory; allowed: a sweep"),
+            ({}, [store, "restore", "{d}/typo", "{d}/sw"], "restore: {d}/typo/runs: not a directory"),
+            ({**finished, "file": ""}, [store, "keep", "{d}/sw", "{d}/file"], "keep: {d}/file/runs: Not a directory"),
+            ({}, [scale, "{d}/none.json", "--out", "{d}/o.json"], "{d}/none.json: cannot read: No such file"),
+            ({"s.json": "[1]"}, [scale, "{d}/s.json", "--out", "{d}/o.json"],
+             "(the whole file): [1] is not allowed; allowed: a sweep object"),
+            ({"s.json": '{"name": "s"}'}, [scale, "{d}/s.json", "--out", "{d}/o.json"],
+             "base: null is not allowed; allowed: the path of the base config"),
+            ({"s.json": '{"name": "s", "base": "b", "set": {"train.tokens": 9}, "grid": {"log.diag_every": 5}}'},
+             [scale, "{d}/s.json", "--out", "{d}/o.json", "--tokens", "90"],
+             "grid.log.diag_every: 5 is not allowed; allowed: a list of values"),
+            ({"s.json": sweep}, [scale, "{d}/s.json", "--out", "{d}/o.json", "--seeds", "1,1"],
+             "--seeds '1,1' is not allowed; allowed: distinct integers"),
+            ({"s.json": sweep}, [scale, "{d}/s.json", "--out", "{d}/o.json", "--seeds", ""], "--seeds '' is not"),
+            ({"s.json": sweep, "file": ""}, [scale, "{d}/s.json", "--out", "{d}/file/o.json"],
+             "cannot write: {d}/file is a file, not a folder"),
+        ):
+            with self.subTest(message):
+                self.check(files, args, message)
+
 if __name__ == "__main__":
     unittest.main()

@@ -46,6 +46,26 @@ TEST_CASE("export to an existing folder or a missing one fails with the reason a
                            Catch::Contains("No such file or directory"));
   check_clean(r);
   CHECK(listing(d / "out") == before);
+
+  // A run whose newest checkpoint is damaged: export and sample take the one
+  // before it and say which they passed over and why; with none left, the error says why.
+  const std::string two = (d / "two").string();
+  REQUIRE(exit_code(run_qattn({"train", cfg.string(), "--out", two, "--set", "train.checkpoint_every=2"}, {},
+                              d / "train.log")) == 0);
+  fs::resize_file(fs::path(two) / "checkpoints" / "step_00000004" / "params.bin", 100);
+  const std::string damaged = two + "/checkpoints/step_00000004: params.bin holds 100 bytes";
+  r = qattn_outcome({"export", "--checkpoint", two, "--out", (d / "out" / "m.bin").string()}, d / "log");
+  CHECK(r.code == 0);
+  CHECK_THAT(r.output, Catch::Contains("passed over invalid checkpoint " + damaged + "; the manifest says") &&
+                           Catch::Contains("using " + two + "/checkpoints/step_00000002"));
+  r = qattn_outcome({"sample", "--checkpoint", two, "--tokens", "2"}, d / "log");
+  CHECK(r.code == 0);
+  CHECK_THAT(r.output, Catch::Contains("passed over invalid checkpoint " + damaged));
+  fs::resize_file(fs::path(two) / "checkpoints" / "step_00000002" / "params.bin", 100);
+  r = qattn_outcome({"sample", "--checkpoint", two, "--tokens", "2"}, d / "log");
+  CHECK(r.code == 1);
+  CHECK_THAT(r.output, Catch::Contains(two + ": the run has no valid checkpoint") && Catch::Contains("passed over " + damaged) &&
+                           Catch::Contains("step_00000002: params.bin holds 100 bytes"));
 }
 
 TEST_CASE("a directory as config, 1e400 and duplicate keys are refused naming the file and key", "[cli][errors]") {
@@ -136,7 +156,8 @@ TEST_CASE("validate checks the data as train does: globs, directories, unreadabl
   CHECK(!fs::exists(d / "runs" / "tiny"));
 }
 
-TEST_CASE("numeric options refuse nan, inf and out-of-range values with a readable range", "[cli][errors]") {
+TEST_CASE("options refuse nan, inf, out-of-range numbers, empty paths and unknown subcommands with what is allowed",
+          "[cli][errors]") {
   const auto d = scratch_dir("cli_numbers");
   const auto cfg = tiny_setup(d);
   struct Case {
@@ -158,6 +179,14 @@ TEST_CASE("numeric options refuse nan, inf and out-of-range values with a readab
       {{"tokenize", "--tokenizer", "bytes", "--out", d.string(), "--threads", "x"}, "an integer from 0 to 1024"},
       {{"probe", "causality", cfg.string(), "--sigma", "nan"}, "a number >= 0.001 and <= 1000"},
       {{"bench", "attention", "--shape", "1,1,64,64", "--reps", "0"}, "an integer from 1 to 10000"},
+      {{"validate", ""}, "a file or directory path (not empty)"},
+      {{"train", cfg.string(), "--out", ""}, "a file or directory path (not empty)"},
+      {{"export", "--checkpoint", d.string(), "--out", ""}, "a file or directory path (not empty)"},
+      {{"sample", "--checkpoint", ""}, "a file or directory path (not empty)"},
+      {{"tokenize", "--tokenizer", "bytes", "", "--out", d.string()}, "a file or directory path (not empty)"},
+      {{"detokenize", "--tokenizer", "bytes", "--ids", "1", "--out", ""}, "a file or directory path (not empty)"},
+      {{"trian", cfg.string()}, "train, validate, info, probe, bench, tokenize, detokenize, sweep, sample, export"},
+      {{"bench", "attn"}, "attention"},
   };
   for (const auto& c : cases) {
     const auto r = qattn_outcome(c.args, d / "log");
@@ -219,6 +248,22 @@ TEST_CASE("tokenize that fails leaves the output folder as it was; gpt2 counts o
   CHECK(r.code == 1);
   CHECK(listing(d / "old") == before);
   check_clean(r);
+  // detokenize decodes everything before it writes --out: an id beyond the
+  // vocab leaves an existing file as it was (it was truncated) and makes no new one.
+  std::ofstream(d / "kept.txt") << "earlier text";
+  for (const auto& out : {d / "kept.txt", d / "new.txt"}) {
+    r = qattn_outcome({"detokenize", "--tokenizer", "bytes", "--ids", "72 300", "--out", out.string()}, d / "log");
+    INFO(r.output);
+    CHECK(r.code == 2);
+    CHECK_THAT(r.output, Catch::Contains("detokenize: --ids: bytes tokenizer: token 300 is outside its vocab"));
+    check_clean(r);
+  }
+  CHECK(read_text(d / "kept.txt") == "earlier text");
+  CHECK_FALSE(fs::exists(d / "new.txt"));
+  REQUIRE(qattn_outcome({"detokenize", "--tokenizer", "bytes", "--ids", "72,105", "--out", (d / "kept.txt").string()},
+                        d / "log")
+              .code == 0);
+  CHECK(read_text(d / "kept.txt") == "Hi");
 
   const fs::path vocab = tiny_gpt2_vocab(d / "vocab");
   std::ofstream(d / "bad.txt", std::ios::binary) << "then \xC3( and \xE2\x82 the end";  // 1 + 2 invalid bytes

@@ -68,6 +68,12 @@ TEST_CASE("bad configs name the JSON path, the value and what is allowed", "[con
       {{"dist.zero_stage=3"}, "dist.zero_stage: 3 is out of range"},
       {{"bogus.x=1"}, "bogus: unknown key"},
       {{"train.warmup=11"}, "train.warmup: 11 exceeds train.steps"},
+      // 3e9 micro-batches of 64 tokens: more than grad_accum (an int) holds.
+      {{"train.tokens_per_step=192000000000"},
+       "train.tokens_per_step: 192000000000 is 3000000000 micro-batches of 64 tokens; allowed: at most 2147483647"},
+      {{"train.tokens_per_step=68719476736", "train.steps=200000000"},
+       "train.steps: 200000000 steps of tokens_per_step = 68719476736 tokens exceed 2^63 tokens; allowed: at most "
+       "134217727 steps"},
       {{"model.qk_norm=3"}, "model.qk_norm: 3 has the wrong type; allowed: false | true | \"gain\" | \"logit_scale\" | {\"form\""},
       {{"model.qk_norm=null"}, "model.qk_norm: null has the wrong type; allowed: false | true"},
       {{"model.qk_norm=cosine"}, "model.qk_norm: \"cosine\" is not allowed; allowed: false | true | \"gain\" | \"logit_scale\""},

@@ -122,6 +122,19 @@ TEST_CASE("sweep errors name the JSON path and what is allowed", "[sweep]") {
   j = grid_sweep();
   j["grid"]["train.seed"] = {1, 2};
   CHECK_THROWS_WITH(expand_sweep(j, ""), Catch::Contains("\"seeds\" list"));
+  // A value given twice would be one run, the second dropped without a word.
+  j = grid_sweep();
+  j["grid"]["train.lr"] = {0.01, 0.02, 0.01};
+  CHECK_THROWS_WITH(expand_sweep(j, ""),
+                    Catch::Contains("grid.train.lr: 0.01 is given twice (entries 0 and 2); allowed: distinct values"));
+  j = grid_sweep();
+  j["seeds"] = {1, 2, 2};
+  CHECK_THROWS_WITH(expand_sweep(j, ""), Catch::Contains("seeds: 2 is given twice (entries 1 and 2)"));
+  j = grid_sweep();
+  j["zip"][0] = {{"attention.kinterval.K", {4, 4}}, {"attention.kinterval.rounding", {"lerp", "lerp"}}};
+  CHECK_THROWS_WITH(expand_sweep(j, ""), Catch::Contains("zip[0]: [4,\"lerp\"] is given twice (entries 0 and 1)"));
+  j["zip"][0]["attention.kinterval.rounding"] = {"lerp", "nearest"};  // a value may repeat in one key of a zip
+  CHECK_NOTHROW(expand_sweep(j, ""));
 }
 
 TEST_CASE("the summary: mean of the last E evals, mean and std over seeds, gaps to the baseline", "[sweep]") {
