@@ -837,8 +837,12 @@ TEST_CASE(
 }
 
 // The two dK/dV kernels read the same quantised operands, statistics and row
-// terms; Sᵀ (an exact int32 sum), Pᵀ, ψ(Pᵀ) and the dV partial sums are the
-// same numbers on both, so dV agrees to fp32 order. dPᵀ is a bf16 product
+// terms, and Sᵀ is an exact int32 sum on both. The wgmma kernel scales it into
+// the softmax's units in another order (and adds smooth_q's bias there by an
+// fma), so Pᵀ can differ in its last bit and a ψ(Pᵀ) level can flip: one flip
+// moves one key's row of dV by 1/127 of the tile's P scale times dO, which is
+// 1.4e-3 relative L2 at T = 64 (smooth_q, d = 128, measured on an H200), so dV
+// is held to 3e-3 like dK and mostly agrees bit for bit. dPᵀ is a bf16 product
 // summed in fp32 in another order on each, so dSᵀ differs by rounding and a
 // ψ(dSᵀ) level can flip (1/127 of a key's largest |dS|): dK agrees to ~1e-3.
 // A wrong fragment layout, swizzle, scale or mask would differ by O(1). dQ
@@ -866,7 +870,7 @@ TEST_CASE("sage dK/dV: the wgmma and mma.sync families agree",
       INFO(c.name << " (B,H,T,d)=(" << s.B << "," << s.H << "," << s.T << "," << s.d << ")");
       CHECK(slot[0].identical());  // dQ
       CHECK(slot[1].rel < 3e-3);
-      CHECK(slot[2].rel < 1e-3);
+      CHECK(slot[2].rel < 3e-3);
       for (const Difference& g : {slot[1], slot[2]}) CHECK(g.worst <= 3e-2 * g.largest);
     }
 }
