@@ -27,8 +27,9 @@ bench() {
 SAGE_KINTERVAL="--set attention.sage.softmax.kind=kinterval --set attention.sage.softmax.K=16 \
 --set attention.sage.softmax.calibration=fwm --set attention.sage.softmax.rounding=nearest \
 --set attention.sage.softmax.ste=prob"  # one line: the settings list below splits at newlines
-# The fp8 products the Hopper kernels run (docs/sage.md, "FP8 operands").
-SAGE_FP8="--set attention.sage.precision.pv=fp8 --set attention.sage.precision.dv=fp8 \
+# All six products in fp8 (docs/sage.md, "FP8 operands").
+SAGE_FP8="--set attention.sage.precision.qk=fp8 --set attention.sage.precision.pv=fp8 \
+--set attention.sage.precision.dp=fp8 --set attention.sage.precision.dv=fp8 \
 --set attention.sage.precision.dq=fp8 --set attention.sage.precision.dk=fp8"
 {
   bench --kind fpa
