@@ -2,7 +2,8 @@
 """Tests of the reproduction tools: tools/scale_sweep.py keeps the warmup and
 evaluation interval in steps at any budget, tools/results_store.py keeps,
 restores and times finished runs, and tools/gap_table.py prints paired gaps
-with the Student-t quantile `qattn sweep` uses."""
+with the Student-t quantile `qattn sweep` uses, to the baseline or (--pair)
+between two cells named by their settings' keys."""
 import json
 import os
 import subprocess
@@ -116,6 +117,37 @@ class ResultsStore(unittest.TestCase):
             self.assertIn("status 'running'", r.stderr)
 
 
+def write_run(sweep_dir, name, losses, diverged_at=None):
+    """A run's metrics.csv: val loss at (step, loss) pairs, a million tokens a step."""
+    os.makedirs(os.path.join(sweep_dir, name))
+    with open(os.path.join(sweep_dir, name, "metrics.csv"), "w") as f:
+        f.write("step,tokens,train_loss,val_loss,event\n")
+        for step, loss in losses:
+            f.write(f"{step},{step * 1000000},,{loss},\n")
+        if diverged_at:
+            f.write(f"{diverged_at},{diverged_at * 1000000},nan,,diverged: non-finite train loss\n")
+
+
+# A SageBwd-like sweep: FPA, int8 sage and fp8 sage; the gap_table.py --pair tests.
+PAIR_HEADER = "id,setting,attention.kind,attention.sage.precision.qk,train.seed,status,final_val_loss,baseline\n"
+FP8, INT8 = "attention.sage.precision.qk=fp8", "attention.kind=sage,attention.sage.precision.qk=int8"
+
+
+def pair_sweep(d, fp8, int8):
+    """summary.csv and metrics.csv of FPA (seeds 1-3), fp8 sage ({seed: final val
+    loss}) and int8 sage (the same); a sage run's evaluation at step 200 is its final
+    loss, at step 100 it is 4.1 (fp8) or 4.0 (int8); FPA's is 4 and 3."""
+    with open(os.path.join(d, "summary.csv"), "w") as f:
+        f.write(PAIR_HEADER)
+        for seed in (1, 2, 3):
+            f.write(f"f{seed},kind=fpa_qk=int8,fpa,int8,{seed},finished,3.0,(baseline)\n")
+            write_run(d, f"f{seed}", [(0, 10.0), (100, 4.0), (200, 3.0)])
+        for name, qk, at_100, finals in (("e", "fp8", 4.1, fp8), ("i", "int8", 4.0, int8)):
+            for seed, loss in finals.items():
+                f.write(f"{name}{seed},kind=sage_qk={qk},sage,{qk},{seed},finished,{loss},kind=fpa_qk=int8\n")
+                write_run(d, f"{name}{seed}", [(0, 10.0), (100, at_100), (200, loss)])
+
+
 class GapTable(unittest.TestCase):
     def test_t975_printed_quantiles(self):
         """Printed tables, to their 4 decimals; df 10^6 stands for infinity (the normal's 1.95996)."""
@@ -142,13 +174,7 @@ class GapTable(unittest.TestCase):
     def test_paired_gap_per_step_with_interval(self):
         with tempfile.TemporaryDirectory() as d:
             def run(name, losses, diverged_at=None):
-                os.makedirs(os.path.join(d, name))
-                with open(os.path.join(d, name, "metrics.csv"), "w") as f:
-                    f.write("step,tokens,train_loss,val_loss,event\n")
-                    for step, loss in losses:
-                        f.write(f"{step},{step * 1000000},,{loss},\n")
-                    if diverged_at:
-                        f.write(f"{diverged_at},{diverged_at * 1000000},nan,,diverged: non-finite train loss\n")
+                write_run(d, name, losses, diverged_at)
             with open(os.path.join(d, "summary.csv"), "w") as f:
                 f.write("id,setting,attention.kind,train.seed,status,baseline\n")
                 for seed in (1, 2, 3):
@@ -167,11 +193,76 @@ class GapTable(unittest.TestCase):
             self.assertEqual(lines[2], "| quant | 3 |  | +0.100 ± 0.000* | +0.120 ± 0.025* |")
             self.assertEqual(lines[3], "| bad | 1 | 150.0M (seed 1) | +0.500 (n=1) |  |")
 
+    def test_pair_of_two_cells_by_seed(self):
+        """fp8 sage minus int8 sage: gaps 0.10, 0.15, 0.05 at the last step and in the
+        final val loss, mean 0.10, std sqrt((0 + 0.05^2 + 0.05^2) / 2) = 0.05,
+        half-width 4.302653 * 0.05 / sqrt(3) = 0.1242: the interval [-0.0242, +0.2242]
+        holds 0, so no *; at step 100 the gaps are 0.1 three times: ± 0, *."""
+        with tempfile.TemporaryDirectory() as d:
+            pair_sweep(d, {1: 3.10, 2: 3.25, 3: 3.05}, {1: 3.00, 2: 3.10, 3: 3.00})
+            lines = tool(os.path.join(TOOLS, "gap_table.py"), d, "--every", "100", "--pair", FP8, INT8).splitlines()
+            self.assertEqual(lines[2], f"- A: kind=sage_qk=fp8 (`{FP8}`)")
+            self.assertEqual(lines[3], f"- B: kind=sage_qk=int8 (`{INT8}`)")
+            self.assertEqual(lines[5], "| cell | seeds | diverged at (tokens) | 100M | 200M | "
+                                       "final gap (mean ± std) | 95% CI | n |")
+            self.assertEqual(lines[7], "| A − B | 3 |  | +0.100 ± 0.000* | +0.100 ± 0.124 | "
+                                       "+0.1000 ± 0.0500 | [-0.0242, +0.2242] | 3 |")
+            self.assertEqual(len(lines), 8, "no seed is skipped")
+            # A setting's exact name selects it too; B minus A is the same gap negated.
+            lines = tool(os.path.join(TOOLS, "gap_table.py"), d, "--every", "100", "--pair", INT8,
+                         "kind=sage_qk=fp8").splitlines()
+            self.assertEqual(lines[7], "| A − B | 3 |  | -0.100 ± 0.000* | -0.100 ± 0.124 | "
+                                       "-0.1000 ± 0.0500 | [-0.2242, +0.0242] | 3 |")
+
+    def test_pair_skips_and_names_seeds_of_one_cell(self):
+        """Seed 3 only in fp8, seed 4 only in int8: seeds 1 and 2 pair, gaps 0.1 and
+        0.3, mean 0.2, std 0.1414, half-width 12.7062 * 0.1414 / sqrt(2) = 1.2706."""
+        with tempfile.TemporaryDirectory() as d:
+            pair_sweep(d, {1: 3.1, 2: 3.4, 3: 3.0}, {1: 3.0, 2: 3.1, 4: 3.0})
+            lines = tool(os.path.join(TOOLS, "gap_table.py"), d, "--every", "100", "--pair", FP8, INT8).splitlines()
+            self.assertEqual(lines[7], "| A − B | 2 |  | +0.100 ± 0.000* | +0.200 ± 1.271 | "
+                                       "+0.2000 ± 0.1414 | [-1.0706, +1.4706] | 2 |")
+            self.assertEqual(lines[9], "Skipped, a finished or diverged run in one cell only: "
+                                       "seed 3 (A only), 4 (B only).")
+
+    def test_documented_sagebwd_pair_names_cells_5_and_2(self):
+        """The command of docs/reproducing.md selects cell 5 (all six products in fp8)
+        and cell 2 (int8 sage, no QK-norm, 262,144 tokens per step) of
+        configs/sweeps/sagebwd_small.json, from a summary.csv with its columns and
+        rows as `qattn sweep` writes them (grid cells, then their FPA baselines)."""
+        with open(os.path.join(ROOT, "configs", "sweeps", "sagebwd_small.json")) as f:
+            sweep = json.loads("\n".join(l for l in f.read().splitlines() if not l.lstrip().startswith("//")))
+        zipped = sweep["zip"][0]
+        keys = list(zipped)
+        def text(v):  # value_text of src/train/sweep.cpp: a string as is, else compact JSON
+            return v if isinstance(v, str) else json.dumps(v, separators=(",", ":"), sort_keys=True)
+        rows, settings = [], {}
+        cells = [{k: zipped[k][i] for k in keys} for i in range(len(zipped[keys[0]]))]
+        baselines = [{**sweep["baseline"]["set"], **{m: c[m] for m in sweep["baseline"]["match"]}} for c in cells]
+        for i, overrides in enumerate(cells + baselines):
+            values = tuple(text(overrides[k]) if k in overrides else "" for k in keys)
+            name = settings.setdefault(values, f"cell{i + 1}" if i < len(cells) else f"baseline{i + 1 - len(cells)}")
+            rows.append({"id": name, "setting": name, **dict(zip(keys, values)), "train.seed": "1",
+                         "status": "finished"})
+        self.assertEqual(gap_table.find_setting(rows, SAGEBWD_FP8, "--pair A"), "cell5")
+        self.assertEqual(gap_table.find_setting(rows, SAGEBWD_INT8, "--pair B"), "cell2")
+        # A JSON value keeps its commas: the last cell, QK-norm at lr_mult 10.
+        self.assertEqual(gap_table.find_setting(rows, 'attention.kind=sage,model.qk_norm={"form":"gain","lr_mult":10}',
+                                                "--pair A"), "cell19")
+        with open(os.path.join(ROOT, "docs", "reproducing.md")) as f:
+            self.assertTrue(f'--pair "{SAGEBWD_FP8}" \\\n    "{SAGEBWD_INT8}"' in f.read(),
+                            "docs/reproducing.md does not give the --pair command of this test")
+
 
 
 METRICS = "step,tokens,lr,train_loss,val_loss,grad_norm,step_ms,tokens_per_s,mfu,skipped,event\n"
 SUMMARY = "id,setting,train.seed,status,baseline\nb,base,1,finished,(baseline)\nq,quant,1,finished,base\n"
 DIAG = "step,layer,kind,q_rms,k_rms,max_abs_score,cos_o,cos_p,cos_ds,cos_dq,cos_dk,cos_dv\n"
+
+
+SAGEBWD_FP8 = "attention.sage.precision.qk=fp8"
+SAGEBWD_INT8 = ("attention.kind=sage,attention.sage.precision.qk=int8,model.qk_norm=false,"
+                "train.tokens_per_step=262144")
 
 
 class BadInput(unittest.TestCase):
@@ -215,6 +306,37 @@ class BadInput(unittest.TestCase):
              "{d}/q/diag.csv: line 2: cos_p '' is not allowed; allowed: a number"),
             ({"summary.csv": SUMMARY, "q/diag.csv": DIAG + "5,0,fpa,1,1,1,,,,,,\n"}, [diag, "{d}", "--step", "7"],
              "--step 7: no run of {d}/summary.csv has diagnostics at that step"),
+        ):
+            with self.subTest(message):
+                self.check(files, args, message)
+
+    def test_gap_table_pair(self):
+        """An ambiguous, unmatched or malformed --pair cell is named with the candidates."""
+        gap = os.path.join(TOOLS, "gap_table.py")
+        summary = PAIR_HEADER + "".join(
+            f"{kind}{seed},kind={kind}_qk={qk},{kind},{qk},{seed},finished,3.0,{base}\n"
+            for kind, qk, base in (("fpa", "int8", "(baseline)"), ("sage", "int8", "kind=fpa_qk=int8"),
+                                   ("sage", "fp8", "kind=fpa_qk=int8")) for seed in (1, 2))
+        files = {"summary.csv": summary}
+        for args, message in (
+            ([gap, "{d}", "--pair", "attention.kind=sage", FP8],
+             "--pair A 'attention.kind=sage' matches 2 settings; name one, or add keys that tell them apart: "
+             "kind=sage_qk=int8 (attention.sage.precision.qk=int8); "
+             "kind=sage_qk=fp8 (attention.sage.precision.qk=fp8)"),
+            ([gap, "{d}", "--pair", FP8, "attention.kind=sage,attention.sage.precision.qk=fp9"],
+             "--pair B 'attention.kind=sage,attention.sage.precision.qk=fp9' matches no setting of summary.csv; "
+             "the nearest (1 of 2 keys equal): attention.kind=sage,attention.sage.precision.qk=int8 (1 setting); "
+             "attention.kind=sage,attention.sage.precision.qk=fp8 (1 setting)"),
+            ([gap, "{d}", "--pair", "attention.sage.precision.qk=fp9", INT8],
+             "the nearest (0 of 1 keys equal): attention.sage.precision.qk=int8 (2 settings); "
+             "attention.sage.precision.qk=fp8 (1 setting)"),
+            ([gap, "{d}", "--pair", "qk=fp8", INT8],
+             "--pair A 'qk=fp8': 'qk=fp8' is not allowed; allowed: a setting of summary.csv, or "
+             "key=value[,key=value...] with keys from attention.kind, attention.sage.precision.qk"),
+            ([gap, "{d}", "--pair", "train.seed=1", INT8], "--pair A 'train.seed=1': train.seed is not allowed"),
+            ([gap, "{d}", "--pair", "kind=sage_qk=int8", INT8], "both name setting kind=sage_qk=int8"),
+            ([gap, "{d}", "--pair", FP8, INT8], "--pair: no seed has a finished or diverged run in both cells "
+                                                "(A kind=sage_qk=fp8: seeds none; B kind=sage_qk=int8: seeds none)"),
         ):
             with self.subTest(message):
                 self.check(files, args, message)
