@@ -33,11 +33,12 @@
 // is scaled once by s_V,top · 2^-8 at the end. That product then runs one step
 // deep (Layout::kOverlapped; FlashAttention-3's overlap within a warpgroup):
 // step j issues S_j, then P̂_{j−1} V̂_{j−1}, waits for S_j alone, and computes
-// block j's softmax and P̂_j while P̂_{j−1} V̂_{j−1} is on the tensor cores; it
-// then waits for that product, releases block j − 1's stage and rescales O for
-// block j where its max moved. Each element sees the same operations in the
-// same order as one step at a time (O's rescale for block j still comes after
-// block j − 1's product and before block j's), so the outputs are the same bits.
+// block j's scores and softmax while P̂_{j−1} V̂_{j−1} is on the tensor cores;
+// it then waits for that product, rescales O for block j where its max moved,
+// packs P̂_j and releases block j − 1's stage. Each element sees the same
+// operations in the same order as one step at a time (O's rescale for block j
+// still comes after block j − 1's product and before block j's), so the
+// outputs are the same bits.
 #pragma once
 #include "attention/common/feeds.cuh"
 #include "attention/sage/int8_operands.cuh"
@@ -182,25 +183,27 @@ __global__ void __launch_bounds__(
   }
   if constexpr (Layout::kOverlapped) {
     // One step deep: S_j = Q̂ K̂_jᵀ is issued, then P̂_{j−1} V̂_{j−1} into O, and
-    // block j's softmax and P̂_j run while that product is on the tensor
-    // cores; O's rescale for block j waits until it has landed.
-    using Weights = uint32_t[1][kNTiles / 4][4];  // P̂ (64, 64) e4m3 A fragments, permuted keys
-    // Block j from its landed sums: m and l (O's factor per row into
-    // `correction`; returns whether O is to be rescaled) and P̂_j into p_j.
-    auto softmax_step = [&](const Sums& sum, int j, float(&correction)[2], Weights& p_j) {
-      float s[1][kNTiles][4];
+    // block j's scores and softmax run while that product is on the tensor
+    // cores; O's rescale for block j and P̂_j wait until it has landed (P̂_j
+    // goes into the registers P̂_{j−1} is read from: packed into others and
+    // copied, ptxas serialised the products, C7513).
+    uint32_t p_hat[1][kNTiles / 4][4];  // P̂ (64, 64) e4m3 A fragments over the permuted keys
+    // Block j from its landed sums: s becomes P̃_j, m and l move (O's factor
+    // per row into `correction`); returns whether O is to be rescaled.
+    auto softmax_step = [&](float(&s)[1][kNTiles][4], const Sums& sum, int j,
+                            float(&correction)[2]) {
       scores_of(s, sum, j);
-      const bool rescale = softmax.template update_deferring_rescale<0>(s, correction);  // P̃ <= 1
-      pack_weights_e4m3(p_j[0], s, scale_v[j] * fold_v);
-      return rescale;
+      return softmax.template update_deferring_rescale<0>(s, correction);  // P̃ <= 1
     };
-    auto rescale_o = [&](bool rescale, const float(&correction)[2]) {
+    // Once O has landed: its rescale for block j where due, then P̂_j.
+    auto finish_step = [&](const float(&s)[1][kNTiles][4], int j, bool rescale,
+                           const float(&correction)[2]) {
       if (rescale)
 #pragma unroll
         for (int half = 0; half < 2; ++half)
           Softmax::scale_outputs(0, half, correction[half], o_acc);
+      pack_weights_e4m3(p_hat[0], s, scale_v[j] * fold_v);
     };
-    Weights p_hat;  // P̂ of the block whose product is next issued
     const int seen = wg.blocks_seen(p.T);
     feed.consume_overlapped(
         0, seen, keys_values,
@@ -208,23 +211,18 @@ __global__ void __launch_bounds__(
           Sums sum;
           OverD<kQk>::issue(sum, q_tile, wg.wg_row0, k_tile(stage));
           wait_for<0>(sum);
-          float correction[2];
-          rescale_o(softmax_step(sum, j, correction, p_hat), correction);
+          float s[1][kNTiles][4], correction[2];
+          finish_step(s, j, softmax_step(s, sum, j, correction), correction);
         },
         [&](int j, int stage, int previous) {
           Sums sum;
           OverD<kQk>::issue(sum, q_tile, wg.wg_row0, k_tile(stage));
           issue_e4m3_rs(o_acc, p_hat, vt_tile(previous));  // O += P̂_{j−1} V̂_{j−1}
           wait_for<1>(sum);
-          float correction[2];
-          Weights p_next;
-          const bool rescale = softmax_step(sum, j, correction, p_next);
+          float s[1][kNTiles][4], correction[2];
+          const bool rescale = softmax_step(s, sum, j, correction);
           wait_for<0>(o_acc, p_hat);
-          rescale_o(rescale, correction);
-#pragma unroll
-          for (int ks = 0; ks < kNTiles / 4; ++ks)
-#pragma unroll
-            for (int r = 0; r < 4; ++r) p_hat[0][ks][r] = p_next[0][ks][r];
+          finish_step(s, j, rescale, correction);
         },
         [&](int stage) {
           issue_e4m3_rs(o_acc, p_hat, vt_tile(stage));
