@@ -18,6 +18,8 @@
 //   feed.consumer_start();
 //   feed.resident(resident);                 // copied (cp.async) or waited for (TMA)
 //   feed.consume(first, last, step, body);   // body(i, stage), once per step
+//   (TmaFeed also: feed.consume_overlapped(first, last, step, lead, body, drain),
+//   each step held into the next one's body)
 //   feed.sync();                             // the consumers meet (epilogues)
 #pragma once
 #include "attention/common/pipeline.cuh"
@@ -235,6 +237,30 @@ struct TmaFeed {
       body(i, stage(step_));
       sm90::barrier_arrive(&empty[stage(step_)]);
     }
+  }
+  // Steps [first, last) for a consumer that leaves each step's last product
+  // in flight into the next step (FlashAttention-3's overlap within a
+  // warpgroup): lead(first, stage) runs once the first step has landed;
+  // body(i, stage, previous) for each later step once it has landed, with
+  // step i − 1 still held in stage `previous`, which is released after the
+  // body; drain(stage) ends the last step, which is released after it. A
+  // consumer holds two stages at once, so a ring of kStages keeps kStages − 2
+  // steps' copies ahead of it. The first step has a body of its own so that
+  // no branch joins code with a product in flight and code without.
+  template <class Step, class Lead, class Body, class Drain>
+  __device__ void consume_overlapped(int first, int last, Step&&, Lead&& lead, Body&& body,
+                                     Drain&& drain) {
+    if (first >= last) return;
+    sm90::barrier_wait(&full[stage(step_)], parity(step_));
+    lead(first, stage(step_));
+    ++step_;
+    for (int i = first + 1; i < last; ++i, ++step_) {
+      sm90::barrier_wait(&full[stage(step_)], parity(step_));
+      body(i, stage(step_), stage(step_ - 1));
+      sm90::barrier_arrive(&empty[stage(step_ - 1)]);
+    }
+    drain(stage(step_ - 1));
+    sm90::barrier_arrive(&empty[stage(step_ - 1)]);
   }
   __device__ void sync() { sm90::consumers_sync<kConsumerThreads / 128>(); }
 

@@ -93,9 +93,21 @@ struct OnlineSoftmax {
   template <int kDTiles>
   __device__ __forceinline__ void move_max(int mt, int half, float m_new,
                                            float (&o)[kRowTiles][kDTiles][4]) {
+    scale_outputs(mt, half, move_reference(mt, half, m_new), o);
+  }
+  // move_max in two parts, for a caller whose o is still being summed into
+  // when the max moves (a product in flight): m and l at once, and the factor
+  // exp(c (m_old - m_new)) returned for the row's outputs, which
+  // scale_outputs multiplies once they have landed.
+  __device__ __forceinline__ float move_reference(int mt, int half, float m_new) {
     const float correction = fast_exp2(row_max[mt][half] * scale_log2 - exponent_base(m_new));
     row_max[mt][half] = m_new;
     row_sum[mt][half] *= correction;
+    return correction;
+  }
+  template <int kDTiles>
+  __device__ __forceinline__ static void scale_outputs(int mt, int half, float correction,
+                                                       float (&o)[kRowTiles][kDTiles][4]) {
 #pragma unroll
     for (int dt = 0; dt < kDTiles; ++dt) {
       o[mt][dt][2 * half] *= correction;

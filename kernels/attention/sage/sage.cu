@@ -729,10 +729,11 @@ void forward_sm90(const SageParams& p, cudaStream_t stream) {
   f.k = maps.natural(ws.k.i8);
   f.vt = maps.transposed(ws.v.i8t);
   constexpr int kWarpgroups =
-      SageForwardSm90Layout<D, Softmax>::kWarpgroups;  // one 64-row block each
+      SageForwardSm90Layout<D, Softmax, kPvFp8>::kWarpgroups;  // one 64-row block each
   launch(sage_forward_sm90_kernel<D, Softmax, kQk, kPvFp8>,
          dim3(ceil_div(ws.blocks, kWarpgroups), p.B * p.H), sm90::block_threads<kWarpgroups>(),
-         SageForwardSm90Layout<D, Softmax>::kBytes + scale_table_bytes(2, ws.blocks), stream, f);
+         SageForwardSm90Layout<D, Softmax, kPvFp8>::kBytes + scale_table_bytes(2, ws.blocks),
+         stream, f);
 }
 
 template <int D, class Softmax>

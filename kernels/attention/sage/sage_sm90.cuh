@@ -76,6 +76,11 @@ struct QueryWarpgroup {
   __device__ bool sees(int j, int T) const {
     return wg_first < T && j * kSageBlock <= wg_first + flash::sm90::kWarpgroupRows - 1;
   }
+  // The key blocks it sees, [0, blocks_seen): j < blocks_seen(T) exactly
+  // where sees(j, T) (with x = wg_first + 63, j <= ⌊x / 64⌋ ⟺ 64 j <= x).
+  __device__ int blocks_seen(int T) const {
+    return wg_first < T ? (wg_first + flash::sm90::kWarpgroupRows - 1) / kSageBlock + 1 : 0;
+  }
 };
 
 struct SageBackwardSm90Common {

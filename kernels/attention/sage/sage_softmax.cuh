@@ -125,6 +125,41 @@ struct ExactSoftmax : flash::OnlineSoftmax<1> {
   __device__ __forceinline__ void update_rescaling_rarely(float (&s)[1][kNTiles][4],
                                                           float (&o)[1][kDTiles][4],
                                                           float (&p_max)[2]) {
+    update_reference_rarely<kMaxGrowthLog2>(
+        s, [&](int half, float correction) { scale_outputs(0, half, correction, o); },
+        [&](int half, float top) {
+          p_max[half] = fast_exp2(fmaf(top, scale_log2, -exponent_base(row_max[0][half])));
+        });
+  }
+  // The same for a forward whose O is still being summed into (the previous
+  // block's P̂ V̂ in flight, sage_forward_sm90.cuh): m, l and s as above, and
+  // O's rescale left to the caller, once O has landed. Returns whether it is
+  // due (the same on every lane of the warp), by `correction` per row
+  // (scale_outputs). No ψ amax: the fp8 P̂ takes P̃ on a fixed scale.
+  template <int kMaxGrowthLog2 = 8, int kNTiles>
+  __device__ __forceinline__ bool update_deferring_rescale(float (&s)[1][kNTiles][4],
+                                                           float (&correction)[2]) {
+    bool rescale = false;
+    update_reference_rarely<kMaxGrowthLog2>(
+        s,
+        [&](int half, float factor) {
+          correction[half] = factor;
+          rescale = true;
+        },
+        [](int, float) {});
+    return rescale;
+  }
+
+ private:
+  // Both updates' steps but O's rescale: where some row of the warp would
+  // see a P̃ above 2^kMaxGrowthLog2, m moves to the running max for both rows,
+  // l is rescaled and rescale(half, factor) gets O's factor of each row; then
+  // each row of s becomes P̃, and exponentiated(half, top) follows it with the
+  // row's largest score of the block.
+  template <int kMaxGrowthLog2, int kNTiles, class Rescale, class Exponentiated>
+  __device__ __forceinline__ void update_reference_rarely(float (&s)[1][kNTiles][4],
+                                                          Rescale&& rescale,
+                                                          Exponentiated&& exponentiated) {
     float top[2];  // the block's largest score per row
     bool grows = false;
 #pragma unroll
@@ -134,14 +169,16 @@ struct ExactSoftmax : flash::OnlineSoftmax<1> {
     }
     if (__any_sync(0xffffffffu, grows))
 #pragma unroll
-      for (int half = 0; half < 2; ++half) move_max(0, half, fmaxf(row_max[0][half], top[half]), o);
+      for (int half = 0; half < 2; ++half)
+        rescale(half, move_reference(0, half, fmaxf(row_max[0][half], top[half])));
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       exponentiate(0, half, s);
-      p_max[half] = fast_exp2(fmaf(top[half], scale_log2, -exponent_base(row_max[0][half])));
+      exponentiated(half, top[half]);
     }
   }
 
+ public:
   // After finalize: L of rows [row0, row0 + 16) of the warp into stats (T).
   __device__ void store(float* stats, int row0, int rows_valid) const {
     store_lse(stats, row0, rows_valid);
