@@ -44,6 +44,7 @@
 // that no instruction sets them to zero; int8_operands.cuh converts the sums.
 #pragma once
 #include <cstdint>
+#include <type_traits>
 
 #include "attention/common/tile_mma.cuh"
 #include "attention/common/tma.cuh"
@@ -372,36 +373,29 @@ __device__ __forceinline__ void product_rs(float (&acc)[1][kNTiles][4],
   wait_for<0>(acc, a);
 }
 
-// The int8 products, issued like issue_ss / issue_rs, into fresh s32
+// The 8-bit products, issued like issue_ss / issue_rs, into fresh
 // accumulators. acc (64, N) = rows [row0, row0 + 64) of a times bᵀ over the
-// tiles' row bytes (S = Q̂ K̂ᵀ, dP = dÔ V̂ᵀ and the transposes).
-template <int kNTiles, int kRowsA, int kRowsB, int kRowBytes>
-__device__ __forceinline__ void issue_s8_ss(int (&acc)[1][kNTiles][4],
-                                            Int8SmemTile<kRowsA, kRowBytes> a, int row0,
-                                            Int8SmemTile<kRowsB, kRowBytes> b) {
-  static_assert(kNTiles * 8 == kRowsB, "B's rows are the output columns");
-  const uint64_t a_desc = desc_k_major(a, row0), b_desc = desc_k_major(b, 0);
-  wgmma_fence();
-#pragma unroll
-  for (int ks = 0; ks < kRowBytes / 32; ++ks)
-    mma_s8_ss(acc, desc_plus(a_desc, 32 * ks), desc_plus(b_desc, 32 * ks), ks > 0);
-  wgmma_commit();
-  fence_operands(acc);
-}
-
-// The same over e4m3 tiles into fresh fp32 accumulators (S = Q̂ K̂ᵀ and dP =
-// dÔ V̂ᵀ at fp8, docs/attention-maths.md §4.12; one scale per tile, applied
-// by the caller).
-template <int kNTiles, int kRowsA, int kRowsB, int kRowBytes>
-__device__ __forceinline__ void issue_e4m3_ss(float (&acc)[1][kNTiles][4],
+// tiles' row bytes (S = Q̂ K̂ᵀ, dP = dÔ V̂ᵀ and the transposes). The
+// accumulator picks the instruction: s32 sums of int8 levels, or fp32 sums of
+// e4m3 values (docs/attention-maths.md §4.12; one scale per tile, applied by
+// the caller).
+template <class Acc, int kNTiles, int kRowsA, int kRowsB, int kRowBytes>
+__device__ __forceinline__ void issue_8bit_ss(Acc (&acc)[1][kNTiles][4],
                                               Int8SmemTile<kRowsA, kRowBytes> a, int row0,
                                               Int8SmemTile<kRowsB, kRowBytes> b) {
   static_assert(kNTiles * 8 == kRowsB, "B's rows are the output columns");
+  static_assert(std::is_same_v<Acc, int> || std::is_same_v<Acc, float>,
+                "s32 (int8) or fp32 (e4m3) accumulators");
   const uint64_t a_desc = desc_k_major(a, row0), b_desc = desc_k_major(b, 0);
   wgmma_fence();
 #pragma unroll
-  for (int ks = 0; ks < kRowBytes / 32; ++ks)
-    mma_e4m3_ss(acc, desc_plus(a_desc, 32 * ks), desc_plus(b_desc, 32 * ks), ks > 0);
+  for (int ks = 0; ks < kRowBytes / 32; ++ks) {
+    const uint64_t a_step = desc_plus(a_desc, 32 * ks), b_step = desc_plus(b_desc, 32 * ks);
+    if constexpr (std::is_same_v<Acc, int>)
+      mma_s8_ss(acc, a_step, b_step, ks > 0);
+    else
+      mma_e4m3_ss(acc, a_step, b_step, ks > 0);
+  }
   wgmma_commit();
   fence_operands(acc);
 }

@@ -126,10 +126,8 @@ struct OverD {
   template <int kNTiles, class A, class B>
   __device__ static void issue(Acc (&acc)[1][kNTiles][4], A a, int row0, B b) {
     using namespace flash::sm90;
-    if constexpr (P == Precision::int8)
-      issue_s8_ss(acc, a, row0, b);
-    else if constexpr (P == Precision::fp8)
-      issue_e4m3_ss(acc, a, row0, b);
+    if constexpr (kBytes)
+      issue_8bit_ss(acc, a, row0, b);  // Acc picks int8 or e4m3
     else
       issue_ss(acc, a, row0, b);
   }
