@@ -12,6 +12,8 @@ import sys
 import tempfile
 import unittest
 
+from file_tree import write_tree
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 try:
     import matplotlib  # noqa: F401
@@ -263,12 +265,7 @@ class DiagFigureTest(unittest.TestCase):
         )
         for files, args, message in cases:
             with self.subTest(message), tempfile.TemporaryDirectory() as d:
-                for rel, text in files.items():
-                    path = os.path.join(d, rel)
-                    os.makedirs(path if text is None else os.path.dirname(path), exist_ok=True)
-                    if text is not None:
-                        with open(path, "w") as f:
-                            f.write(text)
+                write_tree(d, files)
                 # In this process (matplotlib loads once): main's sys.exit carries the message.
                 argv = sys.argv
                 sys.argv = ["plot.py", *[a.format(d=d) for a in args]]

@@ -11,6 +11,8 @@ import sys
 import tempfile
 import unittest
 
+from file_tree import write_tree
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TOOLS = os.path.join(ROOT, "tools")
 sys.path.insert(0, TOOLS)
@@ -275,12 +277,7 @@ class BadInput(unittest.TestCase):
         folder d, runs args (with {d} filled in) and expects a failure whose
         stderr holds message (with {d} filled in)."""
         with tempfile.TemporaryDirectory() as d:
-            for rel, text in files.items():
-                path = os.path.join(d, rel)
-                os.makedirs(path if text is None else os.path.dirname(path), exist_ok=True)
-                if text is not None:
-                    with open(path, "w") as f:
-                        f.write(text)
+            write_tree(d, files)
             argv = [a.format(d=d) for a in args]
             r = subprocess.run([sys.executable, *argv], capture_output=True, text=True)
             self.assertNotEqual(r.returncode, 0, f"{argv}: {r.stdout}")
