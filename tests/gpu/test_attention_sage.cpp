@@ -1166,41 +1166,35 @@ TEST_CASE("sage kernels refuse what they cannot run, naming the option", "[sage]
                                                      nullptr, nullptr, nullptr, nullptr),
                       Catch::Contains(named));
   }
-  SageOptions qk_fp8_pv_bf16;
-  qk_fp8_pv_bf16.precision.qk = Precision::fp8;
-  qk_fp8_pv_bf16.precision.pv = Precision::bf16;
-  CHECK_THROWS_WITH(qattn::cuda::sage_saved_bytes(qk_fp8_pv_bf16, s),
-                    Catch::Contains("attention.sage.precision.qk = \"fp8\" runs on the wgmma "
-                                    "forward, which runs only attention.sage.precision.qk and pv "
-                                    "each int8 or fp8 (got qk = fp8, pv = bf16)"));
-  SageOptions dp_fp8_dq_tile;
-  dp_fp8_dq_tile.precision.dp = Precision::fp8;
-  dp_fp8_dq_tile.bwd_granularity = BwdGranularity::tile;
-  CHECK_THROWS_WITH(qattn::cuda::sage_saved_bytes(dp_fp8_dq_tile, s),
-                    Catch::Contains("attention.sage.precision.dp = \"fp8\" runs on the wgmma dQ "
-                                    "kernel, which runs only attention.sage.precision.qk = int8 "
-                                    "or fp8, and dq = fp8 or dq = int8 with bwd_granularity "
-                                    "rowcol (got qk = int8, dq = int8, bwd_granularity tile)"));
-  SageOptions dv_fp8_tile;
-  dv_fp8_tile.precision.dv = Precision::fp8;
-  dv_fp8_tile.bwd_granularity = BwdGranularity::tile;
-  CHECK_THROWS_WITH(qattn::cuda::sage_saved_bytes(dv_fp8_tile, s),
-                    Catch::Contains("attention.sage.precision.dv = \"fp8\" runs on the wgmma "
-                                    "dK/dV kernel, which runs only attention.sage.precision.qk, "
-                                    "dv and dk each int8 or fp8, dk = fp8 only with dv = fp8, and "
-                                    "bwd_granularity rowcol unless dv = dk = fp8 (got qk = int8, "
-                                    "dv = fp8, dk = int8, bwd_granularity tile)"));
-  SageOptions dk_fp8_alone;
-  dk_fp8_alone.precision.dk = Precision::fp8;
-  CHECK_THROWS_WITH(qattn::cuda::sage_saved_bytes(dk_fp8_alone, s),
-                    Catch::Contains("attention.sage.precision.dk = \"fp8\" runs on the wgmma "
-                                    "dK/dV kernel, which runs only"));
-  SageOptions qk_fp8_dq_bf16;
-  qk_fp8_dq_bf16.precision.qk = Precision::fp8;
-  qk_fp8_dq_bf16.precision.dq = Precision::bf16;
-  CHECK_THROWS_WITH(qattn::cuda::sage_saved_bytes(qk_fp8_dq_bf16, s),
-                    Catch::Contains("attention.sage.precision.qk = \"fp8\" runs on the wgmma dQ "
-                                    "kernel, which runs only"));
+  // Each fp8 setting that some wgmma kernel cannot take, refused by sizing.
+  auto options = [](std::initializer_list<std::pair<Precision SagePrecision::*, Precision>> keys,
+                    BwdGranularity granularity) {
+    SageOptions o;
+    for (const auto& [member, precision] : keys) o.precision.*member = precision;
+    o.bwd_granularity = granularity;
+    return o;
+  };
+  constexpr Precision fp8 = Precision::fp8, bf16 = Precision::bf16;
+  const std::pair<SageOptions, const char*> refusals[] = {
+      {options({{&SagePrecision::qk, fp8}, {&SagePrecision::pv, bf16}}, BwdGranularity::rowcol),
+       "attention.sage.precision.qk = \"fp8\" runs on the wgmma forward, which runs only "
+       "attention.sage.precision.qk and pv each int8 or fp8 (got qk = fp8, pv = bf16)"},
+      {options({{&SagePrecision::dp, fp8}}, BwdGranularity::tile),
+       "attention.sage.precision.dp = \"fp8\" runs on the wgmma dQ kernel, which runs only "
+       "attention.sage.precision.qk = int8 or fp8, and dq = fp8 or dq = int8 with "
+       "bwd_granularity rowcol (got qk = int8, dq = int8, bwd_granularity tile)"},
+      {options({{&SagePrecision::dv, fp8}}, BwdGranularity::tile),
+       "attention.sage.precision.dv = \"fp8\" runs on the wgmma dK/dV kernel, which runs only "
+       "attention.sage.precision.qk, dv and dk each int8 or fp8, dk = fp8 only with dv = fp8, "
+       "and bwd_granularity rowcol unless dv = dk = fp8 (got qk = int8, dv = fp8, dk = int8, "
+       "bwd_granularity tile)"},
+      {options({{&SagePrecision::dk, fp8}}, BwdGranularity::rowcol),
+       "attention.sage.precision.dk = \"fp8\" runs on the wgmma dK/dV kernel, which runs only"},
+      {options({{&SagePrecision::qk, fp8}, {&SagePrecision::dq, bf16}}, BwdGranularity::rowcol),
+       "attention.sage.precision.qk = \"fp8\" runs on the wgmma dQ kernel, which runs only"},
+  };
+  for (const auto& [refused, message] : refusals)
+    CHECK_THROWS_WITH(qattn::cuda::sage_saved_bytes(refused, s), Catch::Contains(message));
   if (!qattn::test::wgmma_available()) {  // off Hopper, fp8 has no kernel
     SageOptions pv_fp8;
     pv_fp8.precision.pv = Precision::fp8;
