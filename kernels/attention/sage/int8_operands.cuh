@@ -19,6 +19,7 @@
 #include <cuda_fp8.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "attention/common/online_softmax.cuh"
 #include "attention/common/tile_mma.cuh"
@@ -111,23 +112,22 @@ __device__ __forceinline__ void zero_sums(int (&sum)[kNTiles][4]) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) sum[nt][e] = 0;
 }
-// acc = sum · scale, sums of kTerms products with one scale for the tile.
-template <int kTerms, int kNTiles>
+// acc = sum · scale, sums of kTerms products with one scale for the tile: s32
+// sums of int8 levels, converted, or fp32 sums (the e4m3 products'
+// accumulators, §4.12), as they are.
+template <int kTerms, int kNTiles, class Sum>
 __device__ __forceinline__ void sums_to_scores(float (&acc)[1][kNTiles][4],
-                                               const int (&sum)[kNTiles][4], float scale) {
+                                               const Sum (&sum)[kNTiles][4], float scale) {
+  static_assert(std::is_same_v<Sum, int> || std::is_same_v<Sum, float>);
 #pragma unroll
   for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) acc[0][nt][e] = sum_to_float<kTerms>(sum[nt][e]) * scale;
-}
-// The same from fp32 sums (the e4m3 products' accumulators, §4.12).
-template <int kTerms, int kNTiles>
-__device__ __forceinline__ void sums_to_scores(float (&acc)[1][kNTiles][4],
-                                               const float (&sum)[kNTiles][4], float scale) {
-#pragma unroll
-  for (int nt = 0; nt < kNTiles; ++nt)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) acc[0][nt][e] = sum[nt][e] * scale;
+    for (int e = 0; e < 4; ++e) {
+      if constexpr (std::is_same_v<Sum, int>)
+        acc[0][nt][e] = sum_to_float<kTerms>(sum[nt][e]) * scale;
+      else
+        acc[0][nt][e] = sum[nt][e] * scale;
+    }
 }
 // acc += sum · row_scale of the element's row (g: [0], g + 8: [1]), kTerms products each.
 template <int kTerms>
