@@ -379,16 +379,22 @@ def main():
     a = p.parse_args()
     if a.smooth < 0:
         sys.exit(f"plot.py: --smooth {a.smooth} is not allowed; allowed: a window of steps >= 1, or 0 for the default")
+    # matplotlib appends ".png" to a name without an extension; the messages name the file it writes.
+    out = a.out or os.path.join(a.dir, "loss.png")
+    if not os.path.splitext(out)[1]:
+        out += ".png"
+    # An extension matplotlib cannot write would stop it with a traceback after the figure is drawn.
+    formats = plt.gcf().canvas.get_supported_filetypes()
+    plt.close()
+    if os.path.splitext(out)[1][1:].lower() not in formats:
+        sys.exit(f"plot.py: --out {out}: the format {os.path.splitext(out)[1][1:]!r} is not allowed; allowed: "
+                 f"a file name ending in .{', .'.join(sorted(formats))}")
     try:
         runs = load_runs(a.dir)
     except run_csv.CsvError as e:
         sys.exit(f"plot.py: {e}")
     if not runs:
         sys.exit(f"plot.py: {a.dir}: no metrics.csv in it, in its summary.csv runs, or in its subfolders")
-    # matplotlib appends ".png" to a name without an extension; the messages name the file it writes.
-    out = a.out or os.path.join(a.dir, "loss.png")
-    if not os.path.splitext(out)[1]:
-        out += ".png"
     longest = max(len(r.train) for r in runs)
     window = a.smooth if a.smooth > 0 else max(1, longest // 50)
     title = os.path.basename(os.path.normpath(a.dir))

@@ -97,17 +97,22 @@ fi
 
 # Runs a sweep file until it is done or the deadline passes. No run starts
 # later than RUN_SECONDS before the deadline, so every run that starts can
-# finish; SIGTERM at the deadline makes a late one checkpoint.
+# finish; SIGTERM at the deadline makes a late one checkpoint. Runs that
+# failed (exit 1) or were left by the deadline (4) still get their summary;
+# a sweep refused whole (2: the sweep file, a config, the data or --gpus,
+# named in qattn's message) ran nothing, and the script stops with it.
 run_sweep() {
-  local file=$1 left
+  local file=$1 left rc=0
   if [[ -n $DEADLINE ]]; then
     left=$((DEADLINE - $(date +%s)))
     ((left > RUN_SECONDS)) || { log "under ${RUN_SECONDS}s to the deadline; not starting $file"; return 0; }
     timeout --signal=TERM --kill-after=30 "$left" "$QATTN" sweep "$file" --gpus "$GPUS" \
-      --start-until "$((DEADLINE - RUN_SECONDS))" || log "sweep $file: exit $?"
+      --start-until "$((DEADLINE - RUN_SECONDS))" || rc=$?
   else
-    "$QATTN" sweep "$file" --gpus "$GPUS" || log "sweep $file: exit $?"
+    "$QATTN" sweep "$file" --gpus "$GPUS" || rc=$?
   fi
+  ((rc != 2)) || die "qattn sweep refused $file (exit 2; its message is above): no run started"
+  ((rc == 0)) || log "sweep $file: exit $rc"
 }
 ((SEED_PASSES)) && run_sweep "$FIRST"
 run_sweep "$ALL"

@@ -55,6 +55,11 @@ def copy_run(src, dst):
 def keep(sweep_dir, store):
     if not os.path.isdir(sweep_dir):
         sys.exit(f"results_store.py keep: {sweep_dir}: not a directory; allowed: a sweep directory of `qattn sweep`")
+    if os.path.isdir(store) and os.path.samefile(sweep_dir, store):
+        sys.exit(f"results_store.py keep: STORE {store} is SWEEP_DIR {sweep_dir}; allowed: another folder (the "
+                 "sweep's files would be copied onto themselves)")
+    if not os.path.exists(store):  # made even when no run has finished yet: the summary and plots go there too
+        os.makedirs(store)
     kept = new = 0
     for run in run_dirs(sweep_dir):
         src = os.path.join(sweep_dir, run)

@@ -10,7 +10,9 @@ diagnostics and checkpoint intervals (log.diag_every, train.checkpoint_every,
 in "set", "grid" and "zip") are multiplied by N / (the sweep's own
 train.tokens), so a run still takes as many of them. The sweep's name gets the
 budget appended (kinterval_small -> kinterval_small_16M), so runs of different
-budgets never share a folder. --seeds keeps only the given
+budgets never share a folder: the budget in the largest of M (10^6), Mi (2^20),
+k (10^3) and Ki (2^10) that divides it, else in tokens, so that a label names
+one budget (31,457,280 tokens is 30Mi; 31,000,000 is 31M). --seeds keeps only the given
 seeds (same name, same run ids: a later run of the full sweep skips them).
 --set PATH=VALUE adds an override to the sweep's "set" (VALUE parsed as JSON,
 a bare word is a string; the grid and zip still win for the keys they vary),
@@ -80,6 +82,19 @@ def check_shape(s, path):
         refuse("seeds", seeds, "a list of integers")
 
 
+# Units of a budget label, tried in order; a label names one count because its
+# unit divides that count exactly (a rounded "31M" would name 31,000,000 and
+# 31,457,280 alike, and their runs would share a folder).
+BUDGET_UNITS = (("M", 10**6), ("Mi", 2**20), ("k", 10**3), ("Ki", 2**10))
+
+
+def budget_label(tokens):
+    for suffix, unit in BUDGET_UNITS:
+        if tokens % unit == 0:
+            return f"{tokens // unit}{suffix}"
+    return str(tokens)
+
+
 def scaled(value, factor, where):
     if not isinstance(value, int) or value < 0:
         sys.exit(f"scale_sweep.py: {where}: {value!r} is not a step count (an integer >= 0)")
@@ -112,8 +127,7 @@ def main():
             for g, group in enumerate(s.get("zip", [])):
                 if key in group:
                     group[key] = [scaled(v, factor, f"zip[{g}].{key}") for v in group[key]]
-        label = f"{round(a.tokens / 1e6)}M" if a.tokens >= 1e6 else f"{round(a.tokens / 1e3)}k"
-        s["name"] = f"{s['name']}_{label}"
+        s["name"] = f"{s['name']}_{budget_label(a.tokens)}"
     if a.set:
         extra = {}
         for assignment in a.set:

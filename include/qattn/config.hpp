@@ -114,6 +114,11 @@ AttentionConfig attention_config_from_json(const nlohmann::json& j);
 // "fpa", or for per-layer kinds e.g. "sage (layers 0, 11: fpa)": for logs.
 std::string describe_attention(const Config& c);
 
+// What is wrong with name as the name of a run's or a sweep's folder, which is
+// joined onto log.out or the sweep's "out" ("" when nothing): it must name one
+// folder inside that one, not that folder itself ("", ".") nor its parent ("..").
+std::string folder_name_problem(const std::string& name);
+
 // Applies one "a.b.c=value" override to j (creating objects as needed).
 void apply_override(nlohmann::json& j, const std::string& assignment);
 

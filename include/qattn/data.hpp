@@ -38,6 +38,9 @@ struct ShardInfo {
 ShardInfo scan_shard(const std::string& path);
 // Throws DataError naming the first shard that holds a token id >= vocab.
 void check_token_ids(const std::vector<ShardInfo>& shards, int vocab);
+// The whole batches of `sequences` windows of T + 1 tokens (one every T
+// tokens) that `tokens` tokens hold.
+int64_t batches_in(int64_t tokens, int64_t sequences, int T);
 // Throws DataError unless `tokens` (of the shards of glob) fill one batch of
 // `sequences` windows of T + 1 tokens.
 void check_one_batch(const std::string& glob, int64_t tokens, int64_t sequences, int T);

@@ -58,13 +58,15 @@ TrainResult train(const Config& cfg, Backend& backend, const std::string& run_di
 
 // The loader of data.train (train = true: shuffled, this rank's slice of
 // world) or data.val, every shard validated and its token ids checked against
-// model.vocab; throws DataError naming the key, the glob and the shard at fault.
+// model.vocab, and data.val holding eval.batches batches; throws DataError
+// naming the key, the glob and the shard at fault.
 DataLoader open_data(const Config& cfg, bool train, int rank, int world);
 
 // What train checks before step 0 that needs neither a backend nor the run
-// directory, without holding the data: both data globs (every shard read once)
-// and model.init_from (an llm.c file from its header, a Hugging Face directory
-// read whole). Throws DataError / LlmcError / HfError naming the key.
+// directory, without holding the data: both data globs (every shard read once;
+// data.val holding eval.batches batches) and model.init_from (an llm.c file
+// from its header, a Hugging Face directory read whole). Throws DataError /
+// LlmcError / HfError naming the key.
 void check_run_inputs(const Config& cfg, int world);
 
 // The run directory a config writes to: log.out / log.name.

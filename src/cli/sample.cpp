@@ -98,13 +98,16 @@ void add_sample_command(CLI::App& app) {
     for (uint16_t t : tokenizer->encode(args->prompt)) context.push_back(t);
     std::mt19937_64 rng(args->seed);
     const int V = cfg.model.vocab, T_max = cfg.model.seq_len;
+    // A model's vocab may be larger than its tokenizer's (padded, or trained on
+    // ids of another tokenizer): draw among the ids the tokenizer can decode.
+    const int drawn = tokenizer->vocab_size();
     if (!args->ids) std::cout << args->prompt << std::flush;
     for (int n = 0; n < args->tokens; ++n) {
       // The last seq_len tokens; the targets are unused but the forward computes a loss.
       const int T = std::min<int>(static_cast<int>(context.size()), T_max);
       const std::vector<int32_t> window(context.end() - T, context.end()), targets(T, 0);
       model.forward(window.data(), targets.data(), 1, T);
-      const int next = sample_token(model.logits().data() + static_cast<size_t>(T - 1) * V, V,
+      const int next = sample_token(model.logits().data() + static_cast<size_t>(T - 1) * V, drawn,
                                     args->temperature, args->top_k, rng);
       context.push_back(next);
       const uint16_t tok = static_cast<uint16_t>(next);

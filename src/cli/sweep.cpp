@@ -172,14 +172,14 @@ void add_sweep_command(CLI::App& app) {
       return;
     }
     // Every config, and the data it names, is validated before anything starts;
-    // runs that name the same data and shapes share one check.
+    // runs that name the same data, shapes and evaluation length share one check.
     std::vector<std::string> errors;
-    std::map<std::string, std::string> input_problems;  // data, model, micro_batch -> error ("" when none)
+    std::map<std::string, std::string> input_problems;  // data, model, batch sizes -> error ("" when none)
     for (const auto& r : s.runs) {
       try {
         const Config cfg = load_config(s.base, train_assignments(s, r));
         const std::string inputs = cfg.effective["data"].dump() + cfg.effective["model"].dump() +
-                                   std::to_string(cfg.train.micro_batch);
+                                   std::to_string(cfg.train.micro_batch) + " " + std::to_string(cfg.eval.batches);
         const auto [it, fresh] = input_problems.try_emplace(inputs);
         if (fresh) it->second = input_problem(cfg);
         if (!it->second.empty()) errors.push_back("run " + r.id + ": " + it->second);

@@ -2,8 +2,10 @@
 #include <spdlog/spdlog.h>
 #include <sys/resource.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -34,8 +36,12 @@ void add_tokenizer_options(CLI::App* cmd, std::string& kind, std::string& vocab)
 std::vector<std::string> read_file_list(const std::string& list) {
   std::ifstream file;
   if (list != "-") {
+    // An ifstream opens a directory and reads it as an empty list.
+    if (std::filesystem::is_directory(list))
+      throw TokenizerError("tokenize: --files-from " + list + ": is a directory; allowed: a file that lists the "
+                           "input paths, one per line, or - (standard input)");
     file.open(list);
-    if (!file) throw TokenizerError("tokenize: cannot read --files-from " + list);
+    if (!file) throw TokenizerError("tokenize: cannot read --files-from " + list + ": " + std::strerror(errno));
   }
   std::istream& in = list == "-" ? std::cin : file;
   std::vector<std::string> paths;

@@ -254,8 +254,11 @@ void read_train(ObjectReader r, TrainConfig& t) {
   r.number("final_lr_frac", t.final_lr_frac, 0.0, 1.0);
   r.number("wsd_decay_frac", t.wsd_decay_frac, 0.0, 1.0);
   r.number("weight_decay", t.weight_decay, 0.0, 10.0);
-  r.number("beta1", t.beta1, 0.0, 1.0);
-  r.number("beta2", t.beta2, 0.0, 1.0);
+  // AdamW divides by 1 - beta^t in float: at a beta that is 1 as a float it
+  // divides by 0, and the run ends in NaN at its second step.
+  constexpr double kMaxBeta = 1.0 - 0x1p-24;  // the largest float below 1
+  r.number("beta1", t.beta1, 0.0, kMaxBeta);
+  r.number("beta2", t.beta2, 0.0, kMaxBeta);
   r.number("eps", t.eps, 0.0, 1.0, /*lo_open=*/true);
   r.number("grad_clip", t.grad_clip, 0.0, kInf);
   int64_t seed = static_cast<int64_t>(t.seed);
@@ -349,7 +352,10 @@ Config config_from_json(const json& j, const std::string& source, int world_size
     if (c.log.name.empty() && !source.empty()) c.log.name = std::filesystem::path(source).stem();
     l.string("name", c.log.name);
     l.integer("diag_every", c.log.diag_every, 0, kMaxI64);
-    if (c.log.name.empty()) l.error("name", "required when the config does not come from a file");
+    if (c.log.name.empty() && source.empty())
+      l.error("name", "required when the config does not come from a file");
+    else if (const std::string problem = folder_name_problem(c.log.name); !problem.empty())
+      l.error("name", problem + " (the run directory is log.out/log.name)");
     l.finish();
   }
   {
@@ -392,6 +398,11 @@ std::string describe_attention(const Config& c) {
   for (size_t i = 0; i < c.attention_layers.size(); ++i)
     s += (i ? ", " : "") + c.attention_layers[i].key + ": " + to_string(c.attention_layers[i].attention.kind);
   return s + ")";
+}
+
+std::string folder_name_problem(const std::string& name) {
+  if (!name.empty() && name != "." && name != ".." && name.find('/') == std::string::npos) return "";
+  return json(name).dump() + " is not allowed; allowed: a folder name (not empty, without '/', not \".\" or \"..\")";
 }
 
 void apply_override(json& j, const std::string& assignment) {

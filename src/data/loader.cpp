@@ -38,8 +38,10 @@ void check_token_ids(const std::vector<ShardInfo>& shards, int vocab) {
                       std::to_string(vocab) + "; allowed: model.vocab > every token id");
 }
 
+int64_t batches_in(int64_t tokens, int64_t sequences, int T) { return windows_in(tokens, T) / sequences; }
+
 void check_one_batch(const std::string& glob, int64_t tokens, int64_t sequences, int T) {
-  if (windows_in(tokens, T) < sequences)
+  if (batches_in(tokens, sequences, T) < 1)
     throw DataError("shards '" + glob + "' hold " + std::to_string(tokens) + " tokens: too few for one batch of " +
                     std::to_string(sequences) + " sequences of " + std::to_string(T) + "+1 tokens");
 }

@@ -1,5 +1,6 @@
 // Sweep files -> runs with stable ids, and run outcomes -> summary tables.
 #include "qattn/atomic_file.hpp"
+#include "qattn/config.hpp"
 #include "qattn/json_file.hpp"
 #include "qattn/sweep.hpp"
 
@@ -10,6 +11,7 @@
 #include <fmt/format.h>
 #include <fstream>
 #include <iterator>
+#include <limits>
 #include <map>
 #include <set>
 #include <sstream>
@@ -44,6 +46,26 @@ void check_key(const std::string& key, const std::string& where) {
   if (key.empty() || key.front() == '.' || key.back() == '.' || key.find("..") != std::string::npos)
     throw SweepError(where + ": '" + key + "' is not a JSON path; allowed: dotted keys like attention.kind");
   if (key == kSeedKey) throw SweepError(where + ": give seeds with the sweep's \"seeds\" list, not " + key);
+  // train_assignments sets both after the sweep's own keys, so a value given
+  // here would be dropped without a word (and a grid over one would run one
+  // config several times).
+  if (key == "log.out" || key == "log.name")
+    throw SweepError(where + "." + key + ": the sweep sets it (runs go to <out>/<name>/<run id>); allowed: the "
+                     "sweep's \"out\" and \"name\" for where the runs go, other keys here");
+}
+
+// An integer of the sweep file within [lo, hi], compared as the file gives it
+// (a JSON integer is int64, or uint64 from 2^63 on), never wrapped to an int.
+int64_t integer_in(const json& v, const std::string& where, int64_t lo, int64_t hi) {
+  bool fits = false;
+  if (v.is_number_unsigned())
+    fits = v.get<uint64_t>() <= static_cast<uint64_t>(hi) && static_cast<int64_t>(v.get<uint64_t>()) >= lo;
+  else if (v.is_number_integer())
+    fits = v.get<int64_t>() >= lo && v.get<int64_t>() <= hi;
+  if (!fits)
+    throw SweepError(where + ": " + v.dump() + " is not allowed; allowed: an integer from " + std::to_string(lo) +
+                     " to " + std::to_string(hi));
+  return v.get<int64_t>();
 }
 
 // Two equal points of one axis would be one run: the second would vanish
@@ -203,8 +225,8 @@ Sweep expand_sweep(const json& j, const std::string& source) {
     if (!j.contains(key) || !j[key].is_string() || j[key].get<std::string>().empty())
       throw SweepError(std::string(key) + ": required, a non-empty string");
   s.name = j["name"];
-  if (s.name.find('/') != std::string::npos || s.name == "." || s.name == "..")
-    throw SweepError("name: \"" + s.name + "\" is not allowed; allowed: a folder name without '/'");
+  if (const std::string problem = folder_name_problem(s.name); !problem.empty())
+    throw SweepError("name: " + problem);
   const fs::path base = j["base"].get<std::string>();
   s.base = (base.is_absolute() || source.empty() ? base : fs::path(source).parent_path() / base).lexically_normal().string();
   if (j.contains("out")) {
@@ -216,16 +238,12 @@ Sweep expand_sweep(const json& j, const std::string& source) {
     for (const auto& [k, v] : j["set"].items()) check_key(k, "set");
     s.set = j["set"];
   }
-  if (j.contains("eval_last")) {
-    if (!j["eval_last"].is_number_integer() || j["eval_last"].get<int>() < 1)
-      throw SweepError("eval_last: " + j["eval_last"].dump() + " is not allowed; allowed: an integer >= 1");
-    s.eval_last = j["eval_last"];
-  }
+  if (j.contains("eval_last"))
+    s.eval_last = static_cast<int>(integer_in(j["eval_last"], "eval_last", 1, std::numeric_limits<int>::max()));
   std::vector<json> seeds;
   if (j.contains("seeds")) {
     for (const auto& seed : list_at(j["seeds"], "seeds")) {
-      if (!seed.is_number_integer() || seed.get<int64_t>() < 0)
-        throw SweepError("seeds: " + seed.dump() + " is not allowed; allowed: integers >= 0");
+      integer_in(seed, "seeds", 0, std::numeric_limits<int64_t>::max());  // train.seed's range
       seeds.push_back(seed);
     }
     check_distinct(Axis{{kSeedKey}, [&] {

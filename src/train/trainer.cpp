@@ -259,29 +259,46 @@ auto naming_key(bool train, const Config& cfg, F&& f) {
   }
 }
 
+// An evaluation reads eval.batches batches from the start of data.val; past
+// its end the loader starts over, and a batch read twice counts twice in the
+// val loss.
+void check_eval_batches(const Config& cfg, int64_t val_tokens) {
+  const int64_t held = batches_in(val_tokens, cfg.train.micro_batch, cfg.model.seq_len);
+  if (cfg.eval.batches > held)
+    throw DataError(fmt::format("eval.batches: {} is more than data.val = \"{}\" holds ({} tokens: {} batches of "
+                                "micro_batch = {} sequences of {}+1 tokens); a batch read twice would count twice in "
+                                "the val loss; allowed: at most {}",
+                                cfg.eval.batches, cfg.data.val, val_tokens, held, cfg.train.micro_batch,
+                                cfg.model.seq_len, held));
+}
+
 }  // namespace
 
 DataLoader open_data(const Config& cfg, bool train, int rank, int world) {
-  return naming_key(train, cfg, [&](const std::string& glob) {
+  DataLoader data = naming_key(train, cfg, [&](const std::string& glob) {
     DataLoader d(glob, cfg.train.micro_batch, cfg.model.seq_len, /*shuffle=*/train, cfg.train.seed, rank, world);
     check_token_ids(d.shards(), cfg.model.vocab);
     return d;
   });
+  if (!train) check_eval_batches(cfg, data.num_tokens());
+  return data;
 }
 
 void check_run_inputs(const Config& cfg, int world) {
   for (const bool train : {true, false}) {
-    naming_key(train, cfg, [&](const std::string& glob) {
+    const int64_t tokens = naming_key(train, cfg, [&](const std::string& glob) {
       std::vector<ShardInfo> shards;
-      int64_t tokens = 0;
+      int64_t held = 0;
       for (const auto& path : expand_glob(glob)) {
         shards.push_back(scan_shard(path));
-        tokens += shards.back().tokens;
+        held += shards.back().tokens;
       }
       check_token_ids(shards, cfg.model.vocab);
-      check_one_batch(glob, tokens, static_cast<int64_t>(cfg.train.micro_batch) * (train ? world : 1),
+      check_one_batch(glob, held, static_cast<int64_t>(cfg.train.micro_batch) * (train ? world : 1),
                       cfg.model.seq_len);
+      return held;
     });
+    if (!train) check_eval_batches(cfg, tokens);
   }
   check_init_from(cfg.model);
 }

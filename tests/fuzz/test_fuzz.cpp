@@ -214,8 +214,8 @@ class Mutator {
 };
 
 // ---------------------------------------------------------------------------
-// The fuzz world: a corpus large enough for every real config's first batch,
-// the real configs pointed at it, an output folder and a working directory
+// The fuzz world: a corpus large enough for every real config's first batch
+// and its evaluation, the real configs pointed at it, an output folder and a working directory
 // that must stay empty.
 
 struct World {
@@ -226,8 +226,12 @@ struct World {
     std::vector<uint16_t> t;
     for (int i = 0; t.size() < 70000; ++i)
       for (char c : "the cat sat on the mat " + std::to_string(i % 97) + ". ") t.push_back(static_cast<uint8_t>(c));
-    qattn::write_shard((data / "f_val_000000.bin").string(), t.data(), t.size());
     qattn::write_shard((data / "f_train_000001.bin").string(), t.data(), t.size());
+    // The val split holds every real config's evaluation (at most 20 batches
+    // of 64 sequences of 1024 + 1 tokens: 1,310,721 tokens).
+    std::vector<uint16_t> val;
+    while (val.size() < 1400000) val.insert(val.end(), t.begin(), t.end());
+    qattn::write_shard((data / "f_val_000000.bin").string(), val.data(), val.size());
   }
 
   // A real config, its data and output moved into the world, by paths

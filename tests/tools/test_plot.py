@@ -244,7 +244,8 @@ class DiagFigureTest(unittest.TestCase):
     def test_a_bad_metrics_or_summary_csv_or_argument_stops_with_one_line(self):
         """metrics.csv and summary.csv carry the curves: one that cannot be read
         stops plot.py naming the file, line, column and value, and so does a
-        missing folder, a negative --smooth or an --out that cannot be written."""
+        missing folder, a negative --smooth or an --out that cannot be written
+        or names a format matplotlib does not write."""
         def metrics(rows):
             return HEADER + "0,0,,,9.5,,,,,0,\n" + rows
         cases = (
@@ -262,6 +263,9 @@ class DiagFigureTest(unittest.TestCase):
             ({"r/metrics.csv": metrics("")}, ["{d}/r", "--smooth", "-3"], "--smooth -3 is not allowed"),
             ({"r/metrics.csv": metrics("")}, ["{d}/r", "--out", "{d}/no/x.png"],
              "{d}/no/x.png: cannot write: No such file or directory"),
+            # matplotlib raised ValueError (a traceback) after drawing the figure.
+            ({"r/metrics.csv": metrics("")}, ["{d}/r", "--out", "{d}/x.txt"],
+             "--out {d}/x.txt: the format 'txt' is not allowed; allowed: a file name ending in .eps, "),
         )
         for files, args, message in cases:
             with self.subTest(message), tempfile.TemporaryDirectory() as d:

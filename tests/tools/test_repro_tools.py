@@ -6,6 +6,7 @@ with the Student-t quantile `qattn sweep` uses, to the baseline or (--pair)
 between two cells named by their settings' keys."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -34,13 +35,27 @@ class ScaleSweep(unittest.TestCase):
             with open(source) as f:
                 text = "\n".join(l for l in f.read().splitlines() if not l.lstrip().startswith("//"))
                 own = json.loads(text)
-            self.assertEqual(name, "kinterval_small_31M")
+            self.assertEqual(name, "kinterval_small_30Mi")  # 30 * 2^20 tokens
             self.assertEqual(scaled["set"]["train.tokens"], 31457280)
             # The protocol: a smaller budget changes the run's length, not its warmup.
             self.assertEqual(scaled["set"]["train.warmup"], own["set"]["train.warmup"])
             self.assertEqual(scaled["set"]["eval.every"], own["set"]["eval.every"])
             factor = 31457280 / own["set"]["train.tokens"]
             self.assertEqual(scaled["set"]["log.diag_every"], round(own["set"]["log.diag_every"] * factor))
+
+    def test_budget_labels_name_one_budget(self):
+        """The label is exact: a rounded one named 31,457,280 and 31,000,000 tokens
+        alike ("31M"), and the runs of both budgets went to one folder."""
+        with tempfile.TemporaryDirectory() as d:
+            source = os.path.join(d, "s.json")
+            with open(source, "w") as f:
+                json.dump({"name": "s", "base": "b.json", "set": {"train.tokens": 1000}}, f)
+            names = {}
+            for tokens in (31457280, 31000000, 31500000, 16000000, 16777216, 2000, 2048, 1500, 999):
+                names[tokens] = tool(os.path.join(TOOLS, "scale_sweep.py"), source, "--out",
+                                     os.path.join(d, f"{tokens}.json"), "--tokens", str(tokens))
+            self.assertEqual(names, {31457280: "s_30Mi", 31000000: "s_31M", 31500000: "s_31500k", 16000000: "s_16M",
+                                     16777216: "s_16Mi", 2000: "s_2k", 2048: "s_2Ki", 1500: "s_1500", 999: "s_999"})
 
     def test_committed_grid_follows_the_protocol(self):
         """Both grids: >= 3 seeds, evaluations every <= 100 steps, enough tokens per run
@@ -101,6 +116,18 @@ class ResultsStore(unittest.TestCase):
             self.assertFalse(os.path.isdir(os.path.join(bare, "a", "checkpoints")))
             self.assertEqual(tool(os.path.join(TOOLS, "results_store.py"), "restore", store, bare),
                              f"restored 0 finished runs from {store}")
+
+    def test_keep_before_any_run_finished_makes_the_store(self):
+        """A first deadline before any run finished: the store is made and keeps
+        the summary (it stopped on "No such file or directory")."""
+        with tempfile.TemporaryDirectory() as d:
+            sweep, store = os.path.join(d, "sweep"), os.path.join(d, "new", "store")
+            fake_run(os.path.join(sweep, "a"), "interrupted")
+            with open(os.path.join(sweep, "summary.md"), "w") as f:
+                f.write("# s\n")
+            self.assertEqual(tool(os.path.join(TOOLS, "results_store.py"), "keep", sweep, store),
+                             f"kept 0 finished runs in {store} (0 new)")
+            self.assertEqual(os.listdir(store), ["summary.md"])
 
     def test_longest_plans_for_the_slowest_finished_run(self):
         with tempfile.TemporaryDirectory() as d:
@@ -346,6 +373,9 @@ class BadInput(unittest.TestCase):
             ({}, [store, "keep", "{d}/typo", "{d}/store"], "keep: {d}/typo: not a directory; allowed: a sweep"),
             ({}, [store, "restore", "{d}/typo", "{d}/sw"], "restore: {d}/typo/runs: not a directory"),
             ({**finished, "file": ""}, [store, "keep", "{d}/sw", "{d}/file"], "keep: {d}/file/runs: Not a directory"),
+            # It said "keep: None: None" (shutil.SameFileError).
+            ({**finished, "sw/summary.md": ""}, [store, "keep", "{d}/sw", "{d}/sw/."],
+             "keep: STORE {d}/sw/. is SWEEP_DIR {d}/sw; allowed: another folder"),
             ({}, [scale, "{d}/none.json", "--out", "{d}/o.json"], "{d}/none.json: cannot read: No such file"),
             ({"s.json": "[1]"}, [scale, "{d}/s.json", "--out", "{d}/o.json"],
              "(the whole file): [1] is not allowed; allowed: a sweep object"),
@@ -362,6 +392,28 @@ class BadInput(unittest.TestCase):
         ):
             with self.subTest(message):
                 self.check(files, args, message)
+
+class Reproduce(unittest.TestCase):
+    def test_a_sweep_refused_whole_stops_the_script(self):
+        """qattn sweep exits 2 when it refuses the sweep before starting a run
+        (here: no data, as with --no-data and data never prepared). The script
+        went on to an empty summary and plots and exited 0."""
+        with tempfile.TemporaryDirectory() as d:
+            root = os.path.join(d, "repo")
+            shutil.copytree(TOOLS, os.path.join(root, "tools"), ignore=shutil.ignore_patterns("__pycache__", "dev"))
+            shutil.copytree(os.path.join(ROOT, "configs"), os.path.join(root, "configs"))
+            fake = os.path.join(d, "qattn")
+            with open(fake, "w") as f:
+                f.write('#!/bin/sh\nfor a in "$@"; do [ "$a" = --summary ] && exit 0; done\n'
+                        'echo "qattn: no shard matches data/cache/pycode/pycode_train_*.bin" >&2\nexit 2\n')
+            os.chmod(fake, 0o755)
+            r = subprocess.run(["bash", os.path.join(root, "tools", "reproduce.sh"), "kinterval", "--no-data"],
+                               capture_output=True, text=True, env={**os.environ, "QATTN_BIN": fake})
+            self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+            self.assertIn("reproduce.sh: qattn sweep refused runs/repro/kinterval_small.seed1.json (exit 2; its "
+                          "message is above): no run started", r.stderr)
+            self.assertNotIn("summary:", r.stdout)
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -401,8 +401,16 @@ int wait_for_exit(pid_t pid, int seconds) {
 TEST_CASE("SIGTERM during a long evaluation is acknowledged and ends it between batches", "[checkpoint][cli]") {
   const auto d = scratch_dir("ckpt_term_eval");
   make_corpus(d);
+  // A val split of 2^23 tokens read whole at step 0: 2,047 batches of 32
+  // sequences of 128 + 1 tokens, tens of milliseconds each (OMP_NUM_THREADS=1).
+  const std::vector<uint16_t> val(size_t{1} << 23, uint16_t{'a'});
+  write_shard((d / "long_val_000000.bin").string(), val.data(), val.size());
   json j = tiny_config(d, "eval", 100);
-  j["eval"]["batches"] = 2000000000;  // days of evaluation at step 0
+  j["data"]["val"] = (d / "long_val_*.bin").string();
+  j["model"]["seq_len"] = 128;
+  j["train"]["micro_batch"] = 32;
+  j["train"]["tokens_per_step"] = 32 * 128;
+  j["eval"]["batches"] = qattn::batches_in(int64_t{1} << 23, 32, 128);
   const auto cfg = write_json(d / "eval.json", j);
   const fs::path run = d / "runs" / "eval";
   const pid_t pid = spawn_qattn({"train", cfg.string()}, {}, d / "log.txt");

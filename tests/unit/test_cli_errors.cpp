@@ -156,6 +156,57 @@ TEST_CASE("validate checks the data as train does: globs, directories, unreadabl
   CHECK(!fs::exists(d / "runs" / "tiny"));
 }
 
+TEST_CASE("eval.batches beyond the val split is refused before step 0, not read twice", "[cli][errors]") {
+  // The val shard's 3,000 tokens are 187 windows of 16 + 1 tokens: 46 batches
+  // of 4. A 47th batch started the split over, and the first batches counted
+  // twice in the val loss.
+  const auto d = scratch_dir("cli_eval_batches");
+  const auto cfg = tiny_setup(d);
+  const std::string refused = "eval.batches: 47 is more than data.val = \"" + (d / "s_val_*.bin").string() +
+                              "\" holds (3000 tokens: 46 batches of micro_batch = 4 sequences of 16+1 tokens); a "
+                              "batch read twice would count twice in the val loss; allowed: at most 46";
+  for (const std::string command : {"validate", "train"}) {
+    const auto r = qattn_outcome({command, cfg.string(), "--set", "eval.batches=47"}, d / "log");
+    INFO(r.output);
+    CHECK(r.code == 2);
+    CHECK_THAT(r.output, Catch::Contains(refused));
+    check_clean(r);
+  }
+  CHECK_FALSE(fs::exists(d / "runs" / "tiny"));
+  std::ofstream(d / "sweep.json") << R"({"name": "s", "base": "cfg.json", "grid": {"eval.batches": [46, 47]}})";
+  auto r = qattn_outcome({"sweep", (d / "sweep.json").string(), "--dry-run"}, d / "log");
+  CHECK(r.code == 2);
+  CHECK_THAT(r.output, Catch::Contains("run batches=47: " + refused));
+  CHECK_THAT(r.output, !Catch::Contains("run batches=46"));
+  CHECK(qattn_outcome({"validate", cfg.string(), "--set", "eval.batches=46"}, d / "log").code == 0);
+}
+
+TEST_CASE("sample draws only ids its tokenizer can decode from a model with a larger vocab", "[cli][errors]") {
+  // A model of vocab 1000 sampled with the byte tokenizer (257 ids): nearly
+  // every draw at temperature 100 over all ids was one of ids 257..999, and
+  // sample stopped with "token N is outside its vocab" after part of the text.
+  const auto d = scratch_dir("cli_sample_vocab");
+  const auto cfg = tiny_setup(d);
+  REQUIRE(exit_code(run_qattn({"train", cfg.string(), "--set", "model.vocab=1000"}, {}, d / "train.log")) == 0);
+  const std::string run = (d / "runs" / "tiny").string();
+  const std::vector<std::string> args = {"sample", "--checkpoint", run, "--tokenizer", "bytes", "--tokens", "200",
+                                         "--temperature", "100", "--top-k", "0"};
+  auto r = qattn_outcome(args, d / "log");
+  INFO(r.output);
+  CHECK(r.code == 0);
+  CHECK_THAT(r.output, !Catch::Contains("outside its vocab"));
+  auto with_ids = args;
+  with_ids.push_back("--ids");
+  r = qattn_outcome(with_ids, d / "log");
+  REQUIRE(r.code == 0);
+  std::istringstream ids(r.output);
+  int count = 0, largest = -1;
+  for (int id; ids >> id; ++count) largest = std::max(largest, id);
+  CHECK(count == 200);
+  CHECK(largest <= 256);
+  CHECK(largest > 127);  // the draws reach across the byte tokenizer's ids, not only a few
+}
+
 TEST_CASE("options refuse nan, inf, out-of-range numbers, empty paths and unknown subcommands with what is allowed",
           "[cli][errors]") {
   const auto d = scratch_dir("cli_numbers");
@@ -284,6 +335,30 @@ TEST_CASE("tokenize that fails leaves the output folder as it was; gpt2 counts o
   CHECK_THAT(r.output, Catch::Contains("replaced 2 invalid UTF-8 sequences (3 bytes) by U+FFFD in 1 of 2 files "
                                        "(the first: " + (d / "bad.txt").string() + " at byte 5)"));
   CHECK(listing(d / "lenient") == std::vector<std::string>{"lenient_train_000001.bin", "lenient_val_000000.bin"});
+}
+
+TEST_CASE("tokenize --files-from names a list that is a directory or cannot be read", "[cli][errors][tokenizer]") {
+  // A directory opened as the list read as no paths: with input files beside
+  // it the corpus silently lacked every file it was meant to list.
+  const auto d = scratch_dir("cli_files_from");
+  std::ofstream(d / "one.txt") << "the first document";
+  std::ofstream(d / "two.txt") << "the second document";
+  fs::create_directories(d / "lists");
+  const auto tokenize = [&](const std::string& list) {
+    return qattn_outcome({"tokenize", "--tokenizer", "bytes", (d / "one.txt").string(), (d / "two.txt").string(),
+                          "--files-from", list, "--out", (d / "out").string()},
+                         d / "log");
+  };
+  auto r = tokenize((d / "lists").string());
+  CHECK(r.code == 1);
+  CHECK_THAT(r.output, Catch::Contains("--files-from " + (d / "lists").string() + ": is a directory; allowed: a "
+                                       "file that lists the input paths, one per line, or - (standard input)"));
+  CHECK_FALSE(fs::exists(d / "out"));
+  r = tokenize((d / "none.txt").string());
+  CHECK(r.code == 1);
+  CHECK_THAT(r.output, Catch::Contains("cannot read --files-from " + (d / "none.txt").string() +
+                                       ": No such file or directory"));
+  check_clean(r);
 }
 
 TEST_CASE("train into a run directory that cannot be created or written names the path and starts nothing",

@@ -94,6 +94,37 @@ TEST_CASE("bad configs name the JSON path, the value and what is allowed", "[con
   }
 }
 
+TEST_CASE("AdamW's betas stay below 1 as floats: at 1 the bias correction divides by 0", "[config]") {
+  // The optimizer runs in float: 0.99999999 is 1.0f there, and a run with it
+  // ended in NaN at its second step, reported as diverged.
+  for (const char* set : {"train.beta1=1", "train.beta2=1", "train.beta1=0.99999999", "train.beta2=0.99999999"}) {
+    INFO(set);
+    const std::string key = std::string(set).substr(0, std::string(set).find('='));
+    CHECK_THAT(error_of({set}), Catch::Contains(key + ": " + std::string(set).substr(key.size() + 1) +
+                                                " is out of range; allowed: >= 0.0 and <= 0.9999999403953552"));
+  }
+  CHECK(error_of({"train.beta1=0.9999999403953552", "train.beta2=0.999"}).empty());
+  CHECK(static_cast<float>(0.9999999403953552) < 1.0f);
+}
+
+TEST_CASE("log.name names one folder inside log.out", "[config]") {
+  // ".." put config.json, metrics.csv and checkpoints/ in the parent of
+  // log.out, over any file of those names there.
+  for (const char* name : {"..", ".", "a/b", "/abs"}) {
+    INFO(name);
+    CHECK_THAT(error_of({std::string("log.name=") + name}),
+               Catch::Contains("log.name: \"" + std::string(name) + "\" is not allowed; allowed: a folder name (not "
+                               "empty, without '/', not \".\" or \"..\") (the run directory is log.out/log.name)"));
+  }
+  json j = good();
+  j["log"]["name"] = "";
+  CHECK_THROWS_WITH(qattn::config_from_json(j, "configs/x.json"),
+                    Catch::Contains("log.name: \"\" is not allowed; allowed: a folder name"));
+  j["log"].erase("name");
+  CHECK(qattn::config_from_json(j, "configs/x.json").log.name == "x");
+  CHECK_THAT(error_of({"log.name=run-1.b"}), Catch::Equals(""));
+}
+
 TEST_CASE("every sage precision key takes fp8, alone or mixed", "[config]") {
   json j = good();
   for (const char* key : {"qk", "pv", "dv", "dp", "dq", "dk"})

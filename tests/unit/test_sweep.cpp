@@ -137,6 +137,45 @@ TEST_CASE("sweep errors name the JSON path and what is allowed", "[sweep]") {
   CHECK_NOTHROW(expand_sweep(j, ""));
 }
 
+TEST_CASE("eval_last and seeds beyond their range are refused as given, never wrapped", "[sweep]") {
+  for (const auto& [value, shown] : std::vector<std::pair<json, std::string>>{
+           {json(4294967297ll), "4294967297"},           // 2^32 + 1: an int of 1
+           {json(-4294967295ll), "-4294967295"},         // an int of 1 too
+           {json(18446744073709551615ull), "18446744073709551615"},
+           {json(0), "0"}}) {
+    json j = grid_sweep();
+    j["eval_last"] = value;
+    CHECK_THROWS_WITH(expand_sweep(j, ""), "eval_last: " + shown + " is not allowed; allowed: an integer from 1 to "
+                                           "2147483647");
+  }
+  json j = grid_sweep();
+  j["seeds"] = {1, 9223372036854775808ull};
+  CHECK_THROWS_WITH(expand_sweep(j, ""), "seeds: 9223372036854775808 is not allowed; allowed: an integer from 0 to "
+                                         "9223372036854775807");
+  j["seeds"] = {1, 2.0};
+  CHECK_THROWS_WITH(expand_sweep(j, ""), Catch::Contains("seeds: 2.0 is not allowed"));
+  j = grid_sweep();
+  j["eval_last"] = 2147483647;
+  CHECK(expand_sweep(j, "").eval_last == 2147483647);
+}
+
+TEST_CASE("a sweep that sets log.out or log.name, which it sets itself, is refused", "[sweep]") {
+  // train_assignments puts the sweep's own log.out and log.name last: a value
+  // of the file was dropped without a word, and a grid over one ran one config twice.
+  for (const auto& [where, place] : std::vector<std::pair<std::string, std::string>>{
+           {"set", "set.log.out"}, {"grid", "grid.log.name"}, {"zip", "zip[0].log.out"},
+           {"baseline", "baseline.set.log.name"}}) {
+    json j = grid_sweep();
+    const std::string key = place.substr(place.rfind("log."));
+    if (where == "set") j["set"][key] = "/scratch";
+    if (where == "grid") j["grid"][key] = {"a", "b"};
+    if (where == "zip") j["zip"][0][key] = {"a", "b"};
+    if (where == "baseline") j["baseline"]["set"][key] = "b";
+    CHECK_THROWS_WITH(expand_sweep(j, ""), Catch::Contains(place + ": the sweep sets it") &&
+                                               Catch::Contains("allowed: the sweep's \"out\" and \"name\""));
+  }
+}
+
 TEST_CASE("the summary: mean of the last E evals, mean and std over seeds, gaps to the baseline", "[sweep]") {
   const auto d = scratch_dir("sweep_summary");
   json j = {{"name", "s"}, {"base", "b.json"}, {"out", d.string()}, {"eval_last", 2},
