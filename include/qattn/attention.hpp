@@ -5,6 +5,8 @@
 #include <optional>
 #include <string>
 
+#include "qattn/value_names.hpp"
+
 namespace qattn {
 
 enum class AttentionKind { fpa, sage, kinterval };
@@ -13,6 +15,18 @@ enum class Rounding { nearest, lerp };       // §5.4: forward weights
 enum class Ste { weight, prob };             // §5.8-5.9: surrogate gradient for nearest
 enum class Precision { int8, bf16, fp8 };    // §4.7, §4.12: operand precision of one matmul
 enum class BwdGranularity { rowcol, tile };  // §4.6: scales of P and dS in the backward
+
+// The names configs use (value_names.hpp).
+inline constexpr ValueName<AttentionKind> kAttentionKindNames[] = {
+    {"fpa", AttentionKind::fpa}, {"sage", AttentionKind::sage}, {"kinterval", AttentionKind::kinterval}};
+inline constexpr ValueName<Calibration> kCalibrationNames[] = {{"minmax", Calibration::minmax},
+                                                               {"fwm", Calibration::fwm}};
+inline constexpr ValueName<Rounding> kRoundingNames[] = {{"nearest", Rounding::nearest}, {"lerp", Rounding::lerp}};
+inline constexpr ValueName<Ste> kSteNames[] = {{"weight", Ste::weight}, {"prob", Ste::prob}};
+inline constexpr ValueName<Precision> kPrecisionNames[] = {
+    {"int8", Precision::int8}, {"bf16", Precision::bf16}, {"fp8", Precision::fp8}};
+inline constexpr ValueName<BwdGranularity> kBwdGranularityNames[] = {{"rowcol", BwdGranularity::rowcol},
+                                                                     {"tile", BwdGranularity::tile}};
 
 struct KIntervalOptions {
   int K = 4;                                   // intervals; K + 1 grid values

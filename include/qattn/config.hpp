@@ -10,6 +10,7 @@
 
 #include "qattn/attention.hpp"
 #include "qattn/qk_norm.hpp"
+#include "qattn/value_names.hpp"
 
 namespace qattn {
 
@@ -30,6 +31,10 @@ struct DataConfig {
 };
 
 enum class Schedule { cosine, linear, constant, wsd };
+inline constexpr ValueName<Schedule> kScheduleNames[] = {{"cosine", Schedule::cosine},
+                                                         {"linear", Schedule::linear},
+                                                         {"constant", Schedule::constant},
+                                                         {"wsd", Schedule::wsd}};
 
 struct TrainConfig {
   int64_t tokens_per_step = 0;   // global tokens per optimizer step

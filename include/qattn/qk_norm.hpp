@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "qattn/value_names.hpp"
+
 namespace qattn {
 
 enum class QkNormForm {
@@ -19,9 +21,12 @@ struct QkNormConfig {
   bool on() const { return form != QkNormForm::off; }
 };
 
-inline const char* to_string(QkNormForm f) {
-  return f == QkNormForm::gain ? "gain" : f == QkNormForm::logit_scale ? "logit_scale" : "off";
-}
+// The names configs and logs use (value_names.hpp); a config names the two forms,
+// false is off.
+inline constexpr ValueName<QkNormForm> kQkNormFormNames[] = {
+    {"off", QkNormForm::off}, {"gain", QkNormForm::gain}, {"logit_scale", QkNormForm::logit_scale}};
+
+inline const char* to_string(QkNormForm f) { return name_of(kQkNormFormNames, f); }
 
 // log2(T² − T), Henry et al.'s initial g for sequences of T tokens; 1 for T ≤ 2, where the
 // formula gives at most 1 (T = 1: log2 0).

@@ -42,10 +42,20 @@ struct BenchOptions {
 };
 
 AttentionKind parse_kind(const std::string& name) {
-  for (AttentionKind k : {AttentionKind::fpa, AttentionKind::sage, AttentionKind::kinterval})
-    if (to_string(k) == name) return k;
-  throw std::invalid_argument("--kind '" + name +
-                              "': unknown attention kind (allowed: fpa, sage, kinterval)");
+  std::string allowed;
+  for (const auto& [n, kind] : kAttentionKindNames) {
+    if (name == n) return kind;
+    allowed += (allowed.empty() ? "" : ", ") + std::string(n);
+  }
+  throw std::invalid_argument("--kind '" + name + "': unknown attention kind (allowed: " + allowed + ")");
+}
+
+// An enum's names (value_names.hpp) as CLI11's transformer takes them.
+template <typename E, std::size_t N>
+std::map<std::string, E> by_name(const ValueName<E> (&names)[N]) {
+  std::map<std::string, E> m;
+  for (const auto& [name, value] : names) m[name] = value;
+  return m;
 }
 
 // The kind and its options: --kind and the kinterval flags, then every --set,
@@ -258,25 +268,20 @@ void add_bench_command(CLI::App& app) {
       ->check(integer_range(1, 10000))
       ->capture_default_str();
   attn->add_flag("--no-check", opt->no_check, "skip the comparison with the CPU reference");
-  const std::map<std::string, Calibration> calibrations{{"minmax", Calibration::minmax},
-                                                        {"fwm", Calibration::fwm}};
-  const std::map<std::string, Rounding> roundings{{"nearest", Rounding::nearest},
-                                                  {"lerp", Rounding::lerp}};
-  const std::map<std::string, Ste> stes{{"weight", Ste::weight}, {"prob", Ste::prob}};
   attn->add_option("--K", opt->kinterval.K, "kinterval: intervals")
       ->check(integer_range(1, 65535))
       ->capture_default_str();
   attn->add_option("--calibration", opt->kinterval.calibration, "kinterval: minmax or fwm")
-      ->transform(CLI::CheckedTransformer(calibrations))
+      ->transform(CLI::CheckedTransformer(by_name(kCalibrationNames)))
       ->capture_default_str();
   attn->add_option("--window", opt->kinterval.window, "kinterval: fwm window W in nats")
       ->check(number_range(1e-6, 1e6))
       ->capture_default_str();
   attn->add_option("--rounding", opt->kinterval.rounding, "kinterval: nearest or lerp")
-      ->transform(CLI::CheckedTransformer(roundings))
+      ->transform(CLI::CheckedTransformer(by_name(kRoundingNames)))
       ->capture_default_str();
   attn->add_option("--ste", opt->kinterval.ste, "kinterval: weight or prob (nearest only)")
-      ->transform(CLI::CheckedTransformer(stes))
+      ->transform(CLI::CheckedTransformer(by_name(kSteNames)))
       ->capture_default_str();
   attn->add_option("--set", opt->sets,
                    "an option of the kind: attention.PATH=value as in a config (repeatable), e.g. "

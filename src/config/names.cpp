@@ -2,25 +2,11 @@
 
 namespace qattn {
 
-std::string to_string(AttentionKind k) {
-  switch (k) {
-    case AttentionKind::fpa: return "fpa";
-    case AttentionKind::sage: return "sage";
-    case AttentionKind::kinterval: return "kinterval";
-  }
-  return "?";
-}
-std::string to_string(Calibration c) { return c == Calibration::minmax ? "minmax" : "fwm"; }
-std::string to_string(Rounding r) { return r == Rounding::nearest ? "nearest" : "lerp"; }
-std::string to_string(Ste s) { return s == Ste::weight ? "weight" : "prob"; }
-std::string to_string(Precision p) {
-  switch (p) {
-    case Precision::int8: return "int8";
-    case Precision::bf16: return "bf16";
-    case Precision::fp8: return "fp8";
-  }
-  return "?";
-}
-std::string to_string(BwdGranularity g) { return g == BwdGranularity::rowcol ? "rowcol" : "tile"; }
+std::string to_string(AttentionKind k) { return name_of(kAttentionKindNames, k); }
+std::string to_string(Calibration c) { return name_of(kCalibrationNames, c); }
+std::string to_string(Rounding r) { return name_of(kRoundingNames, r); }
+std::string to_string(Ste s) { return name_of(kSteNames, s); }
+std::string to_string(Precision p) { return name_of(kPrecisionNames, p); }
+std::string to_string(BwdGranularity g) { return name_of(kBwdGranularityNames, g); }
 
 }  // namespace qattn

@@ -1,9 +1,23 @@
-// Config validation: every bad value is an error that names its JSON path.
+// Config validation: every bad value is an error that names its JSON path;
+// docs/config.md states every key as the config key table has it; every
+// config and sweep under configs/ validates.
 #include <catch2/catch.hpp>
+#include <fmt/format.h>
+
+#include <algorithm>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <regex>
+#include <set>
+#include <sstream>
 
 #include "qattn/config.hpp"
+#include "qattn/config_keys.hpp"
 #include "qattn/json_file.hpp"
+#include "qattn/sweep.hpp"
+#include "doc_code.hpp"
 
 using nlohmann::json;
 using qattn::ConfigError;
@@ -307,4 +321,238 @@ TEST_CASE("JSON as people write it: duplicate keys and numbers beyond double nam
   CHECK_THROWS_WITH(qattn::config_from_json(j), Catch::Contains("train.steps: 18446744073709551615 is out of range"));
   // A bare word must be UTF-8 like the file's strings.
   CHECK_THROWS_WITH(qattn::apply_override(j, "log.name=\xff"), Catch::Contains("not valid UTF-8"));
+}
+
+namespace {
+
+// One row of a key table in docs/config.md (| key | default | allowed | meaning |),
+// its key completed with the object its heading names.
+struct DocRow {
+  int line;
+  std::string path, default_cell, allowed_cell;
+};
+
+struct ConfigDoc {
+  std::vector<DocRow> rows;
+  std::map<std::string, int> headings;                 // object path -> line
+  std::vector<std::pair<int, std::string>> mentioned;  // `json.path` in the prose, by line
+};
+
+std::string trim(const std::string& s) {
+  const auto b = s.find_first_not_of(" \t"), e = s.find_last_not_of(" \t");
+  return b == std::string::npos ? "" : s.substr(b, e - b + 1);
+}
+
+std::string unquote_code(std::string s) {
+  if (s.size() >= 2 && s.front() == '`' && s.back() == '`') s = s.substr(1, s.size() - 2);
+  return s;
+}
+
+// The cells of a table line; "\|" is a | inside a cell.
+std::vector<std::string> cells_of(const std::string& line) {
+  std::vector<std::string> cells;
+  std::string cell;
+  for (size_t i = 1; i < line.size(); ++i) {
+    if (line[i] == '\\' && i + 1 < line.size() && line[i + 1] == '|') {
+      cell += '|';
+      ++i;
+    } else if (line[i] == '|') {
+      cells.push_back(trim(cell));
+      cell.clear();
+    } else {
+      cell += line[i];
+    }
+  }
+  return cells;
+}
+
+ConfigDoc read_config_doc() {
+  const std::filesystem::path file = std::filesystem::path(QATTN_SOURCE_DIR) / "docs" / "config.md";
+  std::ifstream f(file);
+  REQUIRE(f);
+  static const std::regex object_heading(R"(#+ `?([a-z_]+(\.[a-z_]+)*)`?)");
+  static const std::regex config_path(R"((--set )?((model|attention|data|train|eval|log|dist)(\.[A-Za-z0-9_-]+)+).*)");
+  ConfigDoc doc;
+  std::string object, text;  // the object the current heading names ("" when none)
+  bool in_code = false, in_table = false;
+  for (int n = 1; std::getline(f, text); ++n) {
+    if (text.rfind("```", 0) == 0) in_code = !in_code;
+    if (in_code) continue;
+    std::smatch m;
+    if (text.rfind("#", 0) == 0) {
+      object = std::regex_match(text, m, object_heading) ? m[1].str() : "";
+      if (!object.empty()) doc.headings[object] = n;
+    }
+    if (text.rfind("| key | default | allowed |", 0) == 0) {
+      INFO("docs/config.md:" << n << ": a key table under a heading that names no config object");
+      CHECK(!object.empty());
+      in_table = true;
+      continue;
+    }
+    in_table = in_table && text.rfind("|", 0) == 0;
+    if (in_table && text.rfind("| ---", 0) != 0) {
+      const auto cells = cells_of(text);
+      INFO("docs/config.md:" << n << ": " << text);
+      REQUIRE(cells.size() >= 4);
+      doc.rows.push_back({n, object + "." + unquote_code(cells[0]), cells[1], cells[2]});
+    }
+  }
+  for (const auto& [n, span] : qattn::test::doc_code(file).spans)
+    if (std::smatch m; std::regex_match(span, m, config_path)) doc.mentioned.push_back({n, m[2]});
+  return doc;
+}
+
+// The least a config must give; every other key takes its default.
+json minimal_config() {
+  return {{"data", {{"train", "t"}, {"val", "v"}}},
+          {"train", {{"tokens_per_step", 1024}, {"micro_batch", 1}, {"steps", 1}}},
+          {"log", {{"name", "n"}}}};
+}
+
+// A default cell's value: the JSON value before any "(comment)", a bare word as a string.
+json default_of(const std::string& cell) {
+  const std::string v = trim(cell.substr(0, cell.find(" (")));
+  try {
+    return json::parse(v);
+  } catch (const json::parse_error&) {
+    return v;
+  }
+}
+
+// How the allowed column begins for a range: "1 .. 1024", "≥ 0", "> 0, ≤ 10".
+std::string range_text(const qattn::ConfigKey& k) {
+  const auto text = [&](const json& v) {
+    return k.type == qattn::KeyType::number ? fmt::format("{}", v.get<double>()) : v.dump();
+  };
+  if (k.lo_open) return "> " + text(k.lo) + (k.hi.is_null() ? "" : ", ≤ " + text(k.hi));
+  return k.hi.is_null() ? "≥ " + text(k.lo) : text(k.lo) + " .. " + text(k.hi);
+}
+
+// The values "a" | "b" of an allowed cell.
+std::set<json> alternatives_of(const std::string& cell) {
+  std::set<json> out;
+  std::istringstream parts(cell);
+  for (std::string part; std::getline(parts, part, '|');) out.insert(default_of(part));
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("docs/config.md documents every key the config takes: its default and what is allowed", "[config][docs]") {
+  using qattn::KeyType;
+  const ConfigDoc doc = read_config_doc();
+  const json minimal = minimal_config();
+  std::map<std::string, const DocRow*> row_of;
+  for (const DocRow& r : doc.rows) {
+    INFO("docs/config.md:" << r.line << ": " << r.path);
+    const qattn::ConfigKey* k = qattn::find_config_key(r.path);
+    CHECK((k && k->path == r.path));  // a key of the table, not a key that takes its keys
+    CHECK(row_of.emplace(r.path, &r).second);  // one row per key
+  }
+  for (const auto& [line, path] : doc.mentioned) {
+    INFO("docs/config.md:" << line << ": `" << path << "`");
+    CHECK(qattn::find_config_key(path));
+  }
+  for (const qattn::ConfigKey& k : qattn::config_keys()) {
+    INFO("config key " << k.path);
+    const bool is_object = k.type == KeyType::object || k.type == KeyType::entries;
+    const auto row = row_of.find(k.path);
+    if (row == row_of.end()) {
+      CHECK((is_object && doc.headings.count(k.path)));  // undocumented
+      continue;
+    }
+    const DocRow& r = *row->second;
+    INFO("docs/config.md:" << r.line << ": default \"" << r.default_cell << "\", allowed \"" << r.allowed_cell << "\"");
+    // The default: as the table states it, or the reader's, which the effective config shows.
+    if (!k.default_doc.empty()) {
+      CHECK(r.default_cell == k.default_doc);
+    } else {
+      json j = minimal;
+      for (size_t dot = k.path.find('.'); dot != std::string::npos; dot = k.path.find('.', dot + 1))
+        if (const std::string parent = k.path.substr(0, dot); parent.find('.') != std::string::npos &&
+                                                               !j.contains(json::json_pointer("/" + parent)))
+          qattn::apply_override(j, parent + "={}");  // an options object the default config leaves out
+      std::string pointer = "/" + k.path;
+      std::replace(pointer.begin(), pointer.end(), '.', '/');
+      const json effective = qattn::config_from_json(j).effective;
+      if (!effective.contains(json::json_pointer(pointer))) {
+        CHECK(is_object);  // a key the reader does not fill in needs a default_doc
+      } else if (!effective.at(json::json_pointer(pointer)).is_object()) {
+        CHECK(default_of(r.default_cell) == effective.at(json::json_pointer(pointer)));
+      }
+    }
+    // What is allowed.
+    switch (k.type) {
+      case KeyType::choice:
+        CHECK(alternatives_of(r.allowed_cell) == std::set<json>(k.choices.begin(), k.choices.end()));
+        break;
+      case KeyType::integer:
+        if (!k.choices.empty())
+          CHECK(alternatives_of(r.allowed_cell) == std::set<json>(k.choices.begin(), k.choices.end()));
+        else
+          CHECK_THAT(r.allowed_cell, Catch::StartsWith(range_text(k)));
+        break;
+      case KeyType::number:
+        CHECK_THAT(r.allowed_cell, Catch::StartsWith(range_text(k)));
+        break;
+      case KeyType::boolean:
+        CHECK(alternatives_of(r.allowed_cell) == std::set<json>{true, false});
+        break;
+      case KeyType::text:
+      case KeyType::object:
+      case KeyType::entries:
+        break;
+    }
+  }
+}
+
+TEST_CASE("the config key table holds the keys the reader reads, and only those", "[config][docs]") {
+  // Reading a key the table lacks is a logic_error on any config (reader.cpp);
+  // here each key of the table, given a value of no type the config takes, is
+  // answered by its reader (a type error or a warning), never as unknown.
+  const json minimal = minimal_config();
+  for (const qattn::ConfigKey& k : qattn::config_keys()) {
+    if (k.path.find('.') == std::string::npos) continue;  // a section
+    INFO("config key " << k.path);
+    json j = minimal;
+    qattn::apply_override(j, k.path + "=[]");
+    std::string errors;
+    try {
+      qattn::config_from_json(j);
+    } catch (const ConfigError& e) {
+      errors = e.what();
+    }
+    CHECK_THAT(errors, !Catch::Contains("unknown key"));
+  }
+  CHECK(qattn::find_config_key("attention.layers.0-3.sage.softmax.K")->path == "attention.kinterval.K");
+  CHECK(qattn::find_config_key("attention.sage.softmax.kind")->path == "attention.sage.softmax.kind");
+  CHECK(qattn::find_config_key("attention.sage.softmax.bogus") == nullptr);
+  CHECK(qattn::find_config_key("train.") == nullptr);
+}
+
+TEST_CASE("every config and every run of every sweep under configs/ validates", "[config]") {
+  const std::filesystem::path root = std::filesystem::path(QATTN_SOURCE_DIR) / "configs";
+  int configs = 0, runs = 0;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(root)) {
+    if (e.path().extension() != ".json") continue;
+    INFO(e.path().string());
+    const bool is_sweep = e.path().parent_path().filename() == "sweeps";
+    try {
+      if (!is_sweep) {
+        ++configs;
+        for (const auto& w : qattn::load_config(e.path().string()).warnings) WARN(e.path().string() << ": " << w);
+        continue;
+      }
+      const qattn::Sweep s = qattn::load_sweep(e.path().string());
+      for (const qattn::SweepRun& r : s.runs) {
+        ++runs;
+        INFO("run " << r.id);
+        qattn::load_config(s.base, qattn::train_assignments(s, r));
+      }
+    } catch (const std::exception& err) {
+      FAIL(err.what());
+    }
+  }
+  CHECK(configs >= 7);
+  CHECK(runs >= 100);
 }
