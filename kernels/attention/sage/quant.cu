@@ -22,6 +22,7 @@
 #include <cstdint>
 
 #include "attention/common/pipeline.cuh"  // cp.async, launch
+#include "attention/phases.cuh"
 #include "attention/sage/quant.cuh"
 
 namespace qattn::cuda {
@@ -573,28 +574,78 @@ QuantiseParams quantise_params(const SageOptions& opt, const AttentionShape& s, 
   return p;
 }
 
+// The bytes each launch below moves (PhaseWork): every array it reads or
+// writes, once.
+struct PassBytes {
+  const QuantiseParams& p;
+  int D;
+  // One (B, T, H, d) bf16 activation: Q, K, V in qkv, O, dO.
+  double activation() const { return 2.0 * p.B * p.T * p.H * D; }
+  // n floats per head.
+  double floats(double n) const { return 4.0 * p.B * p.H * n; }
+  // One (B·H, Tp, d) copy of n-byte elements.
+  double copy(int bytes) const { return static_cast<double>(bytes) * p.B * p.H * p.ws.Tp * D; }
+  // The copies of x named in c and its scales (two arrays where x's differ).
+  double copies(const QuantOperand& x, const OperandCopies& c) const {
+    return (c.i8 ? copy(1) : 0) + (c.i8t ? copy(1) : 0) + (c.bf ? copy(2) : 0) +
+           floats(p.ws.blocks) * (x.t_scale != x.scale ? 2 : 1);
+  }
+  // K in, the block sums out.
+  double key_block_sums() const { return activation() + floats(p.ws.blocks * D); }
+  double key_mean() const { return floats(p.ws.blocks * D) + floats(D); }
+  // Q, K, V in, their copies out; μ_K in (smooth_k) or its zeros out, μ_Q out (smooth_q).
+  double quantise_inputs() const {
+    const SageWorkspace& ws = p.ws;
+    return 3 * activation() + copies(ws.q, p.copies.q) + copies(ws.k, p.copies.k) +
+           copies(ws.v, p.copies.v) + floats(D) + (p.smooth_q ? floats(ws.blocks * D) : 0);
+  }
+  // dO, O and (for its copy or its norms) V in; dO's copies, δ, V's bf16 copy,
+  // the norms and their block maxima out.
+  double quantise_gradient() const {
+    const bool stage_v = p.copies.v.bf || p.ds_bounds;
+    return (stage_v ? 3 : 2) * activation() + copies(p.ws.dout, p.copies.dout) +
+           (p.copies.v.bf ? copy(2) : 0) + floats(p.ws.Tp) +
+           (p.ds_bounds ? floats(2 * p.ws.Tp + 3 * p.ws.blocks) : 0);
+  }
+  // K, μ_Q and μ_K in, the bias out.
+  double query_bias() const {
+    return activation() + floats(p.ws.blocks * D) + floats(D) +
+           floats(static_cast<double>(p.ws.blocks) * p.ws.Tp);
+  }
+};
+
 template <int D>
-void quantise_inputs(const QuantiseParams& p, cudaStream_t stream) {
+void quantise_inputs(const QuantiseParams& p, cudaStream_t stream, PhaseRecorder* phases) {
   const int heads = p.B * p.H;
+  const PassBytes bytes{p, D};
   if (p.smooth_k) {
-    key_block_sums_kernel<D><<<dim3(p.ws.blocks, heads), kQuantThreads, 0, stream>>>(p);
-    CUDA_CHECK_LAUNCH();
-    key_mean_kernel<D><<<heads, D, 0, stream>>>(p);
-    CUDA_CHECK_LAUNCH();
+    in_phase(phases, "key_block_sums", {bytes.key_block_sums()}, stream, [&] {
+      key_block_sums_kernel<D><<<dim3(p.ws.blocks, heads), kQuantThreads, 0, stream>>>(p);
+      CUDA_CHECK_LAUNCH();
+    });
+    in_phase(phases, "key_mean", {bytes.key_mean()}, stream, [&] {
+      key_mean_kernel<D><<<heads, D, 0, stream>>>(p);
+      CUDA_CHECK_LAUNCH();
+    });
   }
-  flash::launch(quantise_kernel<D, false>, dim3(p.ws.blocks, heads), kQuantThreads,
-                sizeof(QuantiseSmem<D>), stream, p);
-  if (p.smooth_q) {
-    query_bias_kernel<D><<<dim3(p.ws.Tp / kBiasTile, ceil_div(p.ws.blocks, kBiasTile), heads),
-                           kBiasThreads, 0, stream>>>(p);
-    CUDA_CHECK_LAUNCH();
-  }
+  in_phase(phases, "quantise_qkv", {bytes.quantise_inputs()}, stream, [&] {
+    flash::launch(quantise_kernel<D, false>, dim3(p.ws.blocks, heads), kQuantThreads,
+                  sizeof(QuantiseSmem<D>), stream, p);
+  });
+  if (p.smooth_q)
+    in_phase(phases, "query_bias", {bytes.query_bias()}, stream, [&] {
+      query_bias_kernel<D><<<dim3(p.ws.Tp / kBiasTile, ceil_div(p.ws.blocks, kBiasTile), heads),
+                             kBiasThreads, 0, stream>>>(p);
+      CUDA_CHECK_LAUNCH();
+    });
 }
 
 template <int D>
-void quantise_gradient(const QuantiseParams& p, cudaStream_t stream) {
-  flash::launch(quantise_kernel<D, true>, dim3(p.ws.blocks, p.B * p.H), kQuantThreads,
-                sizeof(QuantiseSmem<D>), stream, p);
+void quantise_gradient(const QuantiseParams& p, cudaStream_t stream, PhaseRecorder* phases) {
+  in_phase(phases, "quantise_dout", {PassBytes{p, D}.quantise_gradient()}, stream, [&] {
+    flash::launch(quantise_kernel<D, true>, dim3(p.ws.blocks, p.B * p.H), kQuantThreads,
+                  sizeof(QuantiseSmem<D>), stream, p);
+  });
 }
 
 }  // namespace
@@ -658,18 +709,19 @@ SageCopies sage_backward_copies(const SageOptions& opt, bool in_place) {
 }
 
 void sage_quantise_inputs(const SageOptions& opt, const AttentionShape& s, const bf16* qkv,
-                          const SageWorkspace& ws, const SageCopies& copies, cudaStream_t stream) {
+                          const SageWorkspace& ws, const SageCopies& copies, cudaStream_t stream,
+                          PhaseRecorder* phases) {
   const QuantiseParams p = quantise_params(opt, s, qkv, nullptr, nullptr, ws, copies);
-  if (s.d == 64) return quantise_inputs<64>(p, stream);
-  return quantise_inputs<128>(p, stream);
+  if (s.d == 64) return quantise_inputs<64>(p, stream, phases);
+  return quantise_inputs<128>(p, stream, phases);
 }
 
 void sage_quantise_gradient(const SageOptions& opt, const AttentionShape& s, const bf16* qkv,
                             const bf16* o, const bf16* dout, const SageWorkspace& ws,
-                            const SageCopies& copies, cudaStream_t stream) {
+                            const SageCopies& copies, cudaStream_t stream, PhaseRecorder* phases) {
   const QuantiseParams p = quantise_params(opt, s, qkv, o, dout, ws, copies);
-  if (s.d == 64) return quantise_gradient<64>(p, stream);
-  return quantise_gradient<128>(p, stream);
+  if (s.d == 64) return quantise_gradient<64>(p, stream, phases);
+  return quantise_gradient<128>(p, stream, phases);
 }
 
 }  // namespace qattn::cuda

@@ -105,13 +105,18 @@ SageWorkspace sage_workspace(const SageOptions& opt, const AttentionShape& s, vo
 
 // The forward's pre-pass: qkv (B, T, 3, H, d) -> ws.q, ws.k, ws.v (the copies
 // named in `copies`, and their scales), μ_K, μ_Q and the bias per the options.
+// `phases` (phases.cuh), where given, times its launches: "key_block_sums" and
+// "key_mean" (smooth_k), "quantise_qkv", "query_bias" (smooth_q).
 void sage_quantise_inputs(const SageOptions& opt, const AttentionShape& s, const bf16* qkv,
-                          const SageWorkspace& ws, const SageCopies& copies, cudaStream_t stream);
+                          const SageWorkspace& ws, const SageCopies& copies, cudaStream_t stream,
+                          PhaseRecorder* phases = nullptr);
 // The backward's: dout, o (B, T, H, d) -> ws.dout (its copies and scales) and
-// ws.delta; and V's bf16 copy from qkv where copies.v.bf names it.
+// ws.delta; and V's bf16 copy from qkv where copies.v.bf names it. One launch,
+// "quantise_dout".
 void sage_quantise_gradient(const SageOptions& opt, const AttentionShape& s, const bf16* qkv,
                             const bf16* o, const bf16* dout, const SageWorkspace& ws,
-                            const SageCopies& copies, cudaStream_t stream);
+                            const SageCopies& copies, cudaStream_t stream,
+                            PhaseRecorder* phases = nullptr);
 
 #ifdef __CUDACC__
 // ψ's level of x at scale s (§4.1): round(x / s), half away from zero, as the
