@@ -63,11 +63,11 @@ def attention_ops(kind, B, H, T, d):
         return [
             Op("sage key_block_sums", "attention", 0, act + sums),
             Op("sage key_mean", "attention", 0, sums + 4.0 * B * H * d),
-            # Q, K, V in; Q̂, Q̂ᵀ, K̂, K̂ᵀ, V̂, V̂ᵀ out, their scales
-            Op("sage quantise_qkv", "attention", 0, 3 * act + 6 * code + 6 * scales),
+            # Q, K, V in; Q̂, Q̂ᵀ, K̂, K̂ᵀ, V̂, V̂ᵀ out, their scales, ‖V‖ and its block maxima
+            Op("sage quantise_qkv", "attention", 0, 3 * act + 6 * code + 7 * scales + rows),
             Op("sage forward", "attention", 2 * product, 3 * code + act + rows, scores, fp8=True),
-            # dO, O, V in; dÔ, dÔᵀ, their scales, δ, ‖dO‖, ‖V‖ out
-            Op("sage quantise_dout", "attention", 0, 3 * act + 2 * code + 2 * scales + 3 * rows),
+            # dO, O in; dÔ, dÔᵀ, their scales, δ, ‖dO‖ and the block maxima of ‖dO‖, |δ| out
+            Op("sage quantise_dout", "attention", 0, 2 * act + 2 * code + 4 * scales + 2 * rows),
             Op("sage dq", "attention", 3 * product, 5 * code + 4 * rows + act, scores, fp8=True),
             Op("sage dkdv", "attention", 4 * product, 6 * code + 4 * rows + 2 * act, scores, fp8=True),
         ]
