@@ -16,6 +16,8 @@ struct AttentionShape {
   int B, H, T, d;  // d in {64, 128}
 };
 
+class PhaseRecorder;  // phases.cuh: times each launch of a call (null: none)
+
 // Floats saved per (b, h, row) by the forward for the backward (FPA: 1, the LSE;
 // the layout inside is the kind's).
 int attention_row_stats(const AttentionConfig& cfg, int head_dim);
@@ -31,7 +33,7 @@ size_t attention_workspace_bytes(const AttentionConfig& cfg, const AttentionShap
 // (b, h, row), laid out by the kind; saved: attention_saved_bytes (may be null when 0).
 void attention_forward(const AttentionConfig& cfg, const AttentionShape& s,
                        const __nv_bfloat16* qkv, __nv_bfloat16* o, float* stats, void* saved,
-                       cudaStream_t stream);
+                       cudaStream_t stream, PhaseRecorder* phases = nullptr);
 
 // dout (B, T, C) -> dqkv (B, T, 3C) (overwritten), from the stats and the saved
 // buffer the forward of the same qkv left. Deterministic: no atomics whose
@@ -39,6 +41,6 @@ void attention_forward(const AttentionConfig& cfg, const AttentionShape& s,
 void attention_backward(const AttentionConfig& cfg, const AttentionShape& s,
                         const __nv_bfloat16* qkv, const __nv_bfloat16* o, const __nv_bfloat16* dout,
                         const float* stats, const void* saved, __nv_bfloat16* dqkv, void* workspace,
-                        cudaStream_t stream);
+                        cudaStream_t stream, PhaseRecorder* phases = nullptr);
 
 }  // namespace qattn::cuda

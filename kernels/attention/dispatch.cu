@@ -66,30 +66,35 @@ size_t attention_workspace_bytes(const AttentionConfig& cfg, const AttentionShap
 }
 
 void attention_forward(const AttentionConfig& cfg, const AttentionShape& s, const bf16* qkv,
-                       bf16* o, float* stats, void* saved, cudaStream_t stream) {
+                       bf16* o, float* stats, void* saved, cudaStream_t stream,
+                       PhaseRecorder* phases) {
   check_shape(s);
   switch (cfg.kind) {
     case AttentionKind::fpa:
-      return fpa_forward(s, qkv, o, stats, stream);
+      return fpa_forward(s, qkv, o, stats, stream, FpaKernels::automatic, phases);
     case AttentionKind::sage:
-      return sage_forward(cfg.sage, s, qkv, o, stats, saved, stream);
+      return sage_forward(cfg.sage, s, qkv, o, stats, saved, stream, sage_default_tiles(s), phases);
     case AttentionKind::kinterval:
-      return kinterval_forward(cfg.kinterval, s, qkv, o, stats, stream);
+      return kinterval_forward(cfg.kinterval, s, qkv, o, stats, stream, FpaKernels::automatic,
+                               phases);
   }
   unknown_kind(cfg.kind);
 }
 
 void attention_backward(const AttentionConfig& cfg, const AttentionShape& s, const bf16* qkv,
                         const bf16* o, const bf16* dout, const float* stats, const void* saved,
-                        bf16* dqkv, void* workspace, cudaStream_t stream) {
+                        bf16* dqkv, void* workspace, cudaStream_t stream, PhaseRecorder* phases) {
   check_shape(s);
   switch (cfg.kind) {
     case AttentionKind::fpa:
-      return fpa_backward(s, qkv, o, dout, stats, static_cast<float*>(workspace), dqkv, stream);
+      return fpa_backward(s, qkv, o, dout, stats, static_cast<float*>(workspace), dqkv, stream,
+                          FpaKernels::automatic, phases);
     case AttentionKind::sage:
-      return sage_backward(cfg.sage, s, qkv, o, dout, stats, saved, dqkv, workspace, stream);
+      return sage_backward(cfg.sage, s, qkv, o, dout, stats, saved, dqkv, workspace, stream,
+                           sage_default_tiles(s), phases);
     case AttentionKind::kinterval:
-      return kinterval_backward(cfg.kinterval, s, qkv, o, dout, stats, dqkv, workspace, stream);
+      return kinterval_backward(cfg.kinterval, s, qkv, o, dout, stats, dqkv, workspace, stream,
+                                FpaKernels::automatic, phases);
   }
   unknown_kind(cfg.kind);
 }

@@ -5,6 +5,9 @@
 // head (0, 0) with the fp64 CPU reference (relative L2). Options of the kind
 // come from the flags below and from --set attention.PATH=value, read as the
 // config's "attention" section (e.g. --set attention.sage.softmax.K=16).
+// --phases also times each launch of the two calls (the kinds' launchers record
+// CUDA events around their launches into a PhaseRecorder, phases.cuh) in the
+// same runs and prints one row per launch under the shape's row.
 #include <algorithm>
 #include <map>
 #include <memory>
@@ -25,6 +28,7 @@
 #include <cuda_runtime.h>
 
 #include "attention/attention.cuh"
+#include "attention/phases.cuh"
 #include "attention/reference_check.hpp"
 #include "common.cuh"
 #endif
@@ -37,6 +41,7 @@ struct BenchOptions {
   std::vector<std::string> shapes;
   int warmup = 5, reps = 20;
   bool no_check = false;       // skip the CPU-reference error column
+  bool phases = false;         // one row per launch
   KIntervalOptions kinterval;  // used with --kind kinterval
   std::vector<std::string> sets;  // attention.PATH=value
 };
@@ -169,6 +174,35 @@ float median(std::vector<float> v) {
   return v[v.size() / 2];
 }
 
+// One row per launch of a call (`call`: fwd or bwd): its median over the timed
+// runs, its share of the call's median time, its work and rate where known;
+// then their sum.
+void print_phases(const char* call, const std::vector<std::vector<cuda::TimedPhase>>& runs,
+                  float call_ms) {
+  const std::vector<cuda::TimedPhase>& first = runs.front();
+  float sum = 0;
+  for (size_t i = 0; i < first.size(); ++i) {
+    std::vector<float> ms;
+    for (const auto& run : runs) {
+      if (run.size() != first.size() || run[i].name != first[i].name)
+        throw std::logic_error("bench attention --phases: the " + std::string(call) +
+                               " call's launches differ from one run to the next");
+      ms.push_back(run[i].ms);
+    }
+    const float m = median(ms);
+    sum += m;
+    const cuda::PhaseWork& w = first[i].work;
+    std::printf("  %s %-15s %8.3f %5.1f%%", call, first[i].name.c_str(), m, 100 * m / call_ms);
+    if (w.flops > 0)
+      std::printf("  %9.1f GFLOP %8.1f TFLOP/s", w.flops / 1e9, w.flops / (m * 1e9));
+    else if (w.bytes > 0)
+      std::printf("  %9.1f MB    %8.1f GB/s", w.bytes / 1e6, w.bytes / (m * 1e6));
+    std::printf("\n");
+  }
+  std::printf("  %s %-15s %8.3f %5.1f%%  of %.3f ms: the rest is between launches\n", call,
+              "sum", sum, 100 * sum / call_ms, call_ms);
+}
+
 void bench_shape(const AttentionConfig& cfg, const AttentionShape& s, const BenchOptions& opt,
                  unsigned long long seed) {
   const size_t n_qkv = static_cast<size_t>(s.B) * s.T * 3 * s.H * s.d;
@@ -183,17 +217,21 @@ void bench_shape(const AttentionConfig& cfg, const AttentionShape& s, const Benc
   CUDA_CHECK(cudaMemcpy(d_qkv.ptr, qkv.data(), n_qkv * sizeof(bf16), cudaMemcpyHostToDevice));
   CUDA_CHECK(cudaMemcpy(d_dout.ptr, dout.data(), n_o * sizeof(bf16), cudaMemcpyHostToDevice));
 
+  cuda::PhaseRecorder fwd_phases, bwd_phases;  // --phases: each launch of the call
   auto forward = [&] {
-    cuda::attention_forward(cfg, s, d_qkv.ptr, d_o.ptr, d_stats.ptr, d_saved.ptr, nullptr);
+    cuda::attention_forward(cfg, s, d_qkv.ptr, d_o.ptr, d_stats.ptr, d_saved.ptr, nullptr,
+                            opt.phases ? &fwd_phases : nullptr);
   };
   auto backward = [&] {
     cuda::attention_backward(cfg, s, d_qkv.ptr, d_o.ptr, d_dout.ptr, d_stats.ptr, d_saved.ptr,
-                             d_dqkv.ptr, d_work.ptr, nullptr);
+                             d_dqkv.ptr, d_work.ptr, nullptr, opt.phases ? &bwd_phases : nullptr);
   };
   for (int i = 0; i < opt.warmup; ++i) forward(), backward();
+  fwd_phases.take(), bwd_phases.take();  // the warm-up's
   cudaEvent_t ev[3];
   for (auto& e : ev) CUDA_CHECK(cudaEventCreate(&e));
   std::vector<float> fwd_ms, bwd_ms;
+  std::vector<std::vector<cuda::TimedPhase>> fwd_runs, bwd_runs;
   for (int i = 0; i < opt.reps; ++i) {
     CUDA_CHECK(cudaEventRecord(ev[0]));
     forward();
@@ -205,6 +243,7 @@ void bench_shape(const AttentionConfig& cfg, const AttentionShape& s, const Benc
     CUDA_CHECK(cudaEventElapsedTime(&a, ev[0], ev[1]));
     CUDA_CHECK(cudaEventElapsedTime(&b, ev[1], ev[2]));
     fwd_ms.push_back(a), bwd_ms.push_back(b);
+    if (opt.phases) fwd_runs.push_back(fwd_phases.take()), bwd_runs.push_back(bwd_phases.take());
   }
   for (auto& e : ev) CUDA_CHECK(cudaEventDestroy(e));
 
@@ -219,6 +258,10 @@ void bench_shape(const AttentionConfig& cfg, const AttentionShape& s, const Benc
     std::printf("  %.1e %.1e %.1e %.1e", e.o, e.dq, e.dk, e.dv);
   }
   std::printf("\n");
+  if (opt.phases) {
+    print_phases("fwd", fwd_runs, f);
+    print_phases("bwd", bwd_runs, b);
+  }
   std::fflush(stdout);
 }
 #endif
@@ -239,6 +282,11 @@ void run_bench_attention(const BenchOptions& opt) {
       prop.name, prop.major, prop.minor, opt.warmup, opt.reps,
       !opt.no_check ? "; err = rel. L2 of head (0,0) vs fp64 CPU" : "");
   print_options(cfg);
+  if (opt.phases)
+    std::printf(
+        "phases: each launch between events of its own in the same runs (which the call's time "
+        "then includes), median; %% of the call's median; work: the bytes of every array read or "
+        "written once, or the FLOPs of the causal products it runs (BHT^2d each)\n");
   std::printf("%-6s %3s %3s %6s %4s  %8s %8s  %8s %8s  %9s%s\n", "kind", "B", "H", "T", "d",
               "fwd ms", "TFLOP/s", "bwd ms", "TFLOP/s", "total ms",
               !opt.no_check ? "  err o   dq      dk      dv" : "");
@@ -268,6 +316,8 @@ void add_bench_command(CLI::App& app) {
       ->check(integer_range(1, 10000))
       ->capture_default_str();
   attn->add_flag("--no-check", opt->no_check, "skip the comparison with the CPU reference");
+  attn->add_flag("--phases", opt->phases,
+                 "also time each launch of the forward and the backward (pre-passes, kernels)");
   attn->add_option("--K", opt->kinterval.K, "kinterval: intervals")
       ->check(integer_range(1, 65535))
       ->capture_default_str();

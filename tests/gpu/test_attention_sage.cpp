@@ -6,7 +6,9 @@
 //   (levels equal except within 1e-4 of a rounding tie, scales to fp32
 //   rounding, the transposed copy exact, μ_K, μ_Q, smooth_q's bias, δ; padded
 //   rows zero in every copy), its levels by reciprocal equal to those by
-//   division, and ψ's weight scales over the whole float range;
+//   division, and ψ's weight scales over the whole float range; under fp8 dq
+//   and dk the norms and block maxima of dS's bounds bit for bit against
+//   their fp32 sums;
 // - all six products bf16 against the CUDA FPA kernel;
 // - the Gaussian accuracy table (T = 4096) against fp64 FPA, as SageBwd's Table 1;
 // - causality: how much changing future tokens moves past outputs;
@@ -325,6 +327,110 @@ TEST_CASE("sage pre-pass: quantised c(Q - mu_Q), K - mu_K, V, dO, scales, means,
                 delta_padding_nonzero);
     CHECK(worst_delta < 1e-5);
     CHECK(delta_padding_nonzero == 0);
+  }
+}
+
+namespace {
+
+// ‖x_t‖ as the pre-pass sums it (quant.cu, row_norm), in fp32: each of the
+// d / 8 threads of the row adds the squares of its 8 channels in order by FMA,
+// a butterfly of shuffles adds the threads' sums, then the square root.
+float prepass_row_norm(const std::vector<float>& x, int d) {
+  const int threads = d / 8;
+  std::vector<float> part(threads);
+  for (int i = 0; i < threads; ++i) {
+    float sq = 0.0f;
+    for (int e = 0; e < 8; ++e) sq = std::fma(x[8 * i + e], x[8 * i + e], sq);
+    part[i] = sq;
+  }
+  for (int offset = threads / 2; offset > 0; offset /= 2) {
+    std::vector<float> next(threads);
+    for (int i = 0; i < threads; ++i) next[i] = part[i] + part[i ^ offset];
+    part = next;
+  }
+  return std::sqrt(part[0]);
+}
+
+bool same_float_bits(float a, float b) { return std::memcmp(&a, &b, sizeof a) == 0; }
+
+}  // namespace
+
+// What dS's bounds are made of under dq or dk = fp8 (quant.cuh): ‖V_t‖ from
+// the forward's pass, ‖dO_t‖ from the backward's, each the fp32 sum above bit
+// for bit (0 past T), and per 64-row block the largest ‖V_t‖, ‖dO_t‖ and |δ_t|
+// exactly.
+TEST_CASE("sage pre-pass under fp8 dq, dk: the norms and block maxima of dS's bounds, bit for bit",
+          "[sage][fp8]") {
+  SageOptions opt;
+  for (Precision* p : {&opt.precision.qk, &opt.precision.pv, &opt.precision.dp, &opt.precision.dv,
+                       &opt.precision.dq, &opt.precision.dk})
+    *p = Precision::fp8;
+  for (const AttentionShape& s : {AttentionShape{1, 2, 1000, 64}, AttentionShape{2, 3, 129, 128}}) {
+    const int d = s.d, heads = s.B * s.H, block = qattn::cuda::kSageBlock;
+    std::printf("pre-pass norms B=%d H=%d T=%d d=%d\n", s.B, s.H, s.T, d);
+    const std::vector<bf16> qkv = random_qkv(s, 2.0f, 0.5f), o = random_heads(s),
+                            dout = random_heads(s);
+    DeviceBuffer<bf16> d_qkv(qkv_size(s)), d_o(head_size(s)), d_dout(head_size(s));
+    const qattn::cuda::SageCopies copies = qattn::cuda::sage_copies(opt);
+    DeviceBuffer<unsigned char> saved(qattn::cuda::sage_saved_bytes(opt, s, copies)),
+        work(qattn::cuda::sage_workspace_bytes(opt, s, copies));
+    d_qkv.upload(qkv);
+    d_o.upload(o);
+    d_dout.upload(dout);
+    saved.poison();  // NaN floats
+    work.poison();
+    const auto ws = qattn::cuda::sage_workspace(opt, s, saved.get(), work.get(), copies);
+    qattn::cuda::sage_quantise_inputs(opt, s, d_qkv.get(), ws,
+                                      qattn::cuda::sage_forward_copies(opt), nullptr);
+    qattn::cuda::sage_quantise_gradient(opt, s, d_qkv.get(), d_o.get(), d_dout.get(), ws,
+                                        qattn::cuda::sage_backward_copies(opt, true), nullptr);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    const size_t rows = static_cast<size_t>(heads) * ws.Tp, blocks = heads * ws.blocks;
+    const std::vector<float> v_norm = download_floats(ws.v_norm, rows),
+                             do_norm = download_floats(ws.do_norm, rows),
+                             delta = download_floats(ws.delta, rows),
+                             v_max = download_floats(ws.v_norm_block_max, blocks),
+                             backward_max = download_floats(ws.backward_block_max, 2 * blocks);
+    long long norms_wrong = 0, maxima_wrong = 0;
+    for (int bh = 0; bh < heads; ++bh)
+      for (int blk = 0; blk < ws.blocks; ++blk) {
+        float top[3] = {0.0f, 0.0f, 0.0f};  // ‖V‖, ‖dO‖, |δ|
+        for (int t = blk * block; t < (blk + 1) * block; ++t) {
+          const size_t row = static_cast<size_t>(bh) * ws.Tp + t;
+          std::vector<float> v(d, 0.0f), g(d, 0.0f);  // zeros past T
+          for (int x = 0; t < s.T && x < d; ++x) {
+            v[x] = element(qkv, s, 3, bh / s.H, t, 2, bh % s.H, x);
+            g[x] = element(dout, s, 1, bh / s.H, t, 0, bh % s.H, x);
+          }
+          const float want_v = prepass_row_norm(v, d), want_do = prepass_row_norm(g, d);
+          const bool wrong =
+              !same_float_bits(v_norm[row], want_v) || !same_float_bits(do_norm[row], want_do);
+          if (wrong && norms_wrong++ == 0)
+            std::printf(
+                "  first wrong norm: head %d, t %d: ||V|| %.9g (want %.9g), ||dO|| %.9g "
+                "(want %.9g)\n",
+                bh, t, v_norm[row], want_v, do_norm[row], want_do);
+          top[0] = std::max(top[0], want_v);
+          top[1] = std::max(top[1], want_do);
+          top[2] = std::max(top[2], std::abs(delta[row]));
+        }
+        const size_t at = static_cast<size_t>(bh) * ws.blocks + blk;
+        const float got[3] = {v_max[at], backward_max[2 * at], backward_max[2 * at + 1]};
+        for (int m = 0; m < 3; ++m) {
+          if (same_float_bits(got[m], top[m])) continue;
+          if (maxima_wrong++ == 0)
+            std::printf("  first wrong block max: head %d, block %d, max %s %.9g (want %.9g)\n", bh,
+                        blk,
+                        m == 0   ? "||V||"
+                        : m == 1 ? "||dO||"
+                                 : "|delta|",
+                        got[m], top[m]);
+        }
+      }
+    std::printf("  norms not bit-equal %lld of %zu rows, block maxima %lld of %zu\n", norms_wrong,
+                rows, maxima_wrong, 3 * blocks);
+    CHECK(norms_wrong == 0);
+    CHECK(maxima_wrong == 0);
   }
 }
 

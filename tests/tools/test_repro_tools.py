@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """Tests of the reproduction tools: tools/scale_sweep.py keeps the warmup and
 evaluation interval in steps at any budget, tools/results_store.py keeps,
-restores and times finished runs, and tools/gap_table.py prints paired gaps
+restores and times finished runs, tools/gap_table.py prints paired gaps
 with the Student-t quantile `qattn sweep` uses, to the baseline or (--pair)
-between two cells named by their settings' keys."""
+between two cells named by their settings' keys, and tools/dev/gpt2_ledger.py
+counts a GPT-2 step's products as the parameter count does and turns
+measured tokens/s into what a speed-up asks of attention."""
 import json
 import os
 import shutil
@@ -18,6 +20,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 TOOLS = os.path.join(ROOT, "tools")
 sys.path.insert(0, TOOLS)
 import gap_table  # noqa: E402  (found through TOOLS)
+
+sys.path.insert(0, os.path.join(TOOLS, "dev"))
+import gpt2_ledger  # noqa: E402
 
 
 def tool(*args):
@@ -289,6 +294,47 @@ SUMMARY = "id,setting,train.seed,status,baseline\nb,base,1,finished,(baseline)\n
 DIAG = "step,layer,kind,q_rms,k_rms,max_abs_score,cos_o,cos_p,cos_ds,cos_dq,cos_dk,cos_dv\n"
 
 
+class Gpt2Ledger(unittest.TestCase):
+    CONFIG = os.path.join(ROOT, "configs", "gpt2_124m_fpa.json")
+
+    def test_products_as_the_parameter_count_has_them(self):
+        with open(self.CONFIG) as f:
+            model = json.load(f)["model"]
+        L, C, T, Vp = model["layers"], model["dim"], model["seq_len"], 50304
+        tokens = 524288
+        per_kind = {}
+        for kind in ("fpa", "sage-fp8"):
+            ops, accum = gpt2_ledger.step_ops(model, 64, tokens, kind)
+            self.assertEqual(accum, 8)
+            flops = lambda groups: sum(op.flops for op in ops if op.group in groups) / tokens
+            # forward, dinp and dW of every weight matrix: 6 FLOPs per weight per token
+            self.assertAlmostEqual(flops({"matmul", "lm head"}), 6 * (L * 12 * C * C + Vp * C), delta=1)
+            # the forward's 2 causal products and the backward's 7, T·C FLOPs per token each
+            self.assertAlmostEqual(flops({"attention"}), 9 * L * T * C, delta=1)
+            per_kind[kind] = [op for op in ops if op.group == "attention"]
+        fp8 = {op.name for op in per_kind["sage-fp8"] if op.fp8}
+        self.assertEqual(fp8, {"sage forward", "sage dq", "sage dkdv"})
+        # sage's pre-passes read K, Q, K, V, dO, O in bf16 and write eight
+        # 8-bit copies; scales, sums, δ and norms add under 2%
+        B, H, d = 64, 12, C // model["heads"]
+        n = B * T * H * d
+        pre = sum(op.bytes for op in gpt2_ledger.attention_ops("sage-fp8", B, H, T, d) if op.flops == 0)
+        self.assertGreater(pre, 6 * 2 * n + 8 * n)
+        self.assertLess(pre, 1.02 * (6 * 2 * n + 8 * n))
+
+    def test_measured_steps_and_the_target(self):
+        out = tool(os.path.join(TOOLS, "dev", "gpt2_ledger.py"), self.CONFIG, "--micro-batch", "64",
+                   "--tokens-per-s", "fpa=524288", "--tokens-per-s", "slow=262144", "--target", "1.25",
+                   "--call-ms", "fpa=5")
+        # steps of 1 s and 2 s; 96 attention calls; 1.25x: 800 ms, 200 ms from attention
+        self.assertIn("slow            262,144 tokens/s    2000.0 ms  +1000.0 ms vs fpa, +10.417 ms per call", out)
+        self.assertIn("1.25x fpa: 655,360 tokens/s, step 800.0 ms: attention 200.0 ms per step under fpa's, "
+                      "2.083 ms per call", out)
+        self.assertIn("slow: 12.500 ms per call faster than now", out)
+        self.assertIn("fpa: attention 480.0 ms of 1000.0 per step (48.0%)", out)
+        self.assertIn("1.25x fpa asks attention of 2.917 ms per call, 1.71x fpa's speed", out)
+
+
 SAGEBWD_FP8 = "attention.sage.precision.qk=fp8"
 SAGEBWD_INT8 = ("attention.kind=sage,attention.sage.precision.qk=int8,model.qk_norm=false,"
                 "train.tokens_per_step=262144")
@@ -392,6 +438,30 @@ class BadInput(unittest.TestCase):
         ):
             with self.subTest(message):
                 self.check(files, args, message)
+
+    def test_gpt2_ledger(self):
+        ledger = os.path.join(TOOLS, "dev", "gpt2_ledger.py")
+        config = {"model": {"layers": 2, "heads": 2, "dim": 128, "seq_len": 256, "vocab": 300},
+                  "train": {"tokens_per_step": 4096, "micro_batch": 4}}
+        good = {"c.json": json.dumps(config)}
+        for files, args, message in (
+            ({}, [ledger, "{d}/none.json"], "{d}/none.json: cannot read: No such file"),
+            ({"c.json": "{"}, [ledger, "{d}/c.json"], "{d}/c.json: not JSON"),
+            ({"c.json": '{"model": {}}'}, [ledger, "{d}/c.json"], "{d}/c.json: needs a 'model' and a 'train' object"),
+            ({"c.json": json.dumps({**config, "model": {**config["model"], "heads": 0}})}, [ledger, "{d}/c.json"],
+             "{d}/c.json: model.heads 0 is not allowed; allowed: a positive integer"),
+            (good, [ledger, "{d}/c.json", "--micro-batch", "3"],
+             "{d}/c.json: train.tokens_per_step 4096 is not a whole number of micro-batches of 3 x 256 tokens"),
+            (good, [ledger, "{d}/c.json", "--micro-batch", "0"], "--micro-batch 0 is not allowed"),
+            (good, [ledger, "{d}/c.json", "--tokens-per-s", "fpa"],
+             "--tokens-per-s 'fpa' is not allowed; allowed: NAME=NUMBER with NUMBER > 0"),
+            (good, [ledger, "{d}/c.json", "--tokens-per-s", "sage=5"], "--tokens-per-s: fpa=VALUE is needed"),
+            (good, [ledger, "{d}/c.json", "--tokens-per-s", "fpa=5", "--call-ms", "sage=1"],
+             "--call-ms sage: no --tokens-per-s sage=VALUE to set it against"),
+        ):
+            with self.subTest(message):
+                self.check(files, args, message)
+
 
 class Reproduce(unittest.TestCase):
     def test_a_sweep_refused_whole_stops_the_script(self):

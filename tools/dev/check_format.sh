@@ -14,6 +14,7 @@ FORMATTED=(
   tests/gpu/gpu_test_util.hpp
   tests/gpu/test_attention.cpp
   tests/gpu/test_attention_kinterval.cpp
+  tests/gpu/test_attention_phases.cpp
   tests/gpu/test_attention_sage.cpp
   tools/dev
 )

@@ -217,6 +217,11 @@ inline void attention_delta(const BackwardParams& p, int d, cudaStream_t stream)
     attention_delta_kernel<128><<<ceil_div(threads, kThreads), kThreads, 0, stream>>>(p);
   CUDA_CHECK_LAUNCH();
 }
+// The bytes it moves (PhaseWork): O and dO in, δ out.
+inline double attention_delta_bytes(const BackwardParams& p, int d) {
+  const double rows = static_cast<double>(p.B) * p.T * p.H;
+  return rows * (2 * 2.0 * d + 4.0);
+}
 
 // ---------------------------------------------------------------------------
 // dK, dV of one key block (k_block) of head blockIdx.y, batch blockIdx.z.

@@ -24,6 +24,7 @@
 #include "attention/fpa/flash_skeleton.cuh"
 #include "attention/fpa/flash_skeleton_sm90.cuh"
 #include "attention/fpa/fpa.cuh"
+#include "attention/phases.cuh"
 
 namespace qattn::cuda {
 namespace {
@@ -69,19 +70,24 @@ void launch_backward(const AttentionShape& s, const Params& p, void (*kernel)(Pa
 
 template <int D>
 void backward(const AttentionShape& s, const bf16* qkv, const bf16* o, const bf16* dout,
-              const float* lse, float* delta, bf16* dqkv, FpaKernels kernels, cudaStream_t stream) {
+              const float* lse, float* delta, bf16* dqkv, FpaKernels kernels, cudaStream_t stream,
+              PhaseRecorder* phases) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const BackwardParams p{qkv, o, dout, lse, delta, dqkv, s.B, s.H, s.T, scale, scale * kLog2e};
-  attention_delta(p, D, stream);
-  if (resolve_kernels(kernels, "FPA attention") == FpaKernels::wgmma) {
-    using Tiles = sm90::FpaTiles<D>;
-    return launch_backward<Tiles>(
-        s, sm90::tma_params(p, D),
-        sm90::flash_backward_kernel<typename Tiles::DkDv, typename Tiles::Dq>, stream);
-  }
-  using Tiles = FpaTiles<D>;
-  launch_backward<Tiles>(s, p, flash_backward_kernel<typename Tiles::DkDv, typename Tiles::Dq>,
-                         stream);
+  in_phase(phases, "delta", {attention_delta_bytes(p, D)}, stream,
+           [&] { attention_delta(p, D, stream); });
+  // dK/dV blocks (S, dP, dV, dK) and dQ blocks (S, dP, dQ).
+  in_phase(phases, "dkdv+dq", {0, causal_product_flops(s, 7)}, stream, [&] {
+    if (resolve_kernels(kernels, "FPA attention") == FpaKernels::wgmma) {
+      using Tiles = sm90::FpaTiles<D>;
+      return launch_backward<Tiles>(
+          s, sm90::tma_params(p, D),
+          sm90::flash_backward_kernel<typename Tiles::DkDv, typename Tiles::Dq>, stream);
+    }
+    using Tiles = FpaTiles<D>;
+    launch_backward<Tiles>(s, p, flash_backward_kernel<typename Tiles::DkDv, typename Tiles::Dq>,
+                           stream);
+  });
 }
 
 template <int D>
@@ -123,16 +129,19 @@ FpaKernels resolve_kernels(FpaKernels requested, const char* kind) {
 }
 
 void fpa_forward(const AttentionShape& s, const bf16* qkv, bf16* o, float* lse, cudaStream_t stream,
-                 FpaKernels kernels) {
-  if (s.d == 64) return forward<64>(s, qkv, o, lse, kernels, stream);
-  return forward<128>(s, qkv, o, lse, kernels, stream);
+                 FpaKernels kernels, PhaseRecorder* phases) {
+  // S and PV.
+  in_phase(phases, "forward", {0, causal_product_flops(s, 2)}, stream, [&] {
+    if (s.d == 64) return forward<64>(s, qkv, o, lse, kernels, stream);
+    forward<128>(s, qkv, o, lse, kernels, stream);
+  });
 }
 
 void fpa_backward(const AttentionShape& s, const bf16* qkv, const bf16* o, const bf16* dout,
                   const float* lse, float* delta, bf16* dqkv, cudaStream_t stream,
-                  FpaKernels kernels) {
-  if (s.d == 64) return backward<64>(s, qkv, o, dout, lse, delta, dqkv, kernels, stream);
-  return backward<128>(s, qkv, o, dout, lse, delta, dqkv, kernels, stream);
+                  FpaKernels kernels, PhaseRecorder* phases) {
+  if (s.d == 64) return backward<64>(s, qkv, o, dout, lse, delta, dqkv, kernels, stream, phases);
+  return backward<128>(s, qkv, o, dout, lse, delta, dqkv, kernels, stream, phases);
 }
 
 void fpa_backward_dq(const AttentionShape& s, const bf16* qkv, const bf16* dout, const float* lse,

@@ -19,13 +19,15 @@ bool fpa_wgmma_available();
 FpaKernels resolve_kernels(FpaKernels requested, const char* kind);
 
 // qkv (B, T, 3C) -> o (B, T, C), lse (B, H, T) = L = c m + log l per row.
+// `phases` (phases.cuh), where given, times its one launch, "forward".
 void fpa_forward(const AttentionShape& s, const bf16* qkv, bf16* o, float* lse, cudaStream_t stream,
-                 FpaKernels kernels = FpaKernels::automatic);
+                 FpaKernels kernels = FpaKernels::automatic, PhaseRecorder* phases = nullptr);
 
 // dout (B, T, C) -> dqkv (B, T, 3C); delta (B, H, T) fp32 is scratch for δ = rowsum(dO ∘ O).
+// `phases`: "delta" (attention_delta), then "dkdv+dq", dK/dV and dQ blocks in one launch.
 void fpa_backward(const AttentionShape& s, const bf16* qkv, const bf16* o, const bf16* dout,
                   const float* lse, float* delta, bf16* dqkv, cudaStream_t stream,
-                  FpaKernels kernels = FpaKernels::automatic);
+                  FpaKernels kernels = FpaKernels::automatic, PhaseRecorder* phases = nullptr);
 
 // FPA's dQ pass alone, into the q slot of dqkv (B, T, 3C), from lse and delta
 // (B, H, T) already computed: K-interval's probability STE takes the exact

@@ -60,6 +60,7 @@
 #include "attention/fpa/fpa.cuh"
 #include "attention/kinterval/kinterval.cuh"
 #include "attention/kinterval/kinterval_softmax.cuh"
+#include "attention/phases.cuh"
 
 namespace qattn::cuda {
 namespace {
@@ -1097,7 +1098,7 @@ void launch_dkdv_dq(const Params& p, const sm90::BackwardTmaParams& fpa, cudaStr
 
 template <class Family, int D>
 void backward(const KIntervalOptions& opt, const AttentionShape& s, const Params& p, const bf16* o,
-              const Workspace& ws, cudaStream_t stream) {
+              const Workspace& ws, cudaStream_t stream, PhaseRecorder* phases) {
   const Rule rule = rule_of(opt);
   // The skeleton's delta pre-pass and (probability STE) FPA's dQ pass read these:
   // that rule's δ and L are the exact softmax's, which the forward saved.
@@ -1113,24 +1114,30 @@ void backward(const KIntervalOptions& opt, const AttentionShape& s, const Params
       Family::kKernels == FpaKernels::wgmma && (rule == Rule::prob_ste || opt.detach_extrema);
   // K-interval's own dQ pass of a two-launch backward computes δ at d = 64 (dq_block's kDelta).
   if (one_launch || rule == Rule::prob_ste || !dq_computes_delta<D>())
-    attention_delta(fb, D, stream);
+    in_phase(phases, "delta", {attention_delta_bytes(fb, D)}, stream,
+             [&] { attention_delta(fb, D, stream); });
   with_calibration(opt.calibration, [&](auto calibration) {
     constexpr Calibration kCal = decltype(calibration)::value;
     auto run = [&](auto rule_constant) {
       constexpr Rule kRule = decltype(rule_constant)::value;
-      if (one_launch) {
-        if constexpr (kRule == Rule::prob_ste)
-          return launch_dkdv_dq<D, FpaDq<typename sm90::FpaTiles<D>::Dq>, kRule, kCal>(
-              p, sm90::tma_params(fb, D), stream);
-        else
-          return launch_dkdv_dq<D, WgmmaDq<D, kRule, kCal>, kRule, kCal>(
-              p, sm90::BackwardTmaParams{}, stream);
-      }
+      // The work of K-interval's own kernels is not counted (their passes
+      // depend on the rule and the calibration); FPA's dQ is S, dP and dQ.
+      if (one_launch)
+        return in_phase(phases, "dkdv+dq", {}, stream, [&] {
+          if constexpr (kRule == Rule::prob_ste)
+            launch_dkdv_dq<D, FpaDq<typename sm90::FpaTiles<D>::Dq>, kRule, kCal>(
+                p, sm90::tma_params(fb, D), stream);
+          else
+            launch_dkdv_dq<D, WgmmaDq<D, kRule, kCal>, kRule, kCal>(p, sm90::BackwardTmaParams{},
+                                                                    stream);
+        });
       if constexpr (kRule == Rule::prob_ste)
-        fpa_backward_dq(s, p.qkv, p.dout, p.lse, ws.delta, p.dqkv, stream, Family::kKernels);
+        in_phase(phases, "dq", {0, causal_product_flops(s, 3)}, stream, [&] {
+          fpa_backward_dq(s, p.qkv, p.dout, p.lse, ws.delta, p.dqkv, stream, Family::kKernels);
+        });
       else
-        launch_dq<Family, D, kRule, kCal>(p, stream);
-      launch_dkdv<Family, D, kRule, kCal>(p, stream);
+        in_phase(phases, "dq", {}, stream, [&] { launch_dq<Family, D, kRule, kCal>(p, stream); });
+      in_phase(phases, "dkdv", {}, stream, [&] { launch_dkdv<Family, D, kRule, kCal>(p, stream); });
     };
     switch (rule) {
       case Rule::lerp:
@@ -1155,21 +1162,25 @@ size_t kinterval_workspace_bytes(const KIntervalOptions&, const AttentionShape& 
 }
 
 void kinterval_forward(const KIntervalOptions& opt, const AttentionShape& s, const bf16* qkv,
-                       bf16* o, float* stats, cudaStream_t stream, FpaKernels kernels) {
+                       bf16* o, float* stats, cudaStream_t stream, FpaKernels kernels,
+                       PhaseRecorder* phases) {
   Params p = make_params(opt, s);
   const Saved saved = carve_saved(opt, s, stats);
   p.qkv = qkv, p.o = o, p.stats = saved.stats, p.o_exact = saved.o_exact, p.lse = saved.lse;
   with_family(kernels, [&](auto family) {
     using Family = decltype(family);
     if constexpr (Family::kKernels == FpaKernels::wgmma) add_tensor_maps(p, s);
-    if (s.d == 64) return forward<Family, 64>(opt, p, stream);
-    forward<Family, 128>(opt, p, stream);
+    in_phase(phases, "forward", {}, stream, [&] {
+      if (s.d == 64) return forward<Family, 64>(opt, p, stream);
+      forward<Family, 128>(opt, p, stream);
+    });
   });
 }
 
 void kinterval_backward(const KIntervalOptions& opt, const AttentionShape& s, const bf16* qkv,
                         const bf16* o, const bf16* dout, const float* stats, bf16* dqkv,
-                        void* workspace, cudaStream_t stream, FpaKernels kernels) {
+                        void* workspace, cudaStream_t stream, FpaKernels kernels,
+                        PhaseRecorder* phases) {
   const Workspace ws = carve(workspace, s);
   Params p = make_params(opt, s);
   p.qkv = qkv, p.dout = dout, p.dqkv = dqkv;
@@ -1180,8 +1191,8 @@ void kinterval_backward(const KIntervalOptions& opt, const AttentionShape& s, co
   with_family(kernels, [&](auto family) {
     using Family = decltype(family);
     if constexpr (Family::kKernels == FpaKernels::wgmma) add_tensor_maps(p, s);
-    if (s.d == 64) return backward<Family, 64>(opt, s, p, o, ws, stream);
-    backward<Family, 128>(opt, s, p, o, ws, stream);
+    if (s.d == 64) return backward<Family, 64>(opt, s, p, o, ws, stream, phases);
+    backward<Family, 128>(opt, s, p, o, ws, stream, phases);
   });
 }
 

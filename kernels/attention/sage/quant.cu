@@ -10,8 +10,9 @@
 // each hold e4m3 values on power-of-two block scales (docs/attention-maths.md
 // §4.12) where that product is fp8, else ψ's int8 levels: `scale` is the
 // natural copy's, `t_scale` the transposed one's (its own array where the two
-// differ, QuantOperand). Under dq or dk = fp8 the backward's pass also writes
-// ‖dO_t‖, ‖V_t‖ and their and |δ_t|'s block maxima, dS's bounds.
+// differ, QuantOperand). Under dq or dk = fp8 the passes also write what dS's
+// bounds are made of: the forward's ‖V_t‖ and its block maxima, from the V it
+// stages anyway, the backward's ‖dO_t‖ and its and |δ_t|'s block maxima.
 //
 // The block kernels move a 64-row block as 16-byte chunks of 8 bf16: thread i
 // owns channels 8(i mod d/8) … +7 of rows i / (d/8) + k·(256 / (d/8)), the same
@@ -22,6 +23,7 @@
 #include <cstdint>
 
 #include "attention/common/pipeline.cuh"  // cp.async, launch
+#include "attention/phases.cuh"
 #include "attention/sage/quant.cuh"
 
 namespace qattn::cuda {
@@ -90,6 +92,24 @@ __device__ __forceinline__ Bf16x8 load_chunk(const bf16* x_row0, size_t row_stri
 #pragma unroll
   for (int i = 0; i < 8; ++i) zero.v[i] = __float2bfloat16(0.0f);
   return zero;
+}
+
+// Σ over the kPerRow threads of a row (BlockChunks) of each one's `sum`, the
+// same on all of them: a butterfly of shuffles.
+template <int D>
+__device__ __forceinline__ float row_sum(float sum) {
+#pragma unroll
+  for (int offset = BlockChunks<D>::kPerRow / 2; offset > 0; offset >>= 1)
+    sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+  return sum;
+}
+// √(Σ of x²) over a row: this thread's 8 channels in order, then row_sum.
+template <int D>
+__device__ __forceinline__ float row_norm(const float (&x)[8]) {
+  float sq = 0.0f;
+#pragma unroll
+  for (int e = 0; e < 8; ++e) sq += x[e] * x[e];
+  return sqrtf(row_sum<D>(sq));
 }
 
 // Σ over rows [0, rows) of channel `col` of a (kSageBlock, D) bf16 tile, in row order.
@@ -166,7 +186,8 @@ __device__ __forceinline__ void write_transposed(const int8_t* levels, int8_t* d
 
 // The tiles one quantise CTA stages: the pass's operands (forward c·Q, K, V;
 // backward dO) and in the backward O, for δ, and V where its bf16 copy is the
-// backward's to write (sage_backward_copies).
+// backward's to write (sage_backward_copies). dS's bounds take ‖V_t‖ from the
+// forward's V tile, so the backward never stages V for them.
 constexpr int kStagedTiles = 3;
 
 // Shared memory of quantise_kernel: the staged tiles as loaded (zero past T),
@@ -178,7 +199,8 @@ struct QuantiseSmem {
   int8_t levels[BlockChunks<D>::kLevelBytes];  // X̂ (64, d), padded (level_offset), for i8t
   float mean[D];
   float warp_amax[3][kQuantThreads / 32];
-  float warp_bound_max[3][kQuantThreads / 32];  // max ‖dO_t‖, ‖V_t‖, |δ_t| per warp
+  // dS's bounds per warp: max ‖V_t‖ (forward); max ‖dO_t‖, |δ_t| (backward)
+  float warp_bound_max[2][kQuantThreads / 32];
 };
 
 // Grid (blocks, B·H): one block of rows of one head, every operand of the pass
@@ -200,14 +222,13 @@ __global__ void __launch_bounds__(kQuantThreads) quantise_kernel(const QuantiseP
 
   // Staged tile i: operand i (forward) or dO, O, V (backward; V only for its copy).
   const bool copy_v = kGradient && p.copies.v.bf;  // uniform over the grid
-  const bool stage_v = copy_v || (kGradient && p.ds_bounds);
   auto source_row0 = [&](int i) {
     if (kGradient && i < 2) return head_row(i == 0 ? p.dout : p.o, p, D, b, t0, h);
     return qkv_row(p, D, b, t0, kGradient ? 2 : i, h);
   };
 #pragma unroll
   for (int i = 0; i < kStagedTiles; ++i) {
-    if (kGradient && i == 2 && !stage_v) break;
+    if (kGradient && i == 2 && !copy_v) break;
     const bf16* x_row0 = source_row0(i);
     const size_t stride =
         static_cast<size_t>(kGradient && i < 2 ? 1 : 3) * p.H * D;  // between rows
@@ -237,52 +258,52 @@ __global__ void __launch_bounds__(kQuantThreads) quantise_kernel(const QuantiseP
       for (int e = 0; e < 8; ++e) x[k][e] = __bfloat162float(loaded.v[e]);
     }
 
+    // The block's largest of each of n per-row values, from each warp's
+    // largest (bound_max): after a barrier, n threads, into out[m · stride].
+    auto block_max = [&](float* bound_max, int n, float* out, int stride) {
+      for (int m = 0; m < n; ++m) {
+        bound_max[m] = warp_max(bound_max[m]);
+        if (lane == 0) sm.warp_bound_max[m][warp] = bound_max[m];
+      }
+      __syncthreads();
+      if (threadIdx.x < n) {
+        float top = 0.0f;
+        for (int w = 0; w < kQuantThreads / 32; ++w)
+          top = fmaxf(top, sm.warp_bound_max[threadIdx.x][w]);
+        out[threadIdx.x * stride] = top;
+      }
+    };
+    const size_t row0 = static_cast<size_t>(bh) * ws.Tp + t0;  // of (B·H, Tp)
+    // Padded rows are zeros: their norms and δ are 0, which changes no max.
     if (kGradient) {  // δ = rowsum(dO ∘ O): the row's kPerRow threads sum their chunks
-      // (dq or dk = fp8: also ‖dO_t‖ and ‖V_t‖, and the block's maxima with |δ_t|)
-      auto row_sum = [&](float sum) {
-#pragma unroll
-        for (int offset = C::kPerRow / 2; offset > 0; offset >>= 1)
-          sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-        return sum;
-      };
-      float bound_max[3] = {0.0f, 0.0f, 0.0f};  // padded rows are zeros: they change no max
+      // (dq or dk = fp8: also ‖dO_t‖, and the block's maxima of it and |δ_t|)
+      float bound_max[2] = {0.0f, 0.0f};
 #pragma unroll
       for (int k = 0; k < C::kPerThread; ++k) {
         const Bf16x8 o = load8(sm.tile[1] + C::row(k) * D + ch0);  // padded rows: x = o = 0, δ = 0
         float sum = 0.0f;
 #pragma unroll
         for (int e = 0; e < 8; ++e) sum += x[k][e] * __bfloat162float(o.v[e]);
-        sum = row_sum(sum);
-        const size_t row = static_cast<size_t>(bh) * ws.Tp + t0 + C::row(k);
+        sum = row_sum<D>(sum);
+        const size_t row = row0 + C::row(k);
         if (ch0 == 0) ws.delta[row] = sum;
         if (!p.ds_bounds) continue;  // uniform over the grid
-        const Bf16x8 v = load8(sm.tile[2] + C::row(k) * D + ch0);
-        float do_sq = 0.0f, v_sq = 0.0f;
-#pragma unroll
-        for (int e = 0; e < 8; ++e) {
-          do_sq += x[k][e] * x[k][e];
-          v_sq += __bfloat162float(v.v[e]) * __bfloat162float(v.v[e]);
-        }
-        const float do_norm = sqrtf(row_sum(do_sq)), v_norm = sqrtf(row_sum(v_sq));
-        if (ch0 == 0) ws.do_norm[row] = do_norm, ws.v_norm[row] = v_norm;
+        const float do_norm = row_norm<D>(x[k]);
+        if (ch0 == 0) ws.do_norm[row] = do_norm;
         bound_max[0] = fmaxf(bound_max[0], do_norm);
-        bound_max[1] = fmaxf(bound_max[1], v_norm);
-        bound_max[2] = fmaxf(bound_max[2], fabsf(sum));
+        bound_max[1] = fmaxf(bound_max[1], fabsf(sum));
       }
-      if (p.ds_bounds) {
+      if (p.ds_bounds)
+        block_max(bound_max, 2, ws.backward_block_max + (ws.head_block0(bh) + blk) * 2, 1);
+    } else if (which == 2 && p.ds_bounds) {  // ‖V_t‖ and the block's max of it
+      float bound_max[1] = {0.0f};
 #pragma unroll
-        for (int m = 0; m < 3; ++m) {
-          bound_max[m] = warp_max(bound_max[m]);
-          if (lane == 0) sm.warp_bound_max[m][warp] = bound_max[m];
-        }
-        __syncthreads();
-        if (threadIdx.x < 3) {
-          float block_max = 0.0f;
-          for (int w = 0; w < kQuantThreads / 32; ++w)
-            block_max = fmaxf(block_max, sm.warp_bound_max[threadIdx.x][w]);
-          ws.norm_block_max[(ws.head_block0(bh) + blk) * 3 + threadIdx.x] = block_max;
-        }
+      for (int k = 0; k < C::kPerThread; ++k) {
+        const float v_norm = row_norm<D>(x[k]);
+        if (ch0 == 0) ws.v_norm[row0 + C::row(k)] = v_norm;
+        bound_max[0] = fmaxf(bound_max[0], v_norm);
       }
+      block_max(bound_max, 1, ws.v_norm_block_max + ws.head_block0(bh) + blk, 1);
     }
 
     // docs/attention-maths.md §4.2-§4.3: μ_K over all T tokens (key_mean_kernel), read per
@@ -542,13 +563,16 @@ SageWorkspace carve(const SageOptions& opt, const AttentionShape& s, const SageC
   ws.key_mean = saved.take<float>(heads * s.d);
   ws.query_mean = opt.smooth_q ? saved.take<float>(heads * ws.blocks * s.d) : nullptr;
   ws.query_bias = opt.smooth_q ? saved.take<float>(heads * ws.blocks * ws.Tp) : nullptr;
+  if (dq_fp8 || dk_fp8) {
+    ws.v_norm = saved.take<float>(heads * ws.Tp);
+    ws.v_norm_block_max = saved.take<float>(heads * ws.blocks);
+  }
   if (copies.v.bf && !v_bf_saved) ws.v.bf = scratch.take<bf16>(n);
   carve_operand(ws.dout, copies.dout, n, scales, scratch, fp8(pr.dp) != fp8(pr.dv));
   ws.delta = scratch.take<float>(heads * ws.Tp);
   if (dq_fp8 || dk_fp8) {
     ws.do_norm = scratch.take<float>(heads * ws.Tp);
-    ws.v_norm = scratch.take<float>(heads * ws.Tp);
-    ws.norm_block_max = scratch.take<float>(heads * ws.blocks * 3);
+    ws.backward_block_max = scratch.take<float>(heads * ws.blocks * 2);
   }
   ws.row_terms = opt.softmax ? scratch.take<float>(heads * ws.Tp * 4) : nullptr;
   return ws;
@@ -573,28 +597,79 @@ QuantiseParams quantise_params(const SageOptions& opt, const AttentionShape& s, 
   return p;
 }
 
+// The bytes each launch below moves (PhaseWork): every array it reads or
+// writes, once.
+struct PassBytes {
+  const QuantiseParams& p;
+  int D;
+  // One (B, T, H, d) bf16 activation: Q, K, V in qkv, O, dO.
+  double activation() const { return 2.0 * p.B * p.T * p.H * D; }
+  // n floats per head.
+  double floats(double n) const { return 4.0 * p.B * p.H * n; }
+  // One (B·H, Tp, d) copy of n-byte elements.
+  double copy(int bytes) const { return static_cast<double>(bytes) * p.B * p.H * p.ws.Tp * D; }
+  // The copies of x named in c and its scales (two arrays where x's differ).
+  double copies(const QuantOperand& x, const OperandCopies& c) const {
+    return (c.i8 ? copy(1) : 0) + (c.i8t ? copy(1) : 0) + (c.bf ? copy(2) : 0) +
+           floats(p.ws.blocks) * (x.t_scale != x.scale ? 2 : 1);
+  }
+  // K in, the block sums out.
+  double key_block_sums() const { return activation() + floats(p.ws.blocks * D); }
+  double key_mean() const { return floats(p.ws.blocks * D) + floats(D); }
+  // Q, K, V in, their copies out; μ_K in (smooth_k) or its zeros out, μ_Q out
+  // (smooth_q), ‖V_t‖ and its block maxima out (dS's bounds).
+  double quantise_inputs() const {
+    const SageWorkspace& ws = p.ws;
+    return 3 * activation() + copies(ws.q, p.copies.q) + copies(ws.k, p.copies.k) +
+           copies(ws.v, p.copies.v) + floats(D) + (p.smooth_q ? floats(ws.blocks * D) : 0) +
+           (p.ds_bounds ? floats(ws.Tp + ws.blocks) : 0);
+  }
+  // dO, O and (for its copy) V in; dO's copies, δ, V's bf16 copy, ‖dO_t‖ and
+  // the block maxima of it and |δ_t| out.
+  double quantise_gradient() const {
+    return (p.copies.v.bf ? 3 : 2) * activation() + copies(p.ws.dout, p.copies.dout) +
+           (p.copies.v.bf ? copy(2) : 0) + floats(p.ws.Tp) +
+           (p.ds_bounds ? floats(p.ws.Tp + 2 * p.ws.blocks) : 0);
+  }
+  // K, μ_Q and μ_K in, the bias out.
+  double query_bias() const {
+    return activation() + floats(p.ws.blocks * D) + floats(D) +
+           floats(static_cast<double>(p.ws.blocks) * p.ws.Tp);
+  }
+};
+
 template <int D>
-void quantise_inputs(const QuantiseParams& p, cudaStream_t stream) {
+void quantise_inputs(const QuantiseParams& p, cudaStream_t stream, PhaseRecorder* phases) {
   const int heads = p.B * p.H;
+  const PassBytes bytes{p, D};
   if (p.smooth_k) {
-    key_block_sums_kernel<D><<<dim3(p.ws.blocks, heads), kQuantThreads, 0, stream>>>(p);
-    CUDA_CHECK_LAUNCH();
-    key_mean_kernel<D><<<heads, D, 0, stream>>>(p);
-    CUDA_CHECK_LAUNCH();
+    in_phase(phases, "key_block_sums", {bytes.key_block_sums()}, stream, [&] {
+      key_block_sums_kernel<D><<<dim3(p.ws.blocks, heads), kQuantThreads, 0, stream>>>(p);
+      CUDA_CHECK_LAUNCH();
+    });
+    in_phase(phases, "key_mean", {bytes.key_mean()}, stream, [&] {
+      key_mean_kernel<D><<<heads, D, 0, stream>>>(p);
+      CUDA_CHECK_LAUNCH();
+    });
   }
-  flash::launch(quantise_kernel<D, false>, dim3(p.ws.blocks, heads), kQuantThreads,
-                sizeof(QuantiseSmem<D>), stream, p);
-  if (p.smooth_q) {
-    query_bias_kernel<D><<<dim3(p.ws.Tp / kBiasTile, ceil_div(p.ws.blocks, kBiasTile), heads),
-                           kBiasThreads, 0, stream>>>(p);
-    CUDA_CHECK_LAUNCH();
-  }
+  in_phase(phases, "quantise_qkv", {bytes.quantise_inputs()}, stream, [&] {
+    flash::launch(quantise_kernel<D, false>, dim3(p.ws.blocks, heads), kQuantThreads,
+                  sizeof(QuantiseSmem<D>), stream, p);
+  });
+  if (p.smooth_q)
+    in_phase(phases, "query_bias", {bytes.query_bias()}, stream, [&] {
+      query_bias_kernel<D><<<dim3(p.ws.Tp / kBiasTile, ceil_div(p.ws.blocks, kBiasTile), heads),
+                             kBiasThreads, 0, stream>>>(p);
+      CUDA_CHECK_LAUNCH();
+    });
 }
 
 template <int D>
-void quantise_gradient(const QuantiseParams& p, cudaStream_t stream) {
-  flash::launch(quantise_kernel<D, true>, dim3(p.ws.blocks, p.B * p.H), kQuantThreads,
-                sizeof(QuantiseSmem<D>), stream, p);
+void quantise_gradient(const QuantiseParams& p, cudaStream_t stream, PhaseRecorder* phases) {
+  in_phase(phases, "quantise_dout", {PassBytes{p, D}.quantise_gradient()}, stream, [&] {
+    flash::launch(quantise_kernel<D, true>, dim3(p.ws.blocks, p.B * p.H), kQuantThreads,
+                  sizeof(QuantiseSmem<D>), stream, p);
+  });
 }
 
 }  // namespace
@@ -658,18 +733,19 @@ SageCopies sage_backward_copies(const SageOptions& opt, bool in_place) {
 }
 
 void sage_quantise_inputs(const SageOptions& opt, const AttentionShape& s, const bf16* qkv,
-                          const SageWorkspace& ws, const SageCopies& copies, cudaStream_t stream) {
+                          const SageWorkspace& ws, const SageCopies& copies, cudaStream_t stream,
+                          PhaseRecorder* phases) {
   const QuantiseParams p = quantise_params(opt, s, qkv, nullptr, nullptr, ws, copies);
-  if (s.d == 64) return quantise_inputs<64>(p, stream);
-  return quantise_inputs<128>(p, stream);
+  if (s.d == 64) return quantise_inputs<64>(p, stream, phases);
+  return quantise_inputs<128>(p, stream, phases);
 }
 
 void sage_quantise_gradient(const SageOptions& opt, const AttentionShape& s, const bf16* qkv,
                             const bf16* o, const bf16* dout, const SageWorkspace& ws,
-                            const SageCopies& copies, cudaStream_t stream) {
+                            const SageCopies& copies, cudaStream_t stream, PhaseRecorder* phases) {
   const QuantiseParams p = quantise_params(opt, s, qkv, o, dout, ws, copies);
-  if (s.d == 64) return quantise_gradient<64>(p, stream);
-  return quantise_gradient<128>(p, stream);
+  if (s.d == 64) return quantise_gradient<64>(p, stream, phases);
+  return quantise_gradient<128>(p, stream, phases);
 }
 
 }  // namespace qattn::cuda

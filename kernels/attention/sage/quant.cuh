@@ -54,11 +54,13 @@ struct SageWorkspace {
   float* query_bias;      // (B·H, blocks, Tp) c·μ_Qi·(K_j − μ_K) (smooth_q; else null)
   float* delta;           // (B·H, Tp)         δ = rowsum(dO ∘ O) (backward)
   // dq or dk = fp8 (docs/attention-maths.md §4.12), else null: what dS's bounds
-  // B_i = ‖dO_i‖·max‖V‖ + |δ_i| and C_j = ‖V_j‖·max‖dO‖ + max|δ| are made of.
-  float* do_norm;         // (B·H, Tp)         ‖dO_t‖ (0 past T)
-  float* v_norm;          // (B·H, Tp)         ‖V_t‖ (0 past T)
-  float* norm_block_max;  // (B·H, blocks, 3)  per block: max ‖dO_t‖, max ‖V_t‖, max |δ_t|
-  float* row_terms;       // (B·H, Tp, 4)      the K-interval composition's backward row
+  // B_i = ‖dO_i‖·max‖V‖ + |δ_i| and C_j = ‖V_j‖·max‖dO‖ + max|δ| are made of,
+  // V's from the forward (saved), dO's and δ's from the backward (scratch).
+  float* v_norm;              // (B·H, Tp)         ‖V_t‖ (0 past T)
+  float* v_norm_block_max;    // (B·H, blocks)     per block: max ‖V_t‖
+  float* do_norm;             // (B·H, Tp)         ‖dO_t‖ (0 past T)
+  float* backward_block_max;  // (B·H, blocks, 2)  per block: max ‖dO_t‖, max |δ_t|
+  float* row_terms;           // (B·H, Tp, 4)      the K-interval composition's backward row
                      //                   terms (sage_softmax.cuh; softmax block only, else null)
   // Head bh's first block in the per-block arrays (scales, query_mean, query_bias).
   __host__ __device__ size_t head_block0(int bh) const { return static_cast<size_t>(bh) * blocks; }
@@ -86,11 +88,11 @@ SageCopies sage_copies(const SageOptions& opt);
 SageCopies sage_forward_copies(const SageOptions& opt);
 SageCopies sage_backward_copies(const SageOptions& opt, bool in_place);
 
-// The forward's pre-pass writes Q, K, V's copies, their scales, μ_K, μ_Q and
-// the smooth_q bias into the *saved* buffer, which the backward of the same
-// call reads (a model keeps one per layer, as it keeps the row statistics);
-// the backward's pre-pass writes dO's copies, δ and the K-interval row terms
-// into the *scratch* buffer, which every layer may share. V's bf16 copy is the
+// The forward's pre-pass writes Q, K, V's copies, their scales, μ_K, μ_Q, the
+// smooth_q bias and ‖V_t‖ into the *saved* buffer, which the backward of the
+// same call reads (a model keeps one per layer, as it keeps the row
+// statistics); the backward's pre-pass writes dO's copies, δ, ‖dO_t‖ and the
+// K-interval row terms into the *scratch* buffer, which every layer may share. V's bf16 copy is the
 // forward's (saved) under pv = bf16, else the backward's (scratch): the wgmma
 // backward kernels read V and dO in place, so on Hopper it is written only for
 // an mma.sync kernel. Both 256-byte aligned; the copies not in `copies` take no
@@ -104,14 +106,21 @@ SageWorkspace sage_workspace(const SageOptions& opt, const AttentionShape& s, vo
                              void* scratch, const SageCopies& copies);
 
 // The forward's pre-pass: qkv (B, T, 3, H, d) -> ws.q, ws.k, ws.v (the copies
-// named in `copies`, and their scales), μ_K, μ_Q and the bias per the options.
+// named in `copies`, and their scales), μ_K, μ_Q and the bias per the options,
+// and under dq or dk = fp8 ‖V_t‖ and its block maxima.
+// `phases` (phases.cuh), where given, times its launches: "key_block_sums" and
+// "key_mean" (smooth_k), "quantise_qkv", "query_bias" (smooth_q).
 void sage_quantise_inputs(const SageOptions& opt, const AttentionShape& s, const bf16* qkv,
-                          const SageWorkspace& ws, const SageCopies& copies, cudaStream_t stream);
+                          const SageWorkspace& ws, const SageCopies& copies, cudaStream_t stream,
+                          PhaseRecorder* phases = nullptr);
 // The backward's: dout, o (B, T, H, d) -> ws.dout (its copies and scales) and
-// ws.delta; and V's bf16 copy from qkv where copies.v.bf names it.
+// ws.delta (under dq or dk = fp8 also ‖dO_t‖ and the block maxima of it and
+// |δ_t|); and V's bf16 copy from qkv where copies.v.bf names it. One launch,
+// "quantise_dout".
 void sage_quantise_gradient(const SageOptions& opt, const AttentionShape& s, const bf16* qkv,
                             const bf16* o, const bf16* dout, const SageWorkspace& ws,
-                            const SageCopies& copies, cudaStream_t stream);
+                            const SageCopies& copies, cudaStream_t stream,
+                            PhaseRecorder* phases = nullptr);
 
 #ifdef __CUDACC__
 // ψ's level of x at scale s (§4.1): round(x / s), half away from zero, as the

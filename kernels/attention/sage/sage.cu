@@ -47,6 +47,7 @@
 #include "attention/common/online_softmax.cuh"
 #include "attention/common/pipeline.cuh"
 #include "attention/common/tile_mma.cuh"
+#include "attention/phases.cuh"
 #include "attention/sage/int8_operands.cuh"
 #include "attention/sage/quant.cuh"
 #include "attention/sage/sage.cuh"
@@ -817,7 +818,7 @@ void dkdv_sm90(const SageParams& p, const BackwardMaps<D>& maps, cudaStream_t st
 // The fp8 instantiations are the exact softmax's alone (sage_check_options).
 template <int D, class Softmax>
 void backward(const SageParams& p, const SageTiles& tiles, bool dq_wgmma, bool dkdv_wgmma,
-              cudaStream_t stream) {
+              cudaStream_t stream, PhaseRecorder* phases) {
   std::optional<BackwardMaps<D>> maps;
   if (dq_wgmma || dkdv_wgmma) maps.emplace(p);
   // run(qk, dp) with their compile-time Precisions
@@ -830,35 +831,41 @@ void backward(const SageParams& p, const SageTiles& tiles, bool dq_wgmma, bool d
         run(std::integral_constant<Precision, Precision::int8>{}, dp);
       });
   };
-  if (dq_wgmma) {
-    with_products([&](auto qk, auto dp) {
-      with_flag(Softmax::kExact && p.dq_fp8, [&](auto dq_fp8) {
-        if constexpr (Softmax::kExact || !std::decay_t<decltype(dq_fp8)>::value)
-          dq_sm90<D, Softmax, std::decay_t<decltype(qk)>::value, std::decay_t<decltype(dp)>::value,
-                  std::decay_t<decltype(dq_fp8)>::value>(p, *maps, stream);
+  const AttentionShape s{p.B, p.H, p.T, D};
+  // S, dP and dQ; a row sweep makes S and dP once more first.
+  in_phase(phases, "dq", {0, causal_product_flops(s, Softmax::kRowPass ? 5 : 3)}, stream, [&] {
+    if (dq_wgmma)
+      return with_products([&](auto qk, auto dp) {
+        with_flag(Softmax::kExact && p.dq_fp8, [&](auto dq_fp8) {
+          if constexpr (Softmax::kExact || !std::decay_t<decltype(dq_fp8)>::value)
+            dq_sm90<D, Softmax, std::decay_t<decltype(qk)>::value,
+                    std::decay_t<decltype(dp)>::value, std::decay_t<decltype(dq_fp8)>::value>(
+                p, *maps, stream);
+        });
       });
-    });
-  } else {
     with_warps(tiles.dq, [&](auto warps) {
       using Tr = SageTraits<D, decltype(warps)::value>;
       launch(sage_backward_dq_kernel<Tr, Softmax>, grid_of<Tr>(p), Tr::kThreads,
              smem_bytes<Tr, 1>(dq_plan<Tr>(p)), stream, p);
     });
-  }
-  if (dkdv_wgmma)
-    return with_products([&](auto qk, auto dp) {
-      constexpr Precision kQk = std::decay_t<decltype(qk)>::value,
-                          kDp = std::decay_t<decltype(dp)>::value;
-      if constexpr (Softmax::kExact) {
-        if (p.dk_fp8) return dkdv_sm90<D, Softmax, kQk, kDp, true, true>(p, *maps, stream);
-        if (p.dv_fp8) return dkdv_sm90<D, Softmax, kQk, kDp, true, false>(p, *maps, stream);
-      }
-      dkdv_sm90<D, Softmax, kQk, kDp, false, false>(p, *maps, stream);
+  });
+  // S, dP, dV and dK.
+  in_phase(phases, "dkdv", {0, causal_product_flops(s, 4)}, stream, [&] {
+    if (dkdv_wgmma)
+      return with_products([&](auto qk, auto dp) {
+        constexpr Precision kQk = std::decay_t<decltype(qk)>::value,
+                            kDp = std::decay_t<decltype(dp)>::value;
+        if constexpr (Softmax::kExact) {
+          if (p.dk_fp8) return dkdv_sm90<D, Softmax, kQk, kDp, true, true>(p, *maps, stream);
+          if (p.dv_fp8) return dkdv_sm90<D, Softmax, kQk, kDp, true, false>(p, *maps, stream);
+        }
+        dkdv_sm90<D, Softmax, kQk, kDp, false, false>(p, *maps, stream);
+      });
+    with_warps(tiles.dkdv, [&](auto warps) {
+      using Tr = SageTraits<D, decltype(warps)::value>;
+      launch(sage_backward_dkdv_kernel<Tr, Softmax>, grid_of<Tr>(p), Tr::kThreads,
+             smem_bytes<Tr, 2>(dkdv_plan<Tr, Softmax>(p)), stream, p);
     });
-  with_warps(tiles.dkdv, [&](auto warps) {
-    using Tr = SageTraits<D, decltype(warps)::value>;
-    launch(sage_backward_dkdv_kernel<Tr, Softmax>, grid_of<Tr>(p), Tr::kThreads,
-           smem_bytes<Tr, 2>(dkdv_plan<Tr, Softmax>(p)), stream, p);
   });
 }
 
@@ -963,21 +970,26 @@ size_t sage_workspace_bytes(const SageOptions& opt, const AttentionShape& s) {
 }
 
 void sage_forward(const SageOptions& opt, const AttentionShape& s, const bf16* qkv, bf16* o,
-                  float* stats, void* saved, cudaStream_t stream, const SageTiles& tiles) {
+                  float* stats, void* saved, cudaStream_t stream, const SageTiles& tiles,
+                  PhaseRecorder* phases) {
   check_tiles(tiles);
   SageParams p = make_params(opt, s, saved, nullptr);
   p.stats_out = stats;
   p.o = o;
   const bool on_wgmma = forward_on_wgmma(opt, tiles);
-  sage_quantise_inputs(opt, s, qkv, p.ws, sage_forward_copies(opt), stream);
+  sage_quantise_inputs(opt, s, qkv, p.ws, sage_forward_copies(opt), stream, phases);
   dispatch(opt, s, [&](auto d, auto softmax) {
-    forward<decltype(d)::value, typename decltype(softmax)::type>(p, tiles, on_wgmma, stream);
+    using Softmax = typename decltype(softmax)::type;
+    // S and P̂V̂; a calibrating softmax makes S once more first.
+    in_phase(phases, "forward", {0, causal_product_flops(s, Softmax::kCalibrates ? 3 : 2)}, stream,
+             [&] { forward<decltype(d)::value, Softmax>(p, tiles, on_wgmma, stream); });
   });
 }
 
 void sage_backward(const SageOptions& opt, const AttentionShape& s, const bf16* qkv, const bf16* o,
                    const bf16* dout, const float* stats, const void* saved, bf16* dqkv,
-                   void* workspace, cudaStream_t stream, const SageTiles& tiles) {
+                   void* workspace, cudaStream_t stream, const SageTiles& tiles,
+                   PhaseRecorder* phases) {
   check_tiles(tiles);
   // The kernels only read the forward's buffers; SageWorkspace's pointers are
   // non-const because the forward's pre-pass writes through the same view.
@@ -990,10 +1002,10 @@ void sage_backward(const SageOptions& opt, const AttentionShape& s, const bf16* 
   const bool dq_wgmma = dq_on_wgmma(opt, tiles);
   const bool dkdv_wgmma = dkdv_on_wgmma(opt, tiles);
   sage_quantise_gradient(opt, s, qkv, o, dout, p.ws,
-                         sage_backward_copies(opt, dq_wgmma && dkdv_wgmma), stream);
+                         sage_backward_copies(opt, dq_wgmma && dkdv_wgmma), stream, phases);
   dispatch(opt, s, [&](auto d, auto softmax) {
     backward<decltype(d)::value, typename decltype(softmax)::type>(p, tiles, dq_wgmma, dkdv_wgmma,
-                                                                   stream);
+                                                                   stream, phases);
   });
 }
 

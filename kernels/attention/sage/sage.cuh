@@ -60,20 +60,24 @@ struct SageTiles {
 SageTiles sage_default_tiles(const AttentionShape& s);
 
 // qkv (B, T, 3C) -> o (B, T, C), stats (B, H, T, sage_row_stats), and the
-// quantised Q, K, V in `saved` (sage_saved_bytes).
+// quantised Q, K, V in `saved` (sage_saved_bytes). `phases` (phases.cuh), where
+// given, times each launch: the pre-pass's (quant.cuh), then "forward".
 void sage_forward(const SageOptions& opt, const AttentionShape& s, const bf16* qkv, bf16* o,
                   float* stats, void* saved, cudaStream_t stream);
 void sage_forward(const SageOptions& opt, const AttentionShape& s, const bf16* qkv, bf16* o,
-                  float* stats, void* saved, cudaStream_t stream, const SageTiles& tiles);
+                  float* stats, void* saved, cudaStream_t stream, const SageTiles& tiles,
+                  PhaseRecorder* phases = nullptr);
 
 // dout (B, T, C) -> dqkv (B, T, 3C), deterministic. Reads Q̂, K̂, V̂ as the
 // forward of the same call left them in `saved` (and its stats), V in bf16 from
 // qkv; quantises dO into the scratch `workspace` (sage_workspace_bytes).
+// `phases`: the pre-pass's "quantise_dout", then "dq" and "dkdv".
 void sage_backward(const SageOptions& opt, const AttentionShape& s, const bf16* qkv, const bf16* o,
                    const bf16* dout, const float* stats, const void* saved, bf16* dqkv,
                    void* workspace, cudaStream_t stream);
 void sage_backward(const SageOptions& opt, const AttentionShape& s, const bf16* qkv, const bf16* o,
                    const bf16* dout, const float* stats, const void* saved, bf16* dqkv,
-                   void* workspace, cudaStream_t stream, const SageTiles& tiles);
+                   void* workspace, cudaStream_t stream, const SageTiles& tiles,
+                   PhaseRecorder* phases = nullptr);
 
 }  // namespace qattn::cuda

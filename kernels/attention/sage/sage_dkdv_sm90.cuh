@@ -193,8 +193,8 @@ __global__ void __launch_bounds__(
   float q_top = 1.0f;
   if constexpr (kDkFp8) {
     q_top = head_max(ws.q.t_scale + scale0, ws.blocks, 1);
-    const float do_top = head_max(ws.norm_block_max + scale0 * 3, ws.blocks, 3);
-    const float delta_top = head_max(ws.norm_block_max + scale0 * 3 + 2, ws.blocks, 3);
+    const float do_top = head_max(ws.backward_block_max + scale0 * 2, ws.blocks, 2);
+    const float delta_top = head_max(ws.backward_block_max + scale0 * 2 + 1, ws.blocks, 2);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       // keys past T: ‖V‖ = 0 (padded), never stored

@@ -189,7 +189,7 @@ __global__ void __launch_bounds__(
   float k_top = 1.0f;
   if constexpr (kDqFp8) {
     k_top = head_max(ws.k.t_scale + scale0, ws.blocks, 1);
-    const float v_top = head_max(ws.norm_block_max + scale0 * 3 + 1, ws.blocks, 3);
+    const float v_top = head_max(ws.v_norm_block_max + scale0, ws.blocks, 1);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       // rows past T: ‖dO‖ = δ = 0 (padded), bound 0, scale 1; past Tp never stored
