@@ -181,6 +181,35 @@ void check_operand(const char* name, const HostOperand& got, const qattn::cuda::
   CHECK(padding_nonzero == 0);
 }
 
+// The sage pre-passes run once on fresh random inputs (Q, K, V of σ 2 with K's
+// mean 0.5; O and dO of random_heads) into saved and work buffers poisoned
+// with NaN floats, so that a value no pass writes shows. `sized` sizes the
+// buffers; `forward` and `backward` are the copies each pass writes.
+struct PrePassRun {
+  const std::vector<bf16> qkv, o, dout;
+  DeviceBuffer<bf16> d_qkv, d_o, d_dout;
+  DeviceBuffer<unsigned char> saved, work;
+  qattn::cuda::SageWorkspace ws;
+
+  PrePassRun(const SageOptions& opt, const AttentionShape& s, const qattn::cuda::SageCopies& sized,
+             const qattn::cuda::SageCopies& forward, const qattn::cuda::SageCopies& backward)
+      : qkv(random_qkv(s, 2.0f, 0.5f)), o(random_heads(s)), dout(random_heads(s)),
+        d_qkv(qkv_size(s)), d_o(head_size(s)), d_dout(head_size(s)),
+        saved(qattn::cuda::sage_saved_bytes(opt, s, sized)),
+        work(qattn::cuda::sage_workspace_bytes(opt, s, sized)),
+        ws(qattn::cuda::sage_workspace(opt, s, saved.get(), work.get(), sized)) {
+    d_qkv.upload(qkv);
+    d_o.upload(o);
+    d_dout.upload(dout);
+    saved.poison();  // NaN floats
+    work.poison();
+    qattn::cuda::sage_quantise_inputs(opt, s, d_qkv.get(), ws, forward, nullptr);
+    qattn::cuda::sage_quantise_gradient(opt, s, d_qkv.get(), d_o.get(), d_dout.get(), ws, backward,
+                                        nullptr);
+    CUDA_CHECK(cudaDeviceSynchronize());
+  }
+};
+
 }  // namespace
 
 TEST_CASE("sage pre-pass: quantised c(Q - mu_Q), K - mu_K, V, dO, scales, means, bias and delta",
@@ -208,22 +237,10 @@ TEST_CASE("sage pre-pass: quantised c(Q - mu_Q), K - mu_K, V, dO, scales, means,
     opt.smooth_k = cs.smooth_k;
     std::printf("pre-pass B=%d H=%d T=%d d=%d smooth_q=%d smooth_k=%d\n", s.B, s.H, s.T, d,
                 cs.smooth_q, cs.smooth_k);
-    const std::vector<bf16> qkv = random_qkv(s, 2.0f, 0.5f), o = random_heads(s),
-                            dout = random_heads(s);
-    DeviceBuffer<bf16> d_qkv(qkv_size(s)), d_o(head_size(s)), d_dout(head_size(s));
     const qattn::cuda::SageCopies every_copy{};
-    DeviceBuffer<unsigned char> saved(qattn::cuda::sage_saved_bytes(opt, s, every_copy)),
-        work(qattn::cuda::sage_workspace_bytes(opt, s, every_copy));
-    d_qkv.upload(qkv);
-    d_o.upload(o);
-    d_dout.upload(dout);
-    saved.poison();  // NaN floats
-    work.poison();
-    const auto ws = qattn::cuda::sage_workspace(opt, s, saved.get(), work.get(), every_copy);
-    qattn::cuda::sage_quantise_inputs(opt, s, d_qkv.get(), ws, every_copy, nullptr);
-    qattn::cuda::sage_quantise_gradient(opt, s, d_qkv.get(), d_o.get(), d_dout.get(), ws,
-                                        every_copy, nullptr);
-    CUDA_CHECK(cudaDeviceSynchronize());
+    const PrePassRun run(opt, s, every_copy, every_copy, every_copy);
+    const std::vector<bf16>&qkv = run.qkv, &o = run.o, &dout = run.dout;
+    const qattn::cuda::SageWorkspace& ws = run.ws;
 
     const int heads = s.B * s.H, block = qattn::cuda::kSageBlock;
     const double c = 1.0 / std::sqrt(static_cast<double>(d));
@@ -368,23 +385,11 @@ TEST_CASE("sage pre-pass under fp8 dq, dk: the norms and block maxima of dS's bo
   for (const AttentionShape& s : {AttentionShape{1, 2, 1000, 64}, AttentionShape{2, 3, 129, 128}}) {
     const int d = s.d, heads = s.B * s.H, block = qattn::cuda::kSageBlock;
     std::printf("pre-pass norms B=%d H=%d T=%d d=%d\n", s.B, s.H, s.T, d);
-    const std::vector<bf16> qkv = random_qkv(s, 2.0f, 0.5f), o = random_heads(s),
-                            dout = random_heads(s);
-    DeviceBuffer<bf16> d_qkv(qkv_size(s)), d_o(head_size(s)), d_dout(head_size(s));
-    const qattn::cuda::SageCopies copies = qattn::cuda::sage_copies(opt);
-    DeviceBuffer<unsigned char> saved(qattn::cuda::sage_saved_bytes(opt, s, copies)),
-        work(qattn::cuda::sage_workspace_bytes(opt, s, copies));
-    d_qkv.upload(qkv);
-    d_o.upload(o);
-    d_dout.upload(dout);
-    saved.poison();  // NaN floats
-    work.poison();
-    const auto ws = qattn::cuda::sage_workspace(opt, s, saved.get(), work.get(), copies);
-    qattn::cuda::sage_quantise_inputs(opt, s, d_qkv.get(), ws,
-                                      qattn::cuda::sage_forward_copies(opt), nullptr);
-    qattn::cuda::sage_quantise_gradient(opt, s, d_qkv.get(), d_o.get(), d_dout.get(), ws,
-                                        qattn::cuda::sage_backward_copies(opt, true), nullptr);
-    CUDA_CHECK(cudaDeviceSynchronize());
+    const PrePassRun run(opt, s, qattn::cuda::sage_copies(opt),
+                         qattn::cuda::sage_forward_copies(opt),
+                         qattn::cuda::sage_backward_copies(opt, true));
+    const std::vector<bf16>&qkv = run.qkv, &dout = run.dout;
+    const qattn::cuda::SageWorkspace& ws = run.ws;
     const size_t rows = static_cast<size_t>(heads) * ws.Tp, blocks = heads * ws.blocks;
     const std::vector<float> v_norm = download_floats(ws.v_norm, rows),
                              do_norm = download_floats(ws.do_norm, rows),
