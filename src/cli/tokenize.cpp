@@ -38,10 +38,13 @@ std::vector<std::string> read_file_list(const std::string& list) {
   if (list != "-") {
     // An ifstream opens a directory and reads it as an empty list.
     if (std::filesystem::is_directory(list))
-      throw TokenizerError("tokenize: --files-from " + list + ": is a directory; allowed: a file that lists the "
+      throw TokenizerError("tokenize: --files-from " + list +
+                           ": is a directory; allowed: a file that lists the "
                            "input paths, one per line, or - (standard input)");
     file.open(list);
-    if (!file) throw TokenizerError("tokenize: cannot read --files-from " + list + ": " + std::strerror(errno));
+    if (!file)
+      throw TokenizerError("tokenize: cannot read --files-from " + list + ": " +
+                           std::strerror(errno));
   }
   std::istream& in = list == "-" ? std::cin : file;
   std::vector<std::string> paths;
@@ -68,6 +71,11 @@ std::vector<uint16_t> parse_ids(const std::string& list) {
       throw std::invalid_argument("detokenize: --ids: '" + word + "' is not a token id (0..65535)");
     ids.push_back(static_cast<uint16_t>(value));
   }
+  // A list of separators only would decode to nothing and exit 0, as if it had worked.
+  if (ids.empty())
+    throw std::invalid_argument(
+        "detokenize: --ids: '" + list +
+        "' holds no token id; allowed: ids 0..65535 separated by spaces or commas");
   return ids;
 }
 
@@ -90,13 +98,16 @@ void add_tokenize_command(CLI::App& app) {
   auto args = std::make_shared<Args>();
   CorpusOptions& c = args->corpus;
   CLI::App* cmd = app.add_subcommand(
-      "tokenize", "Text files -> llm.c token shards (<name>_val_000000.bin, <name>_train_000001.bin, ...)");
+      "tokenize",
+      "Text files -> llm.c token shards (<name>_val_000000.bin, <name>_train_000001.bin, ...)");
   add_tokenizer_options(cmd, args->kind, args->vocab);
-  cmd->add_option("files", c.files, "input text files, in order; each is one document unless "
-                                    "--doc-separator cuts it")
+  cmd->add_option("files", c.files,
+                  "input text files, in order; each is one document unless "
+                  "--doc-separator cuts it")
       ->check(nonempty_path());
-  cmd->add_option("--files-from", args->files_from, "also read input paths from this file, one per "
-                                                    "line ('-': standard input)")
+  cmd->add_option("--files-from", args->files_from,
+                  "also read input paths from this file, one per "
+                  "line ('-': standard input)")
       ->check(nonempty_path());
   cmd->add_option("--out", c.out_dir, "output directory")->required()->check(nonempty_path());
   cmd->add_option("--name", c.name, "shard name prefix (default: the output directory's name)");
@@ -116,8 +127,9 @@ void add_tokenize_command(CLI::App& app) {
   cmd->add_option("--threads", c.threads, "encoding threads (0: all cores)")
       ->check(integer_range(0, 1024))
       ->capture_default_str();
-  cmd->add_flag("--strict", c.strict,
-                "refuse input the tokenizer would rewrite (gpt2: invalid UTF-8, else replaced by U+FFFD)");
+  cmd->add_flag(
+      "--strict", c.strict,
+      "refuse input the tokenizer would rewrite (gpt2: invalid UTF-8, else replaced by U+FFFD)");
   cmd->callback([args] {
     CorpusOptions& o = args->corpus;
     if (!args->files_from.empty()) {
@@ -136,16 +148,19 @@ void add_tokenize_command(CLI::App& app) {
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     const double cpu = cpu_seconds() - cpu_start;
     if (s.utf8_replacements > 0)
-      spdlog::warn("tokenize: replaced {} invalid UTF-8 sequences ({} bytes) by U+FFFD in {} of {} files "
-                   "(the first: {}); --strict refuses such input",
-                   s.utf8_replacements, s.utf8_bytes, s.utf8_files, o.files.size(), s.utf8_first);
-    for (const auto& shard : s.shards) spdlog::info("wrote {} ({} tokens)", shard, validate_shard(shard));
+      spdlog::warn(
+          "tokenize: replaced {} invalid UTF-8 sequences ({} bytes) by U+FFFD in {} of {} files "
+          "(the first: {}); --strict refuses such input",
+          s.utf8_replacements, s.utf8_bytes, s.utf8_files, o.files.size(), s.utf8_first);
+    for (const auto& shard : s.shards)
+      spdlog::info("wrote {} ({} tokens)", shard, validate_shard(shard));
     std::cout << "tokenize: " << tokenizer->name() << ", " << s.documents << " documents ("
               << s.val_documents << " val), " << s.bytes << " bytes -> " << s.val_tokens
               << " val tokens + " << s.train_tokens << " train tokens in " << s.shards.size()
               << " shards\n";
-    std::printf("tokenize: %.3f MB in %.3f s = %.2f MB/s with %d threads (%.2f MB per CPU-second)\n",
-                s.bytes / 1e6, seconds, s.bytes / 1e6 / seconds, s.threads, s.bytes / 1e6 / cpu);
+    std::printf(
+        "tokenize: %.3f MB in %.3f s = %.2f MB/s with %d threads (%.2f MB per CPU-second)\n",
+        s.bytes / 1e6, seconds, s.bytes / 1e6 / seconds, s.threads, s.bytes / 1e6 / cpu);
   });
 }
 
@@ -158,9 +173,12 @@ void add_detokenize_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "detokenize", "Shards or token ids -> text (end-of-text reads <|endoftext|>)");
   add_tokenizer_options(cmd, args->kind, args->vocab);
-  cmd->add_option("shards", args->shards, "llm.c token shards, decoded in order")->check(nonempty_path());
-  cmd->add_option("--ids", args->ids, "token ids instead of shards: \"15496 995\" or \"15496,995\"");
-  cmd->add_option("--out", args->out, "write the text here instead of standard output")->check(nonempty_path());
+  cmd->add_option("shards", args->shards, "llm.c token shards, decoded in order")
+      ->check(nonempty_path());
+  cmd->add_option("--ids", args->ids,
+                  "token ids instead of shards: \"15496 995\" or \"15496,995\"");
+  cmd->add_option("--out", args->out, "write the text here instead of standard output")
+      ->check(nonempty_path());
   cmd->callback([args] {
     if (args->shards.empty() == args->ids.empty())
       throw std::invalid_argument("detokenize: give either shard files or --ids");
@@ -179,7 +197,8 @@ void add_detokenize_command(CLI::App& app) {
     for (const auto& shard : args->shards) text += tokenizer->decode(read_shard(shard));
     if (!args->out.empty()) {
       try {
-        write_file_atomically(args->out, [&](std::ostream& out) { out << text; }, /*binary=*/true);
+        write_file_atomically(
+            args->out, [&](std::ostream& out) { out << text; }, /*binary=*/true);
       } catch (const std::runtime_error& e) {
         throw TokenizerError(std::string("detokenize: --out ") + e.what());
       }
