@@ -87,7 +87,9 @@ python3 tools/scale_sweep.py "$SOURCE" --out "$FIRST" ${TOKENS:+--tokens "$TOKEN
 SWEEP_DIR=runs/$NAME
 log "sweep $NAME ($SOURCE${TOKENS:+, $TOKENS tokens per run}) -> $SWEEP_DIR"
 
-if [[ -n $RESULTS ]]; then
+if [[ -n $RESULTS && ! -d $RESULTS/runs ]]; then
+  log "no finished runs kept in $RESULTS yet: the grid starts from its first run"
+elif [[ -n $RESULTS ]]; then
   restored=$(python3 tools/results_store.py restore "$RESULTS" "$SWEEP_DIR") || die "restoring $RESULTS failed"
   log "$restored"
 fi

@@ -464,25 +464,39 @@ class BadInput(unittest.TestCase):
 
 
 class Reproduce(unittest.TestCase):
+    def run_script(self, d, *args):
+        """tools/reproduce.sh in a copy of the repository under d, with a qattn
+        whose sweep refuses (no data, as with --no-data and data never
+        prepared) and whose --summary succeeds."""
+        root = os.path.join(d, "repo")
+        shutil.copytree(TOOLS, os.path.join(root, "tools"), ignore=shutil.ignore_patterns("__pycache__", "dev"))
+        shutil.copytree(os.path.join(ROOT, "configs"), os.path.join(root, "configs"))
+        fake = os.path.join(d, "qattn")
+        with open(fake, "w") as f:
+            f.write('#!/bin/sh\nfor a in "$@"; do [ "$a" = --summary ] && exit 0; done\n'
+                    'echo "qattn: no shard matches data/cache/pycode/pycode_train_*.bin" >&2\nexit 2\n')
+        os.chmod(fake, 0o755)
+        return subprocess.run(["bash", os.path.join(root, "tools", "reproduce.sh"), *args], cwd=root,
+                              capture_output=True, text=True, env={**os.environ, "QATTN_BIN": fake})
+
     def test_a_sweep_refused_whole_stops_the_script(self):
-        """qattn sweep exits 2 when it refuses the sweep before starting a run
-        (here: no data, as with --no-data and data never prepared). The script
-        went on to an empty summary and plots and exited 0."""
+        """qattn sweep exits 2 when it refuses the sweep before starting a run.
+        The script went on to an empty summary and plots and exited 0."""
         with tempfile.TemporaryDirectory() as d:
-            root = os.path.join(d, "repo")
-            shutil.copytree(TOOLS, os.path.join(root, "tools"), ignore=shutil.ignore_patterns("__pycache__", "dev"))
-            shutil.copytree(os.path.join(ROOT, "configs"), os.path.join(root, "configs"))
-            fake = os.path.join(d, "qattn")
-            with open(fake, "w") as f:
-                f.write('#!/bin/sh\nfor a in "$@"; do [ "$a" = --summary ] && exit 0; done\n'
-                        'echo "qattn: no shard matches data/cache/pycode/pycode_train_*.bin" >&2\nexit 2\n')
-            os.chmod(fake, 0o755)
-            r = subprocess.run(["bash", os.path.join(root, "tools", "reproduce.sh"), "kinterval", "--no-data"],
-                               capture_output=True, text=True, env={**os.environ, "QATTN_BIN": fake})
+            r = self.run_script(d, "kinterval", "--no-data")
             self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
             self.assertIn("reproduce.sh: qattn sweep refused runs/repro/kinterval_small.seed1.json (exit 2; its "
                           "message is above): no run started", r.stderr)
             self.assertNotIn("summary:", r.stdout)
+
+    def test_the_first_visit_has_no_kept_runs(self):
+        """--results naming a folder with no runs kept yet (a grid's first
+        visit) starts the grid; it stopped with 'restoring ... failed'."""
+        with tempfile.TemporaryDirectory() as d:
+            r = self.run_script(d, "sagebwd", "--no-data", "--one-pass", "--results", "docs/results/sagebwd_new")
+            self.assertIn("no finished runs kept in docs/results/sagebwd_new yet", r.stdout + r.stderr)
+            self.assertNotIn("restoring", r.stderr)
+            self.assertIn("qattn sweep refused", r.stderr)
 
 
 if __name__ == "__main__":
