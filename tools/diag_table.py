@@ -4,7 +4,8 @@ docs/attention-maths.md §7).
 
     tools/diag_table.py SWEEP_DIR [--step N]
 
-For every run of the sweep (summary.csv) with a diag.csv: per layer at the last
+For every run of the sweep (summary.csv) with a diag.csv, shown by its cell's
+label and its seed: per layer at the last
 diagnostics step (or at step N), its attention kind, σ_Q and σ_K (RMS of q and
 k), max |S|, and for the quantised kinds the cosine similarity to FPA on the
 same inputs of O, P, dS, dQ, dK and dV, the quantity with the lowest cosine
@@ -48,6 +49,10 @@ def worst(c):
     return min(QUANTITIES, key=lambda q: c[q])
 
 
+def seed_of(row):
+    return row.get("train.seed", "")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("sweep_dir")
@@ -70,8 +75,9 @@ def main():
     print("inputs (attention-maths.md §7; SageBwd's Table 2). σ_Q, σ_K: RMS of q and k;")
     print("cos: cosine similarity.\n")
     tables = []
-    print("| run | status | step | worst layer | σ_Q | σ_K | max \\|S\\| | cos O | cos P | cos dS | cos dQ | cos dK | cos dV | lowest |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| cell | seed | status | step | worst layer | σ_Q | σ_K | max \\|S\\| | cos O | cos P | cos dS | cos dQ | cos dK "
+          "| cos dV | lowest |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r, at, rows in diags:
         if not rows:
             continue
@@ -83,10 +89,11 @@ def main():
         else:
             row = max(rows, key=lambda x: x["max_abs_score"])
             cells = [""] * 6 + ["(exact kind)"]
-        print(f"| {r['id']} | {r['status']} | {at} | {row['layer']} | {row['q_rms']:.3f} | "
-              f"{row['k_rms']:.3f} | {row['max_abs_score']:.2f} | " + " | ".join(cells) + " |")
+        print(f"| {run_csv.md_cell(run_csv.label(r))} | {seed_of(r)} | {r['status']} | {at} | {row['layer']} | "
+              f"{row['q_rms']:.3f} | {row['k_rms']:.3f} | {row['max_abs_score']:.2f} | " + " | ".join(cells) + " |")
     for r, at, rows in tables:
-        print(f"\n## {r['id']} (step {at})\n")
+        seed = f", seed {seed_of(r)}" if seed_of(r) else ""
+        print(f"\n## {run_csv.label(r)}{seed} (step {at})\n")
         print("| layer | kind | σ_Q | σ_K | max \\|S\\| | cos O | cos P | cos dS | cos dQ | cos dK | cos dV | lowest |")
         print("|---|---|---|---|---|---|---|---|---|---|---|---|")
         for row in rows:

@@ -3,7 +3,8 @@
 
     tools/gap_table.py SWEEP_DIR [--every STEPS] [--pair CELL_A CELL_B]
 
-For every cell with a baseline (summary.csv of `qattn sweep`), at every
+For every cell with a baseline (summary.csv of `qattn sweep`; a cell is
+shown by its label), at every
 evaluation step that is a multiple of --every (default: 8 columns over the
 run) and at the last one: the mean over seeds of (val loss of the run - val
 loss of the baseline with the same seed, at the same step), in nats, with its
@@ -17,10 +18,10 @@ With --pair, one row instead: cell A minus cell B, paired by seed (two cells
 of the grid, neither of them necessarily a baseline; e.g. SageBwd's fp8 sage
 against int8 sage), and the final gap from summary.csv's final_val_loss as
 summary.md gives it: mean ± std, 95% interval (* where it excludes 0), n. A
-cell is named by its setting in summary.csv, or by key=value[,key=value...]
-over the sweep's varied keys (summary.csv's columns between setting and
-status) that exactly one setting matches; anything else is an error listing
-the candidates. Seeds with a run in one cell only are skipped and named.
+cell is named by its label or its setting in summary.csv, or by
+key=value[,key=value...] over the sweep's varied keys (summary.csv's columns
+between setting and status) that exactly one setting matches; anything else
+is an error listing the candidates. Seeds with a run in one cell only are skipped and named.
 """
 import argparse
 import math
@@ -160,15 +161,19 @@ def split_filter(text):
 
 
 def find_setting(rows, text, what):
-    """The one setting of summary.csv's rows that text names: a setting exactly,
-    or key=value[,key=value...] over the columns `qattn sweep` writes between
-    setting and status (the sweep's varied keys), each value as summary.csv
-    writes it. Raises SelectError naming text and the candidates otherwise."""
+    """The one setting of summary.csv's rows that text names: a label or a
+    setting exactly, or key=value[,key=value...] over the columns `qattn sweep`
+    writes between setting and status (the sweep's varied keys), each value as
+    summary.csv writes it. Raises SelectError naming text and the candidates
+    (by their labels) otherwise."""
     first = {}
     for r in rows:
         first.setdefault(r["setting"], r)
     if text in first:
         return text
+    by_label = {run_csv.label(r): s for s, r in first.items()}
+    if text in by_label:
+        return by_label[text]
     header = list(rows[0])
     keys = [k for k in header[header.index("setting") + 1:header.index("status")] if k != "train.seed"]
     pairs = []
@@ -178,7 +183,7 @@ def find_setting(rows, text, what):
             raise SelectError(f"{what} '{text}': train.seed is not allowed; runs are paired by seed; "
                               f"allowed keys: {', '.join(keys)}")
         if not eq or key not in keys:
-            raise SelectError(f"{what} '{text}': '{part}' is not allowed; allowed: a setting of summary.csv, "
+            raise SelectError(f"{what} '{text}': '{part}' is not allowed; allowed: a label or setting of summary.csv, "
                               f"or key=value[,key=value...] with keys from {', '.join(keys)}")
         pairs.append((key, value))
     equal = {s: sum(r[k] == v for k, v in pairs) for s, r in first.items()}
@@ -197,7 +202,8 @@ def find_setting(rows, text, what):
                                                       for shown, n in nearest.items()))
     differing = [k for k in keys if len({first[s][k] for s in matches}) > 1]
     raise SelectError(f"{what} '{text}' matches {len(matches)} settings; name one, or add keys that tell them apart: "
-                      + "; ".join(f"{s} ({', '.join(f'{k}={first[s][k]}' for k in differing)})" for s in matches))
+                      + "; ".join(f"{run_csv.label(first[s])} ({', '.join(f'{k}={first[s][k]}' for k in differing)})"
+                                  for s in matches))
 
 
 def load_runs(sweep_dir, rows):
@@ -244,14 +250,14 @@ def baseline_rows(runs):
         if r["baseline"] and r["baseline"] != "(baseline)":
             cells.setdefault(r["setting"], []).append((r, vals, diverged))
     out = []
-    for setting, members in cells.items():
+    for members in cells.values():
         gaps = {}
         for r, vals, _ in members:
             base = runs.get(baselines.get((r["baseline"], r.get("train.seed", ""))), (None, None, {}, None))[2]
             for s, g in gap(vals, base, vals).items():
                 gaps.setdefault(s, []).extend(g)
         div = ", ".join(f"{d / 1e6:.1f}M (seed {r.get('train.seed', '')})" for r, _, d in members if d is not None)
-        out.append((setting, len(members), div, gaps, []))
+        out.append((run_csv.md_cell(run_csv.label(members[0][0])), len(members), div, gaps, []))
     return out
 
 
@@ -259,8 +265,9 @@ def seed_order(seed):
     return (0, int(seed), "") if seed.isdigit() else (1, 0, seed)
 
 
-def pair_rows(summary, runs, a, b):
-    """The row of A - B paired by seed, and a note naming the seeds only one of them has."""
+def pair_rows(summary, runs, a, b, labels):
+    """The row of A - B paired by seed (settings a and b, shown by labels[a] and
+    labels[b]), and a note naming the seeds only one of them has."""
     by_seed = {a: {}, b: {}}
     for line, r, vals, diverged in runs.values():
         if r["setting"] in by_seed:
@@ -269,7 +276,7 @@ def pair_rows(summary, runs, a, b):
     if not common:
         seeds = {s: ", ".join(sorted(by_seed[s], key=seed_order)) or "none" for s in (a, b)}
         sys.exit(f"gap_table.py: --pair: no seed has a finished or diverged run in both cells "
-                 f"(A {a}: seeds {seeds[a]}; B {b}: seeds {seeds[b]})")
+                 f"(A {labels[a]}: seeds {seeds[a]}; B {labels[b]}: seeds {seeds[b]})")
     gaps, finals, div = {}, [], []
     for seed in common:
         (la, ra, va, da), (lb, rb, vb, db) = by_seed[a][seed], by_seed[b][seed]
@@ -292,7 +299,7 @@ def main():
     p.add_argument("--every", type=int, default=0, help="steps between columns (default: 8 columns)")
     p.add_argument("--pair", nargs=2, metavar=("CELL_A", "CELL_B"),
                    help="the gap of cell A to cell B, paired by seed, instead of each cell's gap to its baseline; "
-                        "a cell is a setting of summary.csv or key=value[,key=value...] over its columns")
+                        "a cell is a label or setting of summary.csv or key=value[,key=value...] over its columns")
     a = p.parse_args()
     summary = os.path.join(a.sweep_dir, "summary.csv")
     if not os.path.isfile(summary):
@@ -304,12 +311,13 @@ def main():
         if a.pair:
             if not rows:
                 sys.exit(f"gap_table.py: {summary}: no runs")
+            labels = {r["setting"]: run_csv.label(r) for _, r in rows}
             cells = [find_setting([r for _, r in rows], text, f"--pair {name}") for text, name in zip(a.pair, "AB")]
             if cells[0] == cells[1]:
-                sys.exit(f"gap_table.py: --pair '{a.pair[0]}' '{a.pair[1]}': both name setting {cells[0]}; "
-                         "allowed: two different settings")
+                sys.exit(f"gap_table.py: --pair '{a.pair[0]}' '{a.pair[1]}': both name the cell {labels[cells[0]]}; "
+                         "allowed: two different cells")
             runs = load_runs(a.sweep_dir, [(line, r) for line, r in rows if r["setting"] in cells])
-            runs, table, only = pair_rows(summary, runs, *cells)
+            runs, table, only = pair_rows(summary, runs, *cells, labels)
         else:
             runs = load_runs(a.sweep_dir, rows)
             table, only = baseline_rows(runs), []
@@ -320,7 +328,7 @@ def main():
     if a.pair:
         print("Paired gap A − B by seed, in nats.\n")
         for name, setting, text in zip("AB", cells, a.pair):
-            print(f"- {name}: {setting} (`{text}`)")
+            print(f"- {name}: {labels[setting]} (`{text}`)")
         print()
     print_table(runs, a.every, table)
     if only:

@@ -1,10 +1,11 @@
 #!/usr/bin/python3
 """Loss curves and attention diagnostics of qattn runs and sweeps.
 
-    tools/plot.py RUN_OR_SWEEP_DIR [--out PNG] [--smooth N]
+    tools/plot.py RUN_OR_SWEEP_DIR [--out PNG] [--smooth N] [--panel-by KEY|none]
 
 RUN_OR_SWEEP_DIR is one run directory (with metrics.csv), a sweep directory
 (with summary.csv, from `qattn sweep`), or a folder of run directories.
+A sweep's settings are named by their labels (summary.csv's label column).
 
 Figure 1 (--out, default <dir>/loss.png): train and val loss against tokens,
 one line per setting; the runs of a setting that differ only in seed are
@@ -21,7 +22,10 @@ FPA of dQ and of dK over the quantised layers (exact-attention runs have none);
 (d), sweeps with baselines only: each run's last paired val-loss gap against
 its last worst-layer max|S|, one point per run: do the runs that trail have
 growing scores. Runs with diagnostics at one step only are left out of it.
-A setting has one colour in every figure.
+Panels: each figure draws a sweep's settings in one panel per value of
+--panel-by KEY (a varied key of the sweep; default train.tokens_per_step where
+the sweep varies it, so that each arm is read against its own baseline; none:
+one panel), each with its own legend. A setting has one colour in every figure.
 
 Needs matplotlib (Debian: apt-get install python3-matplotlib).
 """
@@ -74,11 +78,13 @@ def read_diag(path):
 
 
 class Run:
-    """One run directory: its metrics.csv rows, its diag.csv steps and its place in a sweep."""
+    """One run directory: its metrics.csv rows, its diag.csv steps and its place
+    in a sweep: setting and baseline by their labels, and its panel (None: the
+    only one)."""
 
-    def __init__(self, path, run_id, setting, status="", baseline="", seed=""):
+    def __init__(self, path, run_id, setting, status="", baseline="", seed="", panel=None):
         self.path, self.id, self.setting = path, run_id, setting
-        self.status, self.baseline, self.seed = status, baseline, seed
+        self.status, self.baseline, self.seed, self.panel = status, baseline, seed, panel
         self.train = []  # (tokens, train_loss)
         self.val = []  # (tokens, val_loss)
         self.diverged_at = None  # tokens of the diverged row
@@ -114,44 +120,48 @@ class Run:
                 if getattr(p, field) is not None and math.isfinite(getattr(p, field))]
 
 
-# Step counts that follow the tokens per step; they vary with it and say nothing more.
-FOLLOWING_KEYS = {"train.warmup", "eval.every", "log.diag_every", "train.checkpoint_every"}
+# The default panel key: runs at different tokens per step are different
+# schedules, each compared with its own baseline.
+PANEL_KEY = "train.tokens_per_step"
 
 
-def short_labels(rows, keys):
-    """A legend label per setting: the varied keys whose values differ between
-    settings, by their last path component (the whole path less "attention."
-    where two share it); an exact-attention run drops the options of the
-    quantised kinds, which it does not use."""
-    varied = [k for k in keys if k not in FOLLOWING_KEYS and len({r[k] for r in rows}) > 1]
-    last = [k.rsplit(".", 1)[-1] for k in varied]
-    names = [k.removeprefix("attention.") if last.count(n) > 1 else n for k, n in zip(varied, last)]
-    labels = {}
-    for r in rows:
-        exact = r.get("attention.kind") == "fpa"
-        parts = [f"{n}={r[k]}" for k, n in zip(varied, names)
-                 if not (exact and k.startswith(("attention.sage.", "attention.kinterval.")))]
-        labels[r["setting"]] = " ".join(parts) or r["setting"]
-    return labels
+class PanelError(ValueError):
+    """A --panel-by that names no varied key of the sweep."""
 
 
-def load_runs(root):
-    """Runs under root, from a sweep's summary.csv, a single run, or subfolders."""
+def panel_key(summary, rows, panel_by):
+    """The key whose values split the settings into panels (None: one panel).
+    panel_by: None for the default, "none", or a varied key of the sweep (the
+    columns of summary.csv between setting and status, the seed aside)."""
+    columns = list(rows[0])  # a row's keys are the header, in its order
+    keys = [k for k in columns[columns.index("setting") + 1:columns.index("status")] if k != "train.seed"]
+    if panel_by is None:
+        return PANEL_KEY if PANEL_KEY in keys and len({r[PANEL_KEY] for r in rows}) > 1 else None
+    if panel_by == "none":
+        return None
+    if panel_by not in keys:
+        raise PanelError(f"--panel-by {panel_by}: not a varied key of {summary}; allowed: none, "
+                         + ", ".join(keys))
+    return panel_by
+
+
+def load_runs(root, panel_by=None):
+    """Runs under root, from a sweep's summary.csv, a single run, or subfolders;
+    panel_by as panel_key takes it."""
     summary = os.path.join(root, "summary.csv")
     if os.path.exists(summary):
         rows = [row for _, row in run_csv.read_rows(summary, run_csv.SUMMARY_COLUMNS)]
         if not rows:
             return []
-        columns = list(rows[0])  # a row's keys are the header, in its order
-        # The sweep's varied keys are the columns between "setting" and "status", the seed aside.
-        keys = [k for k in columns[columns.index("setting") + 1:columns.index("status")] if k != "train.seed"]
-        labels = short_labels(rows, keys)
+        key = panel_key(summary, rows, panel_by)
+        labels = {row["setting"]: run_csv.label(row) for row in rows}
         runs = []
         for row in rows:
             path = os.path.join(root, row["id"])
             if os.path.exists(os.path.join(path, "metrics.csv")):
                 runs.append(Run(path, row["id"], labels[row["setting"]], row["status"],
-                                labels.get(row["baseline"], row["baseline"]), row.get("train.seed", "")))
+                                labels.get(row["baseline"], row["baseline"]), row.get("train.seed", ""),
+                                f"{key} = {row[key]}" if key else None))
         return runs
     if os.path.exists(os.path.join(root, "metrics.csv")):
         name = os.path.basename(os.path.normpath(root))
@@ -199,6 +209,19 @@ def by_setting(runs):
     return groups
 
 
+def by_panel(runs):
+    """{panel: its runs}, the panels in the order they first appear."""
+    groups = OrderedDict()
+    for r in runs:
+        groups.setdefault(r.panel, []).append(r)
+    return groups
+
+
+def panel_title(name, panel):
+    """An axis title, and its panel on a second line (one line would run into the next axis's)."""
+    return name if panel is None else f"{name}\n{panel}"
+
+
 def draw_group(ax, curves, color, label):
     """One setting on one axis from its runs' (diverged, points) pairs: the mean
     line and the seed band of the runs that did not diverge; each diverged run
@@ -218,15 +241,18 @@ def draw_group(ax, curves, color, label):
 
 
 def palette():
-    """Matplotlib's ten colours and five more: a grid has up to 15 settings."""
+    """Matplotlib's ten colours and five more: a panel has up to 15 settings."""
     return plt.rcParams["axes.prop_cycle"].by_key()["color"] + ["black", "darkgoldenrod", "navy", "lime", "teal"]
 
 
 def setting_colors(runs):
-    """One colour per setting, in the order the settings first appear, the same
-    in every figure (the gap figure leaves the baseline out but not its colour)."""
+    """One colour per setting, in the order the settings first appear in their
+    panel, the same in every figure (the gap figure leaves the baseline out but
+    not its colour). Settings of different panels never share an axis, so each
+    panel starts the palette again."""
     colors = palette()
-    return {setting: colors[i % len(colors)] for i, setting in enumerate(by_setting(runs))}
+    return {setting: colors[i % len(colors)] for members in by_panel(runs).values()
+            for i, setting in enumerate(by_setting(members))}
 
 
 def zoom_to_late(ax, curves):
@@ -251,12 +277,16 @@ def zoom_to_late(ax, curves):
                 color="dimgray", bbox={"facecolor": "white", "edgecolor": "lightgray", "alpha": 0.8})
 
 
-def legend_below(fig, ax):
-    """One legend under the figure: long labels would hide the curves."""
-    fig.tight_layout()
-    handles, labels = ax.get_legend_handles_labels()
-    if handles:
-        fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=2, fontsize=8, frameon=False)
+def lay_out(fig, legends):
+    """Lays the axes out, then puts each (source, ax) of legends to the right
+    of ax, the last axis of its panel, with the labels of source's lines: long
+    labels inside the axes would hide the curves. Added after the layout, the
+    legends keep the axes' widths; the saved image grows to hold them (save)."""
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.4 / fig.get_figheight()))  # 0.4 inch on top for the suptitle
+    for source, ax in legends:
+        handles, labels = source.get_legend_handles_labels()
+        if handles:
+            ax.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8, frameon=False)
 
 
 def setting_label(setting, members):
@@ -264,22 +294,25 @@ def setting_label(setting, members):
 
 
 def plot_losses(runs, window, title, colors):
-    """Figure 1; returns it."""
-    fig, (ax_train, ax_val) = plt.subplots(1, 2, figsize=(13, 5))
-    for setting, members in by_setting(runs).items():
-        label = setting_label(setting, members)
-        draw_group(ax_train, [(r.status == "diverged", smooth(r.train, window)) for r in members], colors[setting], label)
-        draw_group(ax_val, [(r.status == "diverged", r.val) for r in members], colors[setting], label)
+    """Figure 1, a row (train, val) per panel; returns it."""
+    panels = by_panel(runs)
+    fig, axes = plt.subplots(len(panels), 2, figsize=(13, 5 * len(panels)), squeeze=False)
     train_title = "train loss" + (f" (trailing mean of {window} steps)" if window > 1 else "")
-    for ax, name in ((ax_train, train_title), (ax_val, "val loss")):
-        ax.set_xlabel("tokens")
-        ax.set_ylabel("loss (nats)")
-        ax.set_title(name)
-        ax.grid(alpha=0.3)
-    zoom_to_late(ax_val, [r.val for r in runs if r.status != "diverged"])
-    zoom_to_late(ax_train, [smooth(r.train, window) for r in runs if r.status != "diverged"])
+    for (panel, members), (ax_train, ax_val) in zip(panels.items(), axes):
+        for setting, group in by_setting(members).items():
+            label = setting_label(setting, group)
+            draw_group(ax_train, [(r.status == "diverged", smooth(r.train, window)) for r in group], colors[setting],
+                       label)
+            draw_group(ax_val, [(r.status == "diverged", r.val) for r in group], colors[setting], label)
+        for ax, name in ((ax_train, train_title), (ax_val, "val loss")):
+            ax.set_xlabel("tokens")
+            ax.set_ylabel("loss (nats)")
+            ax.set_title(panel_title(name, panel))
+            ax.grid(alpha=0.3)
+        zoom_to_late(ax_val, [r.val for r in members if r.status != "diverged"])
+        zoom_to_late(ax_train, [smooth(r.train, window) for r in members if r.status != "diverged"])
     fig.suptitle(title)
-    legend_below(fig, ax_val)
+    lay_out(fig, [(ax_val, ax_val) for _, ax_val in axes])
     return fig
 
 
@@ -299,21 +332,23 @@ def paired_gaps(runs):
 
 
 def plot_gaps(runs, title, colors):
-    """Figure 2, val(setting) - val(baseline) on the same seed and tokens; None when there is nothing to draw."""
-    groups = by_setting([r for r in runs if r.baseline and r.baseline != "(baseline)"])
-    if not groups:
+    """Figure 2, val(setting) - val(baseline) on the same seed and tokens, a
+    panel per panel that has compared runs; None when there is nothing to draw."""
+    panels = by_panel([r for r in runs if r.baseline and r.baseline != "(baseline)"])
+    if not panels:
         return None
     gaps = paired_gaps(runs)
-    fig, ax = plt.subplots(figsize=(8, 5))
-    for setting, members in groups.items():
-        curves = [(r.status == "diverged", gaps[r.id]) for r in members if r.id in gaps]
-        draw_group(ax, curves, colors[setting], f"{setting} - {members[0].baseline}")
-    ax.axhline(0.0, color="black", lw=0.8)
-    ax.set_xlabel("tokens")
-    ax.set_ylabel("val loss gap to baseline (nats)")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    legend_below(fig, ax)
+    fig, axes = plt.subplots(len(panels), 1, figsize=(8, 5 * len(panels)), squeeze=False)
+    for (panel, members), (ax,) in zip(panels.items(), axes):
+        for setting, group in by_setting(members).items():
+            curves = [(r.status == "diverged", gaps[r.id]) for r in group if r.id in gaps]
+            draw_group(ax, curves, colors[setting], f"{setting} vs {group[0].baseline}")
+        ax.axhline(0.0, color="black", lw=0.8)
+        ax.set_xlabel("tokens")
+        ax.set_ylabel("val loss gap to baseline (nats)")
+        ax.set_title(panel_title(title, panel))
+        ax.grid(alpha=0.3)
+    lay_out(fig, [(ax, ax) for (ax,) in axes])
     return fig
 
 
@@ -324,39 +359,42 @@ DIAG_PANELS = (("max_abs_score", "(a) largest max|S| over layers", "max |S| (log
 
 
 def plot_diag(runs, title, colors):
-    """Figure 3; None when no run has diagnostics at two steps or more (one
-    step draws no curve)."""
-    traced = [r for r in runs if len(r.diag_curve("max_abs_score")) >= 2]
-    if not traced:
+    """Figure 3, a 2 x 2 block of panels (a)-(d) per panel; None when no run has
+    diagnostics at two steps or more (one step draws no curve)."""
+    panels = by_panel([r for r in runs if len(r.diag_curve("max_abs_score")) >= 2])
+    if not panels:
         return None
     gaps = {run_id: curve for run_id, curve in paired_gaps(runs).items() if curve}
-    fig, axes = plt.subplots(2, 2, figsize=(13, 9))
-    curve_axes, ax_scatter = axes.flat[:3], axes.flat[3]
-    for setting, members in by_setting(traced).items():
-        for ax, (field, _, _) in zip(curve_axes, DIAG_PANELS):
-            curves = [(r.status == "diverged", r.diag_curve(field)) for r in members]
-            draw_group(ax, [(d, pts) for d, pts in curves if pts], colors[setting], setting_label(setting, members))
-        for r in members:
-            if r.id in gaps:  # a diverged run is an x, as at the end of its curves
-                ax_scatter.plot(r.diag_curve("max_abs_score")[-1][1], gaps[r.id][-1][1], ls="none",
-                                marker="x" if r.status == "diverged" else "o", ms=7, color=colors[setting])
-    for ax, (field, name, ylabel) in zip(curve_axes, DIAG_PANELS):
-        ax.set_xlabel("tokens")
-        ax.set_ylabel(ylabel)
-        ax.set_title(name)
-        ax.grid(alpha=0.3)
-    curve_axes[0].set_yscale("log")
-    if gaps.keys() & {r.id for r in traced}:
-        ax_scatter.axhline(0.0, color="black", lw=0.8)
-        ax_scatter.set_xscale("log")
-        ax_scatter.set_xlabel("max |S| at the last diagnostics step (log scale)")
-        ax_scatter.set_ylabel("last val loss gap to baseline (nats)")
-        ax_scatter.set_title("(d) gap against max|S|, one point per run")
-        ax_scatter.grid(alpha=0.3)
-    else:
-        fig.delaxes(ax_scatter)
+    fig, axes = plt.subplots(2 * len(panels), 2, figsize=(13, 9 * len(panels)), squeeze=False)
+    for block, (panel, traced) in enumerate(panels.items()):
+        curve_axes = [axes[2 * block][0], axes[2 * block][1], axes[2 * block + 1][0]]
+        ax_scatter = axes[2 * block + 1][1]
+        for setting, members in by_setting(traced).items():
+            for ax, (field, _, _) in zip(curve_axes, DIAG_PANELS):
+                curves = [(r.status == "diverged", r.diag_curve(field)) for r in members]
+                draw_group(ax, [(d, pts) for d, pts in curves if pts], colors[setting],
+                           setting_label(setting, members))
+            for r in members:
+                if r.id in gaps:  # a diverged run is an x, as at the end of its curves
+                    ax_scatter.plot(r.diag_curve("max_abs_score")[-1][1], gaps[r.id][-1][1], ls="none",
+                                    marker="x" if r.status == "diverged" else "o", ms=7, color=colors[setting])
+        for ax, (field, name, ylabel) in zip(curve_axes, DIAG_PANELS):
+            ax.set_xlabel("tokens")
+            ax.set_ylabel(ylabel)
+            ax.set_title(panel_title(name, panel))
+            ax.grid(alpha=0.3)
+        curve_axes[0].set_yscale("log")
+        if gaps.keys() & {r.id for r in traced}:
+            ax_scatter.axhline(0.0, color="black", lw=0.8)
+            ax_scatter.set_xscale("log")
+            ax_scatter.set_xlabel("max |S| at the last diagnostics step (log scale)")
+            ax_scatter.set_ylabel("last val loss gap to baseline (nats)")
+            ax_scatter.set_title(panel_title("(d) gap against max|S|, one point per run", panel))
+            ax_scatter.grid(alpha=0.3)
+        else:
+            fig.delaxes(ax_scatter)
     fig.suptitle(f"{title}: attention diagnostics")
-    legend_below(fig, curve_axes[0])
+    lay_out(fig, [(axes[2 * block][0], axes[2 * block][1]) for block in range(len(panels))])
     return fig
 
 
@@ -376,6 +414,8 @@ def main():
     p.add_argument("--out", help="PNG of the loss curves (default: DIR/loss.png); "
                    "the gap and diagnostics figures go beside it")
     p.add_argument("--smooth", type=int, default=0, help="train-loss window in steps (default: ~1/50 of the run)")
+    p.add_argument("--panel-by", metavar="KEY", help="a panel per value of this varied key of the sweep, or none "
+                   f"(default: {PANEL_KEY} where the sweep varies it)")
     a = p.parse_args()
     if a.smooth < 0:
         sys.exit(f"plot.py: --smooth {a.smooth} is not allowed; allowed: a window of steps >= 1, or 0 for the default")
@@ -390,8 +430,8 @@ def main():
         sys.exit(f"plot.py: --out {out}: the format {os.path.splitext(out)[1][1:]!r} is not allowed; allowed: "
                  f"a file name ending in .{', .'.join(sorted(formats))}")
     try:
-        runs = load_runs(a.dir)
-    except run_csv.CsvError as e:
+        runs = load_runs(a.dir, a.panel_by)
+    except (run_csv.CsvError, PanelError) as e:
         sys.exit(f"plot.py: {e}")
     if not runs:
         sys.exit(f"plot.py: {a.dir}: no metrics.csv in it, in its summary.csv runs, or in its subfolders")

@@ -29,17 +29,21 @@
 #   --run-seconds S      with --deadline: the longest a run takes; no run starts
 #                        later than S before the deadline (default: the longest
 #                        wall time among the finished runs, else 600)
+#   --summary-only       no data, no training: the summary, plots and tables of
+#                        the runs there (with --results, the kept runs restored
+#                        first and the outputs copied back: a results folder
+#                        rebuilt from its kept runs on any machine, GPU or not)
 # Environment: QATTN_BIN (the qattn binary, default build/qattn).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 die() { echo "reproduce.sh: $*" >&2; exit 2; }
 
-(($# > 0)) || die "usage: tools/reproduce.sh kinterval|sagebwd [--scale small|full] [--tokens N] [--deadline EPOCH_S] [--gpus LIST] [--no-data] [--set PATH=VALUE]... [--one-pass]"
+(($# > 0)) || die "usage: tools/reproduce.sh kinterval|sagebwd [--scale small|full] [--tokens N] [--deadline EPOCH_S] [--gpus LIST] [--no-data] [--set PATH=VALUE]... [--one-pass] [--results DIR] [--run-seconds S] [--summary-only]"
 PAPER=$1
 shift
 [[ $PAPER == kinterval || $PAPER == sagebwd ]] || die "PAPER '$PAPER' is not allowed; allowed: kinterval | sagebwd"
-SCALE=small TOKENS="" DEADLINE="" GPUS=0 DATA=1 SEED_PASSES=1 RESULTS="" RUN_SECONDS=""
+SCALE=small TOKENS="" DEADLINE="" GPUS=0 DATA=1 SEED_PASSES=1 RESULTS="" RUN_SECONDS="" TRAIN=1
 SETS=()
 while (($# > 0)); do
   case "$1" in
@@ -52,6 +56,7 @@ while (($# > 0)); do
     --one-pass) SEED_PASSES=0; shift ;;
     --results) RESULTS=${2:?--results needs a folder}; shift 2 ;;
     --run-seconds) RUN_SECONDS=${2:?--run-seconds needs a number of seconds}; shift 2 ;;
+    --summary-only) TRAIN=0 DATA=0; shift ;;
     *) die "unknown option '$1'" ;;
   esac
 done
@@ -116,8 +121,10 @@ run_sweep() {
   ((rc != 2)) || die "qattn sweep refused $file (exit 2; its message is above): no run started"
   ((rc == 0)) || log "sweep $file: exit $rc"
 }
-((SEED_PASSES)) && run_sweep "$FIRST"
-run_sweep "$ALL"
+if ((TRAIN)); then
+  ((SEED_PASSES)) && run_sweep "$FIRST"
+  run_sweep "$ALL"
+fi
 
 # ---- summary of the whole grid (pending runs included), plots, diagnostics
 "$QATTN" sweep "$ALL" --summary > /dev/null

@@ -12,6 +12,17 @@ SUMMARY_COLUMNS = ("id", "setting", "status", "baseline")
 DIAG_COLUMNS = ("step", "layer", "kind", "q_rms", "k_rms", "max_abs_score")
 
 
+def label(row):
+    """What a reader sees for a summary.csv row's cell: its label (`qattn sweep`
+    writes one per setting), or its setting where the file has no label column."""
+    return row.get("label") or row["setting"]
+
+
+def md_cell(text):
+    """text as a cell of a markdown table: a | in it escaped."""
+    return text.replace("|", "\\|")
+
+
 class CsvError(ValueError):
     """A CSV file that is not what qattn writes; str() names the file and what is wrong."""
 

@@ -8,7 +8,8 @@
 //     "out": "runs",                           optional, default "runs"
 //     "set": {"train.steps": 200},             optional, every run
 //     "grid": {"attention.kind": ["fpa", "kinterval"]},          product of the lists
-//     "zip": [{"attention.kinterval.K": [8, 16], "train.lr": [1e-3, 2e-3]}],  lists advanced together
+//     "zip": [{"attention.kinterval.K": [8, 16], "train.lr": [1e-3, 2e-3],  lists advanced together
+//              "label": ["K8", "K16"]}],        optional: what a reader sees per position
 //     "seeds": [1, 2, 3],                      optional, train.seed
 //     "baseline": {"set": {"attention.kind": "fpa"}, "match": ["train.tokens_per_step"]},
 //     "eval_last": 3                           final val loss = mean of the last 3 evaluations
@@ -37,6 +38,7 @@ struct SweepRun {
   nlohmann::json overrides;   // {"json.path": value}: the grid, zip and seed values of this run
   bool is_baseline = false;
   std::string baseline;       // setting of this run's baseline ("" when it is one or there is none)
+  std::string label;          // the setting as a reader sees it: "2: minmax, nearest, K=4" (unique per setting)
 };
 
 struct Sweep {
@@ -102,7 +104,7 @@ PairedGap paired_gap(const std::vector<double>& differences);
 double student_t_975(int df);
 
 struct SettingStats {
-  std::string setting, baseline;
+  std::string setting, baseline, label;
   int runs = 0, finished = 0, diverged = 0;
   double mean = std::numeric_limits<double>::quiet_NaN();  // over finished runs' final val loss
   double std = std::numeric_limits<double>::quiet_NaN();   // sample std (n - 1); NaN for n < 2

@@ -1,5 +1,6 @@
 // Sweep files -> runs with stable ids, and run outcomes -> summary tables.
 #include "qattn/atomic_file.hpp"
+#include "qattn/attention.hpp"
 #include "qattn/config.hpp"
 #include "qattn/json_file.hpp"
 #include "qattn/sweep.hpp"
@@ -25,6 +26,7 @@ using nlohmann::json;
 namespace {
 
 constexpr const char* kSeedKey = "train.seed";
+constexpr const char* kLabelKey = "label";  // a zip group's names of its positions, not a JSON path
 constexpr size_t kMaxIdChars = 100;
 
 // ---------------------------------------------------------------------------
@@ -34,6 +36,7 @@ constexpr size_t kMaxIdChars = 100;
 struct Axis {
   std::vector<std::string> keys;
   std::vector<std::vector<json>> values;  // values[i][k]: the i-th point, key k
+  std::vector<std::string> labels;        // labels[i]: the i-th point's label; empty: none given
 };
 
 const json& list_at(const json& j, const std::string& path) {
@@ -46,6 +49,9 @@ void check_key(const std::string& key, const std::string& where) {
   if (key.empty() || key.front() == '.' || key.back() == '.' || key.find("..") != std::string::npos)
     throw SweepError(where + ": '" + key + "' is not a JSON path; allowed: dotted keys like attention.kind");
   if (key == kSeedKey) throw SweepError(where + ": give seeds with the sweep's \"seeds\" list, not " + key);
+  if (key == kLabelKey)
+    throw SweepError(where + ".label: labels name the positions of a zip group; allowed: a \"label\" list inside a "
+                     "zip group, JSON paths of the config here");
   // train_assignments sets both after the sweep's own keys, so a value given
   // here would be dropped without a word (and a grid over one would run one
   // config several times).
@@ -80,13 +86,39 @@ void check_distinct(const Axis& a, const std::string& where) {
       }
 }
 
+// A zip group's "label" list: one distinct, non-empty, one-line string per position.
+std::vector<std::string> read_labels(const json& list, const Axis& a, const std::string& where) {
+  const size_t n = a.values.size();
+  const std::string allowed = "allowed: a list of " + std::to_string(n) + " distinct non-empty one-line strings, one "
+                              "per position of the group (" + a.keys[0] + " has " + std::to_string(n) + " values)";
+  if (!list.is_array()) throw SweepError(where + ": " + list.dump() + " is not allowed; " + allowed);
+  if (list.size() != n)
+    throw SweepError(where + ": " + std::to_string(list.size()) + " labels, but " + a.keys[0] + " has " +
+                     std::to_string(n) + " values; " + allowed);
+  // A label is a cell of summary.md's tables: one line, no control characters.
+  const auto one_line = [](const std::string& t) {
+    return !t.empty() && std::none_of(t.begin(), t.end(), [](unsigned char c) { return c < 0x20 || c == 0x7f; });
+  };
+  std::vector<std::string> labels;
+  for (size_t i = 0; i < n; ++i) {
+    if (!list[i].is_string() || !one_line(list[i].get<std::string>()))
+      throw SweepError(where + "[" + std::to_string(i) + "]: " + list[i].dump() + " is not allowed; " + allowed);
+    for (size_t k = 0; k < i; ++k)
+      if (labels[k] == list[i].get<std::string>())
+        throw SweepError(where + ": " + list[i].dump() + " is given twice (entries " + std::to_string(k) + " and " +
+                         std::to_string(i) + "); " + allowed);
+    labels.push_back(list[i]);
+  }
+  return labels;
+}
+
 std::vector<Axis> read_axes(const json& j) {
   std::vector<Axis> axes;
   if (j.contains("grid")) {
     if (!j["grid"].is_object()) throw SweepError("grid: expected an object {\"json.path\": [values]}");
     for (const auto& [key, values] : j["grid"].items()) {
       check_key(key, "grid");
-      Axis a{{key}, {}};
+      Axis a{{key}, {}, {}};
       for (const auto& v : list_at(values, "grid." + key)) a.values.push_back({v});
       check_distinct(a, "grid." + key);
       axes.push_back(std::move(a));
@@ -101,6 +133,7 @@ std::vector<Axis> read_axes(const json& j) {
       Axis a;
       size_t n = 0;
       for (const auto& [key, values] : group.items()) {
+        if (key == kLabelKey) continue;
         check_key(key, where);
         const json& list = list_at(values, where + "." + key);
         if (a.keys.empty()) n = list.size();
@@ -109,10 +142,14 @@ std::vector<Axis> read_axes(const json& j) {
                            " has " + std::to_string(n) + "; allowed: lists of one length in a zip group");
         a.keys.push_back(key);
       }
+      if (a.keys.empty())
+        throw SweepError(where + ": a label list alone varies nothing; allowed: {\"json.path\": [values], ..., "
+                         "\"label\": [one name per position]}");
       a.values.assign(n, {});
       for (size_t i = 0; i < n; ++i)
         for (const auto& key : a.keys) a.values[i].push_back(group[key][i]);
       check_distinct(a, where);
+      if (group.contains(kLabelKey)) a.labels = read_labels(group[kLabelKey], a, where + ".label");
       axes.push_back(std::move(a));
     }
   }
@@ -123,15 +160,22 @@ std::vector<Axis> read_axes(const json& j) {
   return axes;
 }
 
-// Every point of the product of the axes, as {path: value}.
-std::vector<json> product(const std::vector<Axis>& axes) {
-  std::vector<json> points = {json::object()};
+// A point of the product of the axes: its overrides {path: value} and its
+// position on each axis.
+struct GridPoint {
+  json overrides = json::object();
+  std::vector<size_t> at;  // at[a]: the point's position on axis a
+};
+
+std::vector<GridPoint> product(const std::vector<Axis>& axes) {
+  std::vector<GridPoint> points(1);
   for (const auto& a : axes) {
-    std::vector<json> next;
+    std::vector<GridPoint> next;
     for (const auto& p : points)
-      for (const auto& values : a.values) {
-        json q = p;
-        for (size_t k = 0; k < a.keys.size(); ++k) q[a.keys[k]] = values[k];
+      for (size_t i = 0; i < a.values.size(); ++i) {
+        GridPoint q = p;
+        for (size_t k = 0; k < a.keys.size(); ++k) q.overrides[a.keys[k]] = a.values[i][k];
+        q.at.push_back(i);
         next.push_back(std::move(q));
       }
     points = std::move(next);
@@ -177,10 +221,94 @@ std::string md_cell(const std::string& s) {
   return out;
 }
 
+// A path as summary.md shows it: relative to the working directory when it
+// lies under it, so that a summary made in another checkout reads the same.
+std::string shown_path(const std::string& path) {
+  const fs::path whole = fs::absolute(path).lexically_normal();
+  const fs::path under = whole.lexically_relative(fs::current_path());
+  return !under.empty() && *under.begin() != ".." ? under.string() : whole.string();
+}
+
 std::string value_text(const json& overrides, const std::string& key) {
   if (!overrides.contains(key)) return "";
   const json& v = overrides[key];
   return v.is_string() ? v.get<std::string>() : v.dump();
+}
+
+// ---------------------------------------------------------------------------
+// Labels
+
+// Whether a cell ignores key: an option of an attention kind (attention.sage.*,
+// attention.kinterval.*) other than the cell's attention.kind.
+bool ignored_by_kind(const json& overrides, const std::string& key) {
+  const auto kind = overrides.find("attention.kind");
+  if (kind == overrides.end() || !kind->is_string()) return false;
+  for (const auto& n : kAttentionKindNames)
+    if (key.rfind(std::string("attention.") + n.name + ".", 0) == 0) return *kind != n.name;
+  return false;
+}
+
+// Sets SweepRun::label of every run (sweep.hpp). at: each grid setting's
+// position on every axis; a baseline that the grid does not hold has none,
+// and its label names its varied keys.
+void label_settings(Sweep& s, const std::vector<Axis>& axes, const std::map<std::string, std::vector<size_t>>& at) {
+  std::vector<const SweepRun*> settings;  // the first run of each setting
+  std::set<std::string> seen;
+  for (const auto& r : s.runs)
+    if (seen.insert(r.setting).second) settings.push_back(&r);
+  // The keys whose values differ between settings (a key that a setting lacks
+  // counts as a value of its own), each named by its last path component, the
+  // full path where two share it.
+  std::vector<std::string> varying;
+  for (const auto& k : s.keys) {
+    std::set<std::string> values;
+    for (const SweepRun* r : settings) values.insert(r->overrides.contains(k) ? r->overrides[k].dump() : "");
+    if (k != kSeedKey && values.size() > 1) varying.push_back(k);
+  }
+  const auto last = [](const std::string& k) { return k.substr(k.rfind('.') + 1); };
+  std::map<std::string, int> sharing;
+  for (const auto& k : varying) ++sharing[last(k)];
+  std::map<std::string, std::string> name;
+  for (const auto& k : varying) name[k] = sharing[last(k)] > 1 ? k : last(k);
+
+  const auto compose = [&](const SweepRun& r, bool keep_ignored) {
+    std::vector<std::string> parts;
+    const auto add_keys = [&](const std::vector<std::string>& keys) {
+      for (const auto& k : keys)
+        if (name.count(k) && r.overrides.contains(k) && (keep_ignored || !ignored_by_kind(r.overrides, k)))
+          parts.push_back(name[k] + "=" + value_text(r.overrides, k));
+    };
+    if (const auto point = at.find(r.setting); point == at.end()) {
+      add_keys(s.keys);
+    } else {
+      for (size_t a = 0; a < axes.size(); ++a) {
+        if (axes[a].labels.empty())
+          add_keys(axes[a].keys);
+        else
+          parts.push_back(axes[a].labels[point->second[a]]);
+      }
+    }
+    std::string label;
+    for (const auto& p : parts) label += (label.empty() ? "" : ", ") + p;
+    return label;
+  };
+  std::map<std::string, std::string> label;  // setting -> label
+  for (const SweepRun* r : settings) label[r->setting] = compose(*r, false);
+  // Settings that differ only in keys their kinds ignore show those keys too;
+  // settings that still share a label, or have none, show their setting.
+  for (const bool keep_ignored : {true, false}) {
+    std::map<std::string, int> uses;
+    for (const auto& [setting, text] : label) ++uses[text];
+    for (const SweepRun* r : settings)
+      if (uses[label[r->setting]] > 1 || label[r->setting].empty())
+        label[r->setting] = keep_ignored ? compose(*r, true) : r->setting;
+  }
+  std::map<std::string, std::string> owner;  // label -> setting
+  for (const SweepRun* r : settings)
+    if (const auto [it, fresh] = owner.emplace(label[r->setting], r->setting); !fresh)
+      throw SweepError("the label \"" + it->first + "\" names two cells (settings " + it->second + " and " +
+                       r->setting + "); allowed: zip labels that tell the cells apart");
+  for (auto& r : s.runs) r.label = label[r.setting];
 }
 
 }  // namespace
@@ -250,7 +378,7 @@ Sweep expand_sweep(const json& j, const std::string& source) {
                      std::vector<std::vector<json>> v;
                      for (const auto& seed : seeds) v.push_back({seed});
                      return v;
-                   }()},
+                   }(), {}},
                    "seeds");
   }
 
@@ -277,12 +405,14 @@ Sweep expand_sweep(const json& j, const std::string& source) {
       return s.runs[it->second];
     }
     index[id] = s.runs.size();
-    s.runs.push_back({id, run_id(without_seed(overrides)), overrides, false, ""});
+    s.runs.push_back({id, run_id(without_seed(overrides)), overrides, false, "", ""});  // label_settings labels it
     return s.runs.back();
   };
-  const auto points = product(axes);
-  for (const auto& p : points)
-    for (const auto& o : with_seeds(p)) add_run(o);
+  std::map<std::string, std::vector<size_t>> at;  // setting -> its grid point's positions
+  for (const auto& p : product(axes)) {
+    for (const auto& o : with_seeds(p.overrides)) add_run(o);
+    at[run_id(p.overrides)] = p.at;
+  }
 
   if (j.contains("baseline")) {
     const json& b = j["baseline"];
@@ -317,6 +447,7 @@ Sweep expand_sweep(const json& j, const std::string& source) {
       if (r.is_baseline) r.baseline.clear();
   }
   if (seeds.size()) s.keys.push_back(kSeedKey);
+  label_settings(s, axes, at);
   return s;
 }
 
@@ -476,7 +607,7 @@ std::vector<SettingStats> setting_stats(const Sweep& s, const std::vector<RunOut
     const SweepRun& r = s.runs[i];
     if (!where.count(r.setting)) {
       where[r.setting] = stats.size();
-      stats.push_back({r.setting, r.baseline});
+      stats.push_back({r.setting, r.baseline, r.label});
     }
     SettingStats& st = stats[where[r.setting]];
     ++st.runs;
@@ -526,10 +657,12 @@ std::string write_summary(const Sweep& s, const std::vector<RunOutcome>& outcome
   const auto stats = setting_stats(s, outcomes);
   std::map<std::string, const SettingStats*> by_setting;
   for (const auto& st : stats) by_setting[st.setting] = &st;
+  const bool seeded = std::find(s.keys.begin(), s.keys.end(), kSeedKey) != s.keys.end();
   fs::create_directories(s.dir());
 
+  // The label before the setting: tools read the varied keys as the columns between setting and status.
   std::ostringstream csv;
-  csv << "id,setting";
+  csv << "id,label,setting";
   for (const auto& k : s.keys) csv << ',' << csv_field(k);
   csv << ",status,reason,steps,tokens,final_val_loss,wall_s,tokens_per_s,skipped,baseline,gap_nats,"
          "setting_finished,setting_mean,setting_std,setting_gap_nats,paired_n,paired_gap_mean,paired_gap_std,"
@@ -538,7 +671,7 @@ std::string write_summary(const Sweep& s, const std::vector<RunOutcome>& outcome
     const SweepRun& r = s.runs[i];
     const RunOutcome& o = outcomes[i];
     const SettingStats& st = *by_setting[r.setting];
-    csv << csv_field(r.id) << ',' << csv_field(r.setting);
+    csv << csv_field(r.id) << ',' << csv_field(r.label) << ',' << csv_field(r.setting);
     for (const auto& k : s.keys) csv << ',' << csv_field(value_text(r.overrides, k));
     csv << ',' << o.status << ',' << csv_field(o.reason) << ',' << o.steps << ',' << o.tokens << ','
         << fmt_num(o.final_val_loss, "{:.6f}") << ',' << fmt_num(o.wall_seconds, "{:.1f}") << ','
@@ -553,23 +686,19 @@ std::string write_summary(const Sweep& s, const std::vector<RunOutcome>& outcome
   }
 
   std::ostringstream md;
-  md << "# Sweep " << s.name << "\n\nBase config `" << s.base << "`; final val loss = mean of the last "
-     << s.eval_last << " evaluation" << (s.eval_last > 1 ? "s" : "") << "; gaps in nats (run minus baseline).\n\n";
-  md << "## Settings\n\n| setting |";
-  for (const auto& k : s.keys)
-    if (k != kSeedKey) md << ' ' << md_cell(k) << " |";
-  md << " finished | val loss (mean ± std) | paired gap (mean ± std) | 95% CI | n | significant | diverged |\n|---|";
-  for (const auto& k : s.keys)
-    if (k != kSeedKey) md << "---|";
-  md << "---|---|---|---|---|---|---|\n";
+  md << "# Sweep " << s.name << "\n\nBase config `" << shown_path(s.base) << "`; final val loss = mean of the last "
+     << s.eval_last << " evaluation" << (s.eval_last > 1 ? "s" : "")
+     << "; gaps in nats (run minus baseline). Cells by their labels; summary.csv has each run's folder (id), "
+        "setting and values.\n\n";
+  md << "## Settings\n\n| cell | compared with | finished | val loss (mean ± std) | paired gap (mean ± std) | 95% CI "
+        "| n | significant | diverged |\n|---|---|---|---|---|---|---|---|---|\n";
   for (const auto& st : stats) {
     const SweepRun* first = nullptr;
     for (const auto& r : s.runs)
       if (r.setting == st.setting && !first) first = &r;
-    md << "| " << md_cell(st.setting) << " |";
-    for (const auto& k : s.keys)
-      if (k != kSeedKey) md << ' ' << md_cell(value_text(first->overrides, k)) << " |";
-    md << ' ' << st.finished << '/' << st.runs << " | "
+    const auto baseline = by_setting.find(st.baseline);
+    md << "| " << md_cell(st.label) << " | " << (baseline != by_setting.end() ? md_cell(baseline->second->label) : "")
+       << " | " << st.finished << '/' << st.runs << " | "
        << (std::isfinite(st.mean) ? fmt_num(st.mean) + (std::isfinite(st.std) ? " ± " + fmt_num(st.std) : "") : "—")
        << " | ";
     const PairedGap& g = st.paired;
@@ -581,8 +710,9 @@ std::string write_summary(const Sweep& s, const std::vector<RunOutcome>& outcome
          << (g.n > 1 ? (g.significant() ? "**yes**" : "no") : "") << " | ";
     md << (st.diverged ? "**" + std::to_string(st.diverged) + " diverged**" : std::string()) << " |\n";
   }
-  md << "\n## Runs\n\n| run | status | steps | tokens | final val loss | gap | wall s | tokens/s | skipped |\n"
-        "|---|---|---|---|---|---|---|---|---|\n";
+  md << "\n## Runs\n\n| cell |" << (seeded ? " seed |" : "")
+     << " status | steps | tokens | final val loss | gap | wall s | tokens/s | skipped |\n|---|"
+     << (seeded ? "---|" : "") << "---|---|---|---|---|---|---|---|\n";
   for (size_t i = 0; i < s.runs.size(); ++i) {
     const RunOutcome& o = outcomes[i];
     const double gap = run_gap(s, outcomes, i);
@@ -590,10 +720,11 @@ std::string write_summary(const Sweep& s, const std::vector<RunOutcome>& outcome
     if (!o.reason.empty()) status += ": " + o.reason;
     if (o.status != "finished" && o.status != "diverged" && o.last_val_step >= 0)
       status += fmt::format("; last evaluation {:.4f} at step {}", o.last_val_loss, o.last_val_step);
-    md << "| " << md_cell(s.runs[i].id) << " | " << md_cell(status) << " | " << o.steps << " | " << o.tokens
-       << " | " << fmt_num(o.final_val_loss) << " | " << (std::isfinite(gap) ? fmt::format("{:+.4f}", gap) : "")
-       << " | " << fmt_num(o.wall_seconds, "{:.1f}") << " | " << fmt_num(o.tokens_per_s(), "{:.0f}") << " | "
-       << o.skipped << " |\n";
+    md << "| " << md_cell(s.runs[i].label) << " | "
+       << (seeded ? md_cell(value_text(s.runs[i].overrides, kSeedKey)) + " | " : "") << md_cell(status) << " | "
+       << o.steps << " | " << o.tokens << " | " << fmt_num(o.final_val_loss) << " | "
+       << (std::isfinite(gap) ? fmt::format("{:+.4f}", gap) : "") << " | " << fmt_num(o.wall_seconds, "{:.1f}")
+       << " | " << fmt_num(o.tokens_per_s(), "{:.0f}") << " | " << o.skipped << " |\n";
   }
 
   for (const auto& [name, text] : {std::pair{"summary.csv", csv.str()}, std::pair{"summary.md", md.str()}}) {

@@ -3,7 +3,9 @@
 gap and the diagnostics figure, and losses the y axis clips are named on the
 axis; the diagnostics figure is drawn from diag.csv at two steps or more, has
 no cosine line for exact attention, and a malformed diag.csv is named, not a
-traceback. Exit 77 (CTest: skipped) without matplotlib."""
+traceback; settings are named by summary.csv's labels, and a sweep over
+tokens per step gets a panel per arm. Exit 77 (CTest: skipped) without
+matplotlib."""
 import csv
 import importlib.util
 import os
@@ -61,30 +63,60 @@ SETTINGS = [("kind=fpa", "fpa", "(baseline)"), ("kind=sage", "sage", "kind=fpa")
             ("kind=kinterval", "kinterval", "kind=fpa")]
 
 
+def write_run(root, run_id, n, seed, kind, diag_steps, tokens_per_step=100):
+    """A run's metrics.csv (100 steps; the first steps' losses far above the
+    rest, an untrained model's; val loss 0.05 nats above per n) and diag.csv."""
+    os.makedirs(os.path.join(root, run_id))
+    with open(os.path.join(root, run_id, "metrics.csv"), "w") as f:
+        f.write(HEADER)
+        f.write("0,0,,,9.5,,,,,0,\n")
+        for step in range(1, 101):
+            loss = 8.0 if step <= 5 else 3.0 - 0.01 * step + 0.05 * n + 0.001 * seed
+            val = f"{loss + 0.1:.4f}" if step % 10 == 0 else ""
+            f.write(f"{step},{step * tokens_per_step},0.001,{loss:.4f},{val},1.0,1,1,,0,\n")
+    write_diag(os.path.join(root, run_id), kind, n, seed, diag_steps)
+
+
+def write_summary(root, rows):
+    with open(os.path.join(root, "summary.csv"), "w", newline="") as f:
+        w = csv.DictWriter(f, list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+
+
 def make_sweep(root, diag_steps=DIAG_STEPS):
     """Baseline fpa, then sage and kinterval against it, two seeds each, 100
-    tokens a step, diagnostics at diag_steps; the first steps' losses are far
-    above the rest (an untrained model's). A setting's val loss is 0.05 nats
-    above the previous one's."""
+    tokens a step, diagnostics at diag_steps. A setting's val loss is 0.05 nats
+    above the previous one's. summary.csv has no label column: the settings
+    name the cells."""
     rows = []
     for n, (setting, kind, baseline) in enumerate(SETTINGS):
         for seed in (1, 2):
             run_id = f"{setting}_seed={seed}"
-            os.makedirs(os.path.join(root, run_id))
-            with open(os.path.join(root, run_id, "metrics.csv"), "w") as f:
-                f.write(HEADER)
-                f.write("0,0,,,9.5,,,,,0,\n")
-                for step in range(1, 101):
-                    loss = 8.0 if step <= 5 else 3.0 - 0.01 * step + 0.05 * n + 0.001 * seed
-                    val = f"{loss + 0.1:.4f}" if step % 10 == 0 else ""
-                    f.write(f"{step},{step * 100},0.001,{loss:.4f},{val},1.0,1,1,,0,\n")
-            write_diag(os.path.join(root, run_id), kind, n, seed, diag_steps)
+            write_run(root, run_id, n, seed, kind, diag_steps)
             rows.append({"id": run_id, "setting": setting, "attention.kind": kind, "train.seed": str(seed),
                          "status": "finished", "baseline": baseline})
-    with open(os.path.join(root, "summary.csv"), "w", newline="") as f:
-        w = csv.DictWriter(f, ["id", "setting", "attention.kind", "train.seed", "status", "baseline"])
-        w.writeheader()
-        w.writerows(rows)
+    write_summary(root, rows)
+
+
+# Two arms of tokens per step, each an FPA baseline and sage against it, as
+# `qattn sweep` writes them: labels, then settings and the varied keys.
+ARMS = ((100, "100"), (400, "400"))
+
+
+def make_armed_sweep(root):
+    rows = []
+    for per_step, name in ARMS:
+        for n, kind in enumerate(("fpa", "sage")):
+            setting = f"kind={kind}_tokens_per_step={per_step}"
+            for seed in (1, 2):
+                run_id = f"{setting}_seed={seed}"
+                write_run(root, run_id, n, seed, kind, DIAG_STEPS, per_step)
+                rows.append({"id": run_id, "label": f"{kind.upper()} at {name}", "setting": setting,
+                             "attention.kind": kind, "train.tokens_per_step": str(per_step),
+                             "train.seed": str(seed), "status": "finished",
+                             "baseline": "(baseline)" if kind == "fpa" else f"kind=fpa_tokens_per_step={per_step}"})
+    write_summary(root, rows)
 
 
 def labelled_lines(ax):
@@ -115,7 +147,7 @@ class PlotTest(unittest.TestCase):
         in_gaps = line_colors(gaps.axes[0])
         self.assertEqual(len(in_gaps), 2)
         for label, color in in_gaps.items():
-            setting = label.split(" - ")[0]
+            setting = label.split(" vs ")[0]
             matching = [c for name, c in in_losses.items() if name.startswith(setting + " (")]
             self.assertEqual(matching, [color], f"{setting}: {in_losses} vs {in_gaps}")
         self.assertEqual(len(set(in_losses.values())), 3)
@@ -137,6 +169,52 @@ class PlotTest(unittest.TestCase):
         fig = plot.plot_losses(self.runs, 1, "t", self.colors)
         for ax in fig.axes[:2]:
             self.assertFalse([t for t in ax.texts if "clipped" in t.get_text()])
+
+
+class LabelsAndPanels(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.TemporaryDirectory()
+        make_armed_sweep(self.dir.name)
+
+    def tearDown(self):
+        self.dir.cleanup()
+
+    def test_a_panel_per_tokens_per_step_each_with_its_cells_by_label(self):
+        runs = plot.load_runs(self.dir.name)
+        colors = plot.setting_colors(runs)
+        losses = plot.plot_losses(runs, 1, "t", colors)
+        self.assertEqual(len(losses.axes), 4)  # (train, val) per arm
+        for row, (per_step, name) in enumerate(ARMS):
+            ax_val = losses.axes[2 * row + 1]
+            self.assertIn(f"train.tokens_per_step = {per_step}", ax_val.get_title())
+            self.assertEqual(sorted(labelled_lines(ax_val)),
+                             [f"FPA at {name} [baseline] (2 seeds)", f"SAGE at {name} (2 seeds)"])
+            self.assertEqual([t.get_text() for t in ax_val.get_legend().get_texts()],
+                             [f"FPA at {name} [baseline] (2 seeds)", f"SAGE at {name} (2 seeds)"])
+            # The tokens follow each arm's tokens per step.
+            self.assertEqual(max(labelled_lines(ax_val)[f"SAGE at {name} (2 seeds)"].get_xdata()), 100 * per_step)
+        # Each panel starts the palette again: the cells at one place in their arm share a colour.
+        self.assertEqual(colors["FPA at 100"], colors["FPA at 400"])
+        self.assertNotEqual(colors["FPA at 100"], colors["SAGE at 100"])
+        gaps = plot.plot_gaps(runs, "t", colors)
+        self.assertEqual([sorted(labelled_lines(ax)) for ax in gaps.axes],
+                         [[f"SAGE at {name} vs FPA at {name} (2 seeds)"] for _, name in ARMS])
+        diag = plot.plot_diag(runs, "t", colors)
+        self.assertEqual(len(diag.axes), 8)  # (a)-(d) per arm
+        self.assertEqual(sorted(labelled_lines(diag.axes[4])), ["FPA at 400 [baseline] (2 seeds)",
+                                                                 "SAGE at 400 (2 seeds)"])
+
+    def test_panel_by_none_draws_one_panel_and_a_key_the_sweep_lacks_is_refused(self):
+        runs = plot.load_runs(self.dir.name, "none")
+        self.assertEqual(len(plot.plot_losses(runs, 1, "t", plot.setting_colors(runs)).axes), 2)
+        self.assertEqual(len({c for c in plot.setting_colors(runs).values()}), 4)
+        runs = plot.load_runs(self.dir.name, "attention.kind")
+        self.assertEqual(len(plot.plot_losses(runs, 1, "t", plot.setting_colors(runs)).axes), 4)
+        with self.assertRaises(plot.PanelError) as e:
+            plot.load_runs(self.dir.name, "train.lr")
+        self.assertEqual(str(e.exception), f"--panel-by train.lr: not a varied key of "
+                         f"{os.path.join(self.dir.name, 'summary.csv')}; allowed: none, attention.kind, "
+                         "train.tokens_per_step")
 
 
 class DiagFigureTest(unittest.TestCase):

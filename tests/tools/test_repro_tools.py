@@ -3,7 +3,9 @@
 evaluation interval in steps at any budget, tools/results_store.py keeps,
 restores and times finished runs, tools/gap_table.py prints paired gaps
 with the Student-t quantile `qattn sweep` uses, to the baseline or (--pair)
-between two cells named by their settings' keys, and tools/dev/gpt2_ledger.py
+between two cells named by their labels or settings' keys, tools/diag_table.py
+names each run by its cell's label and seed, tools/reproduce.sh --summary-only
+rebuilds a results folder from its kept runs without training, and tools/dev/gpt2_ledger.py
 counts a GPT-2 step's products as the parameter count does and turns
 measured tokens/s into what a speed-up asks of attention."""
 import json
@@ -248,6 +250,33 @@ class GapTable(unittest.TestCase):
             self.assertEqual(lines[7], "| A − B | 3 |  | -0.100 ± 0.000* | -0.100 ± 0.124 | "
                                        "-0.1000 ± 0.0500 | [-0.2242, +0.0242] | 3 |")
 
+    def test_cells_by_their_labels(self):
+        """summary.csv's labels name the cells of the table and of --pair, and select them."""
+        with tempfile.TemporaryDirectory() as d:
+            with open(os.path.join(d, "summary.csv"), "w") as f:
+                f.write("id,label,setting,attention.kind,train.seed,status,final_val_loss,baseline\n")
+                for seed in (1, 2):
+                    f.write(f"b{seed},1: FPA,kind=fpa,fpa,{seed},finished,3.0,(baseline)\n")
+                    f.write(f"q{seed},2: K=4 | lerp,kind=kinterval,kinterval,{seed},finished,3.1,kind=fpa\n")
+                    write_run(d, f"b{seed}", [(0, 10.0), (100, 3.0)])
+                    write_run(d, f"q{seed}", [(0, 10.0), (100, 3.1)])
+            lines = tool(os.path.join(TOOLS, "gap_table.py"), d).splitlines()
+            self.assertEqual(lines[2], "| 2: K=4 \\| lerp | 2 |  | +0.100 ± 0.000* |")
+            lines = tool(os.path.join(TOOLS, "gap_table.py"), d, "--pair", "2: K=4 | lerp", "1: FPA").splitlines()
+            self.assertEqual(lines[2:4], ["- A: 2: K=4 | lerp (`2: K=4 | lerp`)", "- B: 1: FPA (`1: FPA`)"])
+            self.assertEqual(lines[7], "| A − B | 2 |  | +0.100 ± 0.000* | +0.1000 ± 0.0000 | "
+                                       "[+0.1000, +0.1000]* | 2 |")
+            for seed in (1, 2):
+                for run, kind in ((f"b{seed}", "fpa"), (f"q{seed}", "kinterval")):
+                    with open(os.path.join(d, run, "diag.csv"), "w") as f:
+                        f.write(DIAG + f"100,0,{kind},1,1,2" + (",,,,,," if kind == "fpa" else ",1,1,1,0.9,1,1")
+                                + "\n")
+            lines = tool(os.path.join(TOOLS, "diag_table.py"), d).splitlines()
+            self.assertTrue(lines[6].startswith("| cell | seed | status | step |"), lines[6])
+            self.assertTrue(lines[8].startswith("| 1: FPA | 1 | finished | 100 | 0 |"), lines[8])
+            self.assertTrue(lines[11].startswith("| 2: K=4 \\| lerp | 2 | finished | 100 | 0 |"), lines[11])
+            self.assertIn("## 2: K=4 | lerp, seed 2 (step 100)", lines)
+
     def test_pair_skips_and_names_seeds_of_one_cell(self):
         """Seed 3 only in fp8, seed 4 only in int8: seeds 1 and 2 pair, gaps 0.1 and
         0.3, mean 0.2, std 0.1414, half-width 12.7062 * 0.1414 / sqrt(2) = 1.2706."""
@@ -267,7 +296,7 @@ class GapTable(unittest.TestCase):
         with open(os.path.join(ROOT, "configs", "sweeps", "sagebwd_small.json")) as f:
             sweep = json.loads("\n".join(l for l in f.read().splitlines() if not l.lstrip().startswith("//")))
         zipped = sweep["zip"][0]
-        keys = list(zipped)
+        keys = [k for k in zipped if k != "label"]
         def text(v):  # value_text of src/train/sweep.cpp: a string as is, else compact JSON
             return v if isinstance(v, str) else json.dumps(v, separators=(",", ":"), sort_keys=True)
         rows, settings = [], {}
@@ -276,9 +305,11 @@ class GapTable(unittest.TestCase):
         for i, overrides in enumerate(cells + baselines):
             values = tuple(text(overrides[k]) if k in overrides else "" for k in keys)
             name = settings.setdefault(values, f"cell{i + 1}" if i < len(cells) else f"baseline{i + 1 - len(cells)}")
-            rows.append({"id": name, "setting": name, **dict(zip(keys, values)), "train.seed": "1",
+            label = zipped["label"][int(name[4:]) - 1] if name.startswith("cell") else name
+            rows.append({"id": name, "label": label, "setting": name, **dict(zip(keys, values)), "train.seed": "1",
                          "status": "finished"})
         self.assertEqual(gap_table.find_setting(rows, SAGEBWD_FP8, "--pair A"), "cell5")
+        self.assertEqual(gap_table.find_setting(rows, "5: sage fp8, no QK-norm, 262k", "--pair A"), "cell5")
         self.assertEqual(gap_table.find_setting(rows, SAGEBWD_INT8, "--pair B"), "cell2")
         # A JSON value keeps its commas: the last cell, QK-norm at lr_mult 10.
         self.assertEqual(gap_table.find_setting(rows, 'attention.kind=sage,model.qk_norm={"form":"gain","lr_mult":10}',
@@ -401,10 +432,10 @@ class BadInput(unittest.TestCase):
              "the nearest (0 of 1 keys equal): attention.sage.precision.qk=int8 (2 settings); "
              "attention.sage.precision.qk=fp8 (1 setting)"),
             ([gap, "{d}", "--pair", "qk=fp8", INT8],
-             "--pair A 'qk=fp8': 'qk=fp8' is not allowed; allowed: a setting of summary.csv, or "
+             "--pair A 'qk=fp8': 'qk=fp8' is not allowed; allowed: a label or setting of summary.csv, or "
              "key=value[,key=value...] with keys from attention.kind, attention.sage.precision.qk"),
             ([gap, "{d}", "--pair", "train.seed=1", INT8], "--pair A 'train.seed=1': train.seed is not allowed"),
-            ([gap, "{d}", "--pair", "kind=sage_qk=int8", INT8], "both name setting kind=sage_qk=int8"),
+            ([gap, "{d}", "--pair", "kind=sage_qk=int8", INT8], "both name the cell kind=sage_qk=int8"),
             ([gap, "{d}", "--pair", FP8, INT8], "--pair: no seed has a finished or diverged run in both cells "
                                                 "(A kind=sage_qk=fp8: seeds none; B kind=sage_qk=int8: seeds none)"),
         ):
@@ -488,6 +519,19 @@ class Reproduce(unittest.TestCase):
             self.assertIn("reproduce.sh: qattn sweep refused runs/repro/kinterval_small.seed1.json (exit 2; its "
                           "message is above): no run started", r.stderr)
             self.assertNotIn("summary:", r.stdout)
+
+    def test_summary_only_rebuilds_a_results_folder_without_training(self):
+        """--summary-only restores the kept runs, writes the summary (qattn's
+        --summary) and copies the outputs back; no data (the copy has no
+        data/prepare.sh), no sweep run."""
+        with tempfile.TemporaryDirectory() as d:
+            store = os.path.join(d, "repo", "docs", "results", "kinterval_small")
+            fake_run(os.path.join(store, "runs", "a"), "finished")
+            r = self.run_script(d, "kinterval", "--results", "docs/results/kinterval_small", "--summary-only")
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            self.assertIn("restored 1 finished runs from docs/results/kinterval_small", r.stdout)
+            self.assertIn("kept 1 finished runs in docs/results/kinterval_small (0 new)", r.stdout)
+            self.assertNotIn("refused", r.stderr)  # the fake qattn refuses every sweep it is asked to run
 
     def test_the_first_visit_has_no_kept_runs(self):
         """--results naming a folder with no runs kept yet (a grid's first

@@ -1,10 +1,14 @@
-// Sweeps: expansion (grid product, zip, seeds, baselines), stable ids, errors
-// naming the JSON path, summary arithmetic, and `qattn sweep` end to end
-// (resumable, a diverged run recorded and the sweep going on).
+// Sweeps: expansion (grid product, zip, seeds, baselines), stable ids, labels
+// (which never move a run's folder), errors naming the JSON path, summary
+// arithmetic, and `qattn sweep` end to end (resumable, a diverged run
+// recorded and the sweep going on).
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <fmt/format.h>
 #include <fstream>
+#include <set>
+#include <tuple>
 
 #include "qattn/checkpoint.hpp"
 #include "qattn/sweep.hpp"
@@ -106,6 +110,63 @@ TEST_CASE("run ids are stable and readable", "[sweep]") {
   CHECK(cut != run_id(json{{"train.key0", 32768}}));
 }
 
+TEST_CASE("a zip group's labels name its cells and leave the run ids as they were", "[sweep]") {
+  const Sweep plain = expand_sweep(grid_sweep(), "");
+  json j = grid_sweep();
+  j["zip"][0]["label"] = {"K8", "K16"};
+  const Sweep labelled = expand_sweep(j, "");
+  REQUIRE(labelled.runs.size() == plain.runs.size());
+  for (size_t i = 0; i < plain.runs.size(); ++i) {
+    CHECK(labelled.runs[i].id == plain.runs[i].id);
+    CHECK(labelled.runs[i].setting == plain.runs[i].setting);
+    CHECK(labelled.runs[i].overrides == plain.runs[i].overrides);
+  }
+  CHECK(labelled.keys == plain.keys);
+  // A grid axis adds its key=value; the zip group its label, in the order of the axes.
+  CHECK(find_run(labelled, "kind=kinterval_K=8_lr=0.01_tokens_per_step=256_seed=2").label ==
+        "kind=kinterval, tokens_per_step=256, K8");
+  CHECK(find_run(labelled, "kind=fpa_K=16_lr=0.02_tokens_per_step=128_seed=1").label ==
+        "kind=fpa, tokens_per_step=128, K16");
+  // A baseline that the grid does not hold: its varied keys.
+  CHECK(find_run(labelled, "kind=fpa_tokens_per_step=256_seed=1").label == "kind=fpa, tokens_per_step=256");
+}
+
+TEST_CASE("without labels a cell shows the keys that differ between cells, less those its kind ignores", "[sweep]") {
+  const Sweep s = expand_sweep(grid_sweep(), "");
+  CHECK(find_run(s, "kind=kinterval_K=8_lr=0.01_tokens_per_step=256_seed=2").label ==
+        "kind=kinterval, tokens_per_step=256, K=8, lr=0.01");
+  // FPA ignores attention.kinterval.K; train.lr still tells its two cells apart.
+  CHECK(find_run(s, "kind=fpa_K=8_lr=0.01_tokens_per_step=256_seed=2").label ==
+        "kind=fpa, tokens_per_step=256, lr=0.01");
+  CHECK(find_run(s, "kind=fpa_tokens_per_step=256_seed=2").label == "kind=fpa, tokens_per_step=256");
+  // Cells that differ only in keys their kind ignores show those keys.
+  json j = grid_sweep();
+  j["zip"][0].erase("train.lr");
+  j["grid"]["train.tokens_per_step"] = {128};  // one value: it does not tell cells apart
+  j["grid"]["attention.kind"] = {"fpa", "sage", "kinterval"};
+  const Sweep k = expand_sweep(j, "");
+  CHECK(find_run(k, "kind=fpa_K=8_tokens_per_step=128_seed=1").label == "kind=fpa, K=8");
+  CHECK(find_run(k, "kind=fpa_K=16_tokens_per_step=128_seed=1").label == "kind=fpa, K=16");
+  CHECK(find_run(k, "kind=kinterval_K=16_tokens_per_step=128_seed=1").label == "kind=kinterval, K=16");
+  // Two keys with one last component keep their full paths; the K-interval
+  // cells differ only in a sage option and show it.
+  const Sweep two = expand_sweep({{"name", "t"}, {"base", "b.json"},
+                                  {"grid", {{"attention.sage.softmax.kind", {"exact", "kinterval"}},
+                                            {"attention.kind", {"sage", "kinterval"}}}}},
+                                 "");
+  REQUIRE(two.runs.size() == 4);
+  CHECK(two.runs[1].label == "attention.kind=sage, attention.sage.softmax.kind=kinterval");
+  CHECK(two.runs[2].label == "attention.kind=kinterval, attention.sage.softmax.kind=exact");
+  // One value: the key tells no cells apart.
+  const Sweep one = expand_sweep({{"name", "t"}, {"base", "b.json"},
+                                  {"grid", {{"attention.sage.softmax.kind", {"exact", "kinterval"}},
+                                            {"attention.kind", {"sage"}}}}},
+                                 "");
+  CHECK(one.runs[1].label == "kind=kinterval");
+  // No varied key at all: the setting.
+  CHECK(expand_sweep({{"name", "t"}, {"base", "b.json"}}, "").runs[0].label == "base");
+}
+
 TEST_CASE("sweep errors name the JSON path and what is allowed", "[sweep]") {
   json j = grid_sweep();
   j["zip"][0]["train.lr"] = {0.1};
@@ -135,6 +196,125 @@ TEST_CASE("sweep errors name the JSON path and what is allowed", "[sweep]") {
   CHECK_THROWS_WITH(expand_sweep(j, ""), Catch::Contains("zip[0]: [4,\"lerp\"] is given twice (entries 0 and 1)"));
   j["zip"][0]["attention.kinterval.rounding"] = {"lerp", "nearest"};  // a value may repeat in one key of a zip
   CHECK_NOTHROW(expand_sweep(j, ""));
+}
+
+TEST_CASE("zip labels: one distinct non-empty one-line string per position, errors naming the JSON path", "[sweep]") {
+  const std::string allowed = "allowed: a list of 2 distinct non-empty one-line strings, one per position of the "
+                              "group (attention.kinterval.K has 2 values)";
+  for (const auto& [label, message] : std::vector<std::pair<json, std::string>>{
+           {json{"a"}, "zip[0].label: 1 labels, but attention.kinterval.K has 2 values; " + allowed},
+           {json{"a", "b", "c"}, "zip[0].label: 3 labels, but attention.kinterval.K has 2 values; " + allowed},
+           {json("a"), "zip[0].label: \"a\" is not allowed; " + allowed},
+           {json{"a", ""}, "zip[0].label[1]: \"\" is not allowed; " + allowed},
+           {json{"a\nb", "c"}, "zip[0].label[0]: \"a\\nb\" is not allowed; " + allowed},
+           {json{"a", 2}, "zip[0].label[1]: 2 is not allowed; " + allowed},
+           {json{"a", "a"}, "zip[0].label: \"a\" is given twice (entries 0 and 1); " + allowed}}) {
+    json j = grid_sweep();
+    j["zip"][0]["label"] = label;
+    INFO(label.dump());
+    CHECK_THROWS_WITH(expand_sweep(j, ""), message);
+  }
+  json j = grid_sweep();
+  j["zip"][0] = {{"label", {"a", "b"}}};
+  CHECK_THROWS_WITH(expand_sweep(j, ""), Catch::StartsWith("zip[0]: a label list alone varies nothing"));
+  for (const std::string where : {"grid", "set", "baseline"}) {
+    j = grid_sweep();
+    if (where == "grid") j["grid"]["label"] = {"a", "b"};
+    if (where == "set") j["set"]["label"] = "a";
+    if (where == "baseline") j["baseline"]["set"]["label"] = "a";
+    const std::string path = where == "baseline" ? "baseline.set.label" : where + ".label";
+    CHECK_THROWS_WITH(expand_sweep(j, ""), path + ": labels name the positions of a zip group; allowed: a \"label\" "
+                                                  "list inside a zip group, JSON paths of the config here");
+  }
+  // A label equal to what another cell shows (a baseline outside the grid,
+  // none of whose keys varies, shows its setting) would show two cells alike.
+  j = {{"name", "t"}, {"base", "b.json"},
+       {"zip", {{{"attention.kind", {"sage", "kinterval"}}, {"label", {"lr=0.5", "K-interval"}}}}},
+       {"baseline", {{"set", {{"train.lr", 0.5}}}, {"match", json::array()}}}};
+  CHECK_THROWS_WITH(expand_sweep(j, ""), "the label \"lr=0.5\" names two cells (settings kind=sage and lr=0.5); "
+                                         "allowed: zip labels that tell the cells apart");
+  j["zip"][0]["label"][0] = "sage";
+  CHECK(expand_sweep(j, "").runs.back().label == "lr=0.5");
+}
+
+// docs/runs.md's sweep example and what its "Sweeps" section says the labels are.
+TEST_CASE("docs/runs.md: the example sweep's labels and label errors are the code's", "[sweep][docs]") {
+  std::ifstream f(fs::path(QATTN_SOURCE_DIR) / "docs" / "runs.md");
+  std::string doc, line, example;
+  bool in_example = false, done = false;
+  for (bool in_sweeps = false; std::getline(f, line);) {
+    in_sweeps = line.rfind("## ", 0) == 0 ? line == "## Sweeps" : in_sweeps;
+    if (in_sweeps && !done && line == "```json") {
+      in_example = true;
+    } else if (in_example && line == "```") {
+      in_example = false;
+      done = true;
+    } else if (in_example) {
+      example += line + "\n";
+    }
+    doc += (doc.empty() ? "" : " ") + line;  // a code span may run over a line break
+  }
+  REQUIRE(done);
+  const json sweep = json::parse(example);
+  const Sweep s = expand_sweep(sweep, "");
+  const auto shown = [&](const std::string& text) {
+    INFO(text);
+    CHECK_THAT(doc, Catch::Contains("`" + text + "`"));
+  };
+  const std::string cell = "kind=sage_rounding=nearest_ste=weight_tokens_per_step=4096_seed=1";
+  CHECK(find_run(s, cell).label == "kind=sage, tokens_per_step=4096, nearest, weight-STE");
+  shown(find_run(s, cell).label);
+  CHECK(find_run(s, "kind=fpa_tokens_per_step=4096_seed=1").label == "kind=fpa, tokens_per_step=4096");
+  shown(find_run(s, "kind=fpa_tokens_per_step=4096_seed=1").label);
+  json plain = sweep;
+  plain["zip"][0].erase("label");
+  CHECK(find_run(expand_sweep(plain, ""), cell).label ==
+        "kind=sage, tokens_per_step=4096, rounding=nearest, ste=weight");
+  shown(find_run(expand_sweep(plain, ""), cell).label);
+  json short_list = sweep;
+  short_list["zip"][0]["label"] = {"lerp"};
+  try {
+    expand_sweep(short_list, "");
+    FAIL("a label list of the wrong length was taken");
+  } catch (const SweepError& e) {
+    const std::string message = e.what();
+    shown(message.substr(0, message.find(" one per ")) + " ...");
+  }
+}
+
+// The grids kept in docs/results were run before their sweep files had labels:
+// a later visit finds its finished runs under the same folder names and skips
+// them (the rule of `qattn sweep`: a run whose folder holds a finished or
+// diverged status is skipped; tools/results_store.py restores them by name).
+TEST_CASE("the labelled grids find every run kept in docs/results under its folder name", "[sweep]") {
+  const fs::path root(QATTN_SOURCE_DIR);
+  for (const auto& [sweep_file, store, kept, runs, first_label] :
+       std::vector<std::tuple<std::string, std::string, size_t, size_t, std::string>>{
+           {"kinterval_small.json", "kinterval_small", 36, 36, "1: FPA"},
+           {"kinterval_small.json", "kinterval_small_first", 20, 36, "1: FPA"},
+           {"sagebwd_small.json", "sagebwd_small", 2, 57, "1: FPA, no QK-norm, 262k"}}) {
+    INFO(store);
+    const Sweep s = load_sweep((root / "configs" / "sweeps" / sweep_file).string());
+    CHECK(s.runs.size() == runs);
+    CHECK(s.runs[0].label == first_label);
+    std::set<std::string> labels;
+    for (const auto& r : s.runs) labels.insert(r.label);
+    for (const auto& l : labels) CHECK_THAT(l, Catch::Matches("[0-9]+: .+"));  // every cell by its number
+    size_t found = 0;
+    for (const auto& dir : fs::directory_iterator(root / "docs" / "results" / store / "runs")) {
+      const std::string id = dir.path().filename().string();
+      INFO(id);
+      const auto run = std::find_if(s.runs.begin(), s.runs.end(), [&](const SweepRun& r) { return r.id == id; });
+      CHECK(run != s.runs.end());
+      const std::string status = read_outcome(dir.path().string(), s.eval_last).status;
+      CHECK((status == "finished" || status == "diverged"));
+      found += run != s.runs.end();
+    }
+    CHECK(found == kept);
+  }
+  const Sweep k = load_sweep((root / "configs" / "sweeps" / "kinterval_small.json").string());
+  CHECK(find_run(k, "kind=kinterval_K=4_calibration=minmax_detach_extrema=false_rounding=nearest_ste=weight-64c01242")
+            .label == "2: minmax, nearest, weight-STE, K=4");
 }
 
 TEST_CASE("eval_last and seeds beyond their range are refused as given, never wrapped", "[sweep]") {
@@ -219,11 +399,12 @@ TEST_CASE("the summary: mean of the last E evals, mean and std over seeds, gaps 
   CHECK(stats[0].paired.n == 0);  // the baseline has no gap of its own
 
   const std::string md = write_summary(s, outcomes);
-  CHECK_THAT(md, Catch::Contains("| kind=sage | sage | 2/3 | 2.7000 ± 0.2828 | +0.6000 ± 0.1414 | [-0.6706, +1.8706] "
-                                 "| 2 | no | **1 diverged** |"));
+  CHECK_THAT(md, Catch::Contains("| kind=sage | kind=fpa | 2/3 | 2.7000 ± 0.2828 | +0.6000 ± 0.1414 | "
+                                 "[-0.6706, +1.8706] | 2 | no | **1 diverged** |"));
+  CHECK_THAT(md, Catch::Contains("| kind=sage | 3 | **diverged** | 1 | 100 |"));
   const std::string csv = read_text(d / "s" / "summary.csv");
-  CHECK_THAT(csv, Catch::StartsWith("id,setting,attention.kind,train.seed,status,"));
-  CHECK_THAT(csv, Catch::Contains("kind=sage_seed=3,kind=sage,sage,3,diverged,"));
+  CHECK_THAT(csv, Catch::StartsWith("id,label,setting,attention.kind,train.seed,status,"));
+  CHECK_THAT(csv, Catch::Contains("kind=sage_seed=3,kind=sage,kind=sage,sage,3,diverged,"));
   CHECK_THAT(csv, Catch::Contains(",2,0.600000,0.141421,-0.670620,1.870620,no\n"));
 }
 
@@ -289,7 +470,7 @@ TEST_CASE("an interrupted run shows its last evaluation and its state, never a f
   CHECK(outcomes[1].last_val_step == 0);
   const std::string md = write_summary(s, outcomes);
   CHECK_THAT(md, Catch::Contains("| kind=sage | **interrupted**; last evaluation 9.0000 at step 0 | 0 | 0 |  |"));
-  CHECK_THAT(md, Catch::Contains("| kind=sage | sage | 0/1 | — |"));
+  CHECK_THAT(md, Catch::Contains("| kind=sage |  | 0/1 | — |"));
 
   fake_run(d / "s" / "kind=sage", "interrupted", {3.0, 2.7});
   const RunOutcome later = read_outcome((d / "s" / "kind=sage").string(), s.eval_last);
