@@ -105,19 +105,22 @@ TEST_CASE("sage smoothing removes the int8 error of a common offset", "[attentio
 
 TEST_CASE("sage accuracy on Gaussian inputs (SageBwd Table 1)", "[attention][sage]") {
   const int T = 1024, d = 64;
-  const Head h1(T, d, 1.0, 1), h5(T, d, 5.0, 1);
+  const Head h1(T, d, 1.0, 1), h3(T, d, 3.0, 1), h5(T, d, 5.0, 1), h8(T, d, 8.0, 1);
   const Grads<double> fpa1 = run_kind<double>(AttentionConfig{}, h1);
   const Grads<double> fpa5 = run_kind<double>(AttentionConfig{}, h5);
   AttentionConfig cfg = sage_config();  // defaults: int8, dp bf16, smooth_k, rowcol
   const Cosines s1 = cosines_vs_fpa(cfg, h1, fpa1);
+  const Cosines s3 = cosines_vs_fpa(cfg, h3, run_kind<double>(AttentionConfig{}, h3));
   const Cosines s5 = cosines_vs_fpa(cfg, h5, fpa5);
+  const Cosines s8 = cosines_vs_fpa(cfg, h8, run_kind<double>(AttentionConfig{}, h8));
   cfg.sage.precision.dp = Precision::int8;
   const Cosines dp8 = cosines_vs_fpa(cfg, h1, fpa1);
   cfg.sage.precision.dp = Precision::bf16;
   cfg.sage.bwd_granularity = BwdGranularity::tile;
   const Cosines tile = cosines_vs_fpa(cfg, h1, fpa1);
   WARN("sage vs fp64 fpa, T = 1024, d = 64, cosine:\n  sigma 1 rowcol:        "
-       << show(s1) << "\n  sigma 5 rowcol:        " << show(s5) << "\n  sigma 1 rowcol dp int8: "
+       << show(s1) << "\n  sigma 3 rowcol:        " << show(s3) << "\n  sigma 5 rowcol:        "
+       << show(s5) << "\n  sigma 8 rowcol:        " << show(s8) << "\n  sigma 1 rowcol dp int8: "
        << show(dp8) << "\n  sigma 1 tile:          " << show(tile));
 
   // sigma = 1: the bar of the issue, and §4.10's simulated figures within 1e-4.
@@ -132,6 +135,13 @@ TEST_CASE("sage accuracy on Gaussian inputs (SageBwd Table 1)", "[attention][sag
   CHECK(s5.dq < s1.dq);
   CHECK(s5.dk < s1.dk);
   CHECK(s5.dv < s1.dv);
+  // The gradients' cosines fall step by step with sigma (the table of docs/attention.md).
+  CHECK(s8.dq < s5.dq);
+  CHECK(s5.dq < s3.dq);
+  CHECK(s3.dq < s1.dq);
+  CHECK(s8.dk < s5.dk);
+  CHECK(s5.dk < s3.dk);
+  CHECK(s3.dk < s1.dk);
   // dp = int8 quantises the one product SageBwd keeps in 16 bit: dQ measurably worse.
   CHECK(1 - dp8.dq > 1.2 * (1 - s1.dq));
   CHECK(dp8.dq == Approx(0.99973).margin(1e-4));
